@@ -1,0 +1,160 @@
+//! Assembling a running server from a validated config: store, provider, tool host, engine,
+//! listener. `main` and the integration tests start turnstile the same way.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, ProviderKind};
+use crate::engine::Engine;
+use crate::http::auth::Keys;
+use crate::http::routes::App;
+use crate::log::Store;
+use crate::tools::{NoTools, ToolHost};
+use crate::upstream::{echo::Echo, openai::OpenAi, Provider};
+
+/// How long running turns and open connections get to finish on shutdown.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("{0}")]
+    Config(String),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] crate::log::StoreError),
+    #[error(transparent)]
+    Engine(#[from] crate::engine::EngineError),
+}
+
+/// Options that are not in the config file.
+#[derive(Debug, Clone, Default)]
+pub struct StartOptions {
+    /// Allow a non-loopback address without API keys.
+    pub insecure: bool,
+}
+
+/// A running server.
+pub struct Running {
+    pub addr: SocketAddr,
+    pub engine: Engine,
+    shutdown: CancellationToken,
+    server: JoinHandle<()>,
+}
+
+impl Running {
+    /// Stop accepting, end running turns with `worker_shutdown`, wait for them and for open
+    /// connections (bounded), flush the store.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        self.engine.shutdown(SHUTDOWN_GRACE).await;
+        let _ = self.server.await;
+    }
+}
+
+/// The upstream provider the config names.
+pub fn provider(config: &Config) -> Result<Arc<dyn Provider>, StartError> {
+    let up = &config.upstream;
+    let key = match &up.api_key_env {
+        Some(var) => match std::env::var(var) {
+            Ok(v) if !v.is_empty() => Some(v),
+            _ => {
+                tracing::warn!(variable = %var, "the upstream's api_key_env names a variable that is not set; calling the upstream without a key");
+                None
+            }
+        },
+        None => None,
+    };
+    Ok(match up.provider {
+        ProviderKind::Echo => {
+            tracing::info!("no upstream configured: using the built-in echo provider (it answers \"Echo: <your text>\"); add an [upstream] table to {} for a real model", config.path.display());
+            Arc::new(Echo)
+        }
+        ProviderKind::OpenAi => {
+            tracing::info!(base_url = %up.base_url, model = %up.model, "upstream: OpenAI-compatible chat completions");
+            Arc::new(OpenAi::new(up.base_url.clone(), key, up.timeout))
+        }
+        ProviderKind::Anthropic => {
+            return Err(StartError::Config(format!(
+                "{}: upstream.provider \"anthropic\" is not available in this build yet; use \"openai\" (any OpenAI-compatible endpoint) or \"echo\"",
+                config.path.display()
+            )))
+        }
+    })
+}
+
+/// The API keys from `[server] api_keys_env`, and the loopback rule without them.
+fn keys(config: &Config, addr: SocketAddr, opts: &StartOptions) -> Result<Keys, StartError> {
+    let keys = config
+        .server
+        .api_keys_env
+        .as_ref()
+        .and_then(|var| std::env::var(var).ok())
+        .map(|list| Keys::parse(&list))
+        .unwrap_or_default();
+    if keys.is_empty() && !addr.ip().is_loopback() && !opts.insecure {
+        return Err(StartError::Config(format!(
+            "refusing to listen on {addr} without API keys: set [server] api_keys_env to a variable holding comma-separated keys, listen on a loopback address, or pass --insecure"
+        )));
+    }
+    Ok(keys)
+}
+
+/// Start serving on `addr` (port 0 picks a free port).
+pub async fn start(
+    config: Config,
+    addr: SocketAddr,
+    opts: StartOptions,
+) -> Result<Running, StartError> {
+    start_with(config, addr, opts, None, Arc::new(NoTools)).await
+}
+
+/// Start serving with a given provider (tests, benchmarks) and tool host.
+pub async fn start_with(
+    config: Config,
+    addr: SocketAddr,
+    opts: StartOptions,
+    provider_override: Option<Arc<dyn Provider>>,
+    tools: Arc<dyn ToolHost>,
+) -> Result<Running, StartError> {
+    let keys = keys(&config, addr, &opts)?;
+    let provider = match provider_override {
+        Some(p) => p,
+        None => provider(&config)?,
+    };
+    let store = Store::open(&config.server.data_dir, false)?;
+    let public_meta = config.server.public_meta;
+    let engine = Engine::open(Arc::new(config), store, provider, tools).await?;
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::Listen { addr, source })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|source| StartError::Listen { addr, source })?;
+    let app = Arc::new(App {
+        engine: engine.clone(),
+        keys,
+        public_meta,
+    });
+    let shutdown = CancellationToken::new();
+    let server = tokio::spawn(crate::http::server::serve(
+        listener,
+        app,
+        shutdown.clone(),
+        SHUTDOWN_GRACE,
+    ));
+    Ok(Running {
+        addr,
+        engine,
+        shutdown,
+        server,
+    })
+}

@@ -1,0 +1,187 @@
+//! `tools.toml`: the operator's configuration.
+//!
+//! Two stages: [`raw`] deserializes the file as written (`deny_unknown_fields`, spans kept for
+//! error messages), [`load`] validates it into the runtime types below with every default
+//! applied. Nothing downstream ever sees a raw value or has to think about defaults.
+
+mod load;
+mod raw;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use load::{load, load_str, resolve_path, ConfigError};
+
+/// The whole validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file it came from (for messages).
+    pub path: PathBuf,
+    pub server: ServerConfig,
+    pub upstream: UpstreamConfig,
+    /// In file order; never empty (a file with no `[agents.*]` gets one `assistant` agent).
+    /// The first is the default agent.
+    pub agents: Vec<AgentConfig>,
+    /// In file order.
+    pub mcp_servers: Vec<McpServerConfig>,
+    pub policy: PolicyConfig,
+    pub files: FilesConfig,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Default `127.0.0.1:8787`.
+    pub listen: SocketAddr,
+    /// Default `data`, relative paths resolved against the config file's folder.
+    pub data_dir: PathBuf,
+    /// Default `sandboxes`, relative paths resolved against the config file's folder.
+    pub sandboxes: PathBuf,
+    /// The environment variable holding comma-separated bearer keys, if auth is wanted.
+    pub api_keys_env: Option<String>,
+    /// Whether `GET /meta` is served without a key when keys are set. Default `true`.
+    pub public_meta: bool,
+    /// Largest JSON request body. Default 4 MiB.
+    pub max_body_bytes: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProviderKind {
+    OpenAi,
+    Anthropic,
+    Echo,
+}
+
+#[derive(Debug, Clone)]
+pub struct UpstreamConfig {
+    /// `Echo` when the file has no `[upstream]` table.
+    pub provider: ProviderKind,
+    /// Without a trailing slash. Defaults: openai `https://api.openai.com/v1`,
+    /// anthropic `https://api.anthropic.com/v1`, echo empty.
+    pub base_url: String,
+    /// The environment variable holding the upstream's key (read at start-up, never logged).
+    pub api_key_env: Option<String>,
+    /// Required for openai and anthropic; `echo` for echo.
+    pub model: String,
+    pub max_tokens: Option<u32>,
+    /// The whole upstream call. Default 600 s.
+    pub timeout: Duration,
+    /// Retries on connect errors, 429 and 5xx. Default 2.
+    pub retries: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// The table's key: `[agents.NAME]`.
+    pub name: String,
+    /// Default: the name (`load` fills it in, so it is always `Some` after loading).
+    pub title: Option<String>,
+    pub description: Option<String>,
+    /// Default `"0.1.0"`.
+    pub version: String,
+    /// Default empty (no system prompt).
+    pub system_prompt: String,
+    /// Globs over federated tool names this agent may use. Default `["*"]`.
+    pub tools: Vec<String>,
+    /// The compiled `tools` globs.
+    pub tool_globs: globset::GlobSet,
+    /// Model calls per turn. Default 32, at least 1.
+    pub max_steps: u32,
+    /// Default 3600 s.
+    pub turn_timeout: Duration,
+    /// Default of the AAP option `thinking`. Default `false`.
+    pub thinking: bool,
+    /// Offered to clients as the AAP select option `model`; empty means the option is not offered.
+    pub models: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum McpScope {
+    /// One process for all sessions.
+    Shared,
+    /// One process per session, cwd its workspace.
+    Session,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SandboxKind {
+    None,
+    Landlock,
+}
+
+#[derive(Debug, Clone)]
+pub enum McpTransport {
+    Stdio {
+        command: String,
+        args: Vec<String>,
+        env: BTreeMap<String, String>,
+        cwd: Option<PathBuf>,
+    },
+    /// `headers` values are kept as written; `${VAR}` is expanded when connecting.
+    Http {
+        url: String,
+        headers: BTreeMap<String, String>,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct McpServerConfig {
+    /// The table's key: `[mcp_servers.NAME]`.
+    pub name: String,
+    pub transport: McpTransport,
+    /// Default `Shared`.
+    pub scope: McpScope,
+    /// Per tool call. Default 60 s.
+    pub timeout: Duration,
+    /// Handshake and listing. Default 30 s.
+    pub startup_timeout: Duration,
+    /// Default `None`.
+    pub sandbox: SandboxKind,
+    /// The 1-based line of the table header, for messages about this server.
+    pub line: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    Trust,
+    Ask,
+    Deny,
+}
+
+/// One policy pattern with where it came from.
+#[derive(Debug, Clone)]
+pub struct PolicyRule {
+    pub pattern: String,
+    pub glob: globset::GlobMatcher,
+    /// The 1-based line in the file.
+    pub line: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct PolicyConfig {
+    pub trust: Vec<PolicyRule>,
+    pub ask: Vec<PolicyRule>,
+    pub deny: Vec<PolicyRule>,
+    /// For a tool that no pattern names. Default `Ask`.
+    pub default: Verdict,
+}
+
+#[derive(Debug, Clone)]
+pub struct FilesConfig {
+    /// Largest upload or delivered file. Default 100 MiB.
+    pub max_bytes: u64,
+}
+
+impl Config {
+    /// The agent with this name.
+    pub fn agent(&self, name: &str) -> Option<&AgentConfig> {
+        self.agents.iter().find(|a| a.name == name)
+    }
+
+    /// The default agent (the first in the file).
+    pub fn default_agent(&self) -> &AgentConfig {
+        &self.agents[0]
+    }
+}

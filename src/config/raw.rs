@@ -1,0 +1,147 @@
+//! `tools.toml` exactly as written: stage one of loading.
+//!
+//! Every table is `deny_unknown_fields`, every key optional (defaults are applied by
+//! [`super::load`], never here). Values a later check may reject are kept as
+//! [`toml::Spanned`] so that the error names their line. Integers are read as `i64` and
+//! range-checked in `load`, so that `max_steps = -1` gets a message about `max_steps` rather than
+//! a bare serde "expected u32". A `Spanned` table's span is its header (`[mcp_servers.fs]`), or
+//! its key for a dotted or inline table: either way, the line to report for it.
+
+use indexmap::IndexMap;
+use serde::Deserialize;
+use toml::Spanned;
+
+/// The whole file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConfig {
+    #[serde(default)]
+    pub server: Option<Spanned<RawServer>>,
+    #[serde(default)]
+    pub upstream: Option<Spanned<RawUpstream>>,
+    /// `[agents.NAME]`, in file order (the first is the default agent).
+    #[serde(default)]
+    pub agents: Option<IndexMap<String, Spanned<RawAgent>>>,
+    /// `[mcp_servers.NAME]`, in file order.
+    #[serde(default)]
+    pub mcp_servers: Option<IndexMap<String, Spanned<RawMcpServer>>>,
+    #[serde(default)]
+    pub policy: Option<Spanned<RawPolicy>>,
+    #[serde(default)]
+    pub files: Option<Spanned<RawFiles>>,
+}
+
+/// `[server]`
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawServer {
+    #[serde(default)]
+    pub listen: Option<Spanned<String>>,
+    #[serde(default)]
+    pub data_dir: Option<Spanned<String>>,
+    #[serde(default)]
+    pub sandboxes: Option<Spanned<String>>,
+    #[serde(default)]
+    pub api_keys_env: Option<Spanned<String>>,
+    #[serde(default)]
+    pub public_meta: Option<bool>,
+    #[serde(default)]
+    pub max_body_bytes: Option<Spanned<i64>>,
+}
+
+/// `[upstream]`
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawUpstream {
+    #[serde(default)]
+    pub provider: Option<Spanned<String>>,
+    #[serde(default)]
+    pub base_url: Option<Spanned<String>>,
+    #[serde(default)]
+    pub api_key_env: Option<Spanned<String>>,
+    #[serde(default)]
+    pub model: Option<Spanned<String>>,
+    #[serde(default)]
+    pub max_tokens: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub timeout_s: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub retries: Option<Spanned<i64>>,
+}
+
+/// `[agents.NAME]`
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAgent {
+    #[serde(default)]
+    pub title: Option<String>,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub version: Option<Spanned<String>>,
+    #[serde(default)]
+    pub system_prompt: Option<String>,
+    #[serde(default)]
+    pub tools: Option<Vec<Spanned<String>>>,
+    #[serde(default)]
+    pub max_steps: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub turn_timeout_s: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub thinking: Option<bool>,
+    #[serde(default)]
+    pub models: Option<Vec<Spanned<String>>>,
+}
+
+/// `[mcp_servers.NAME]`
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawMcpServer {
+    /// stdio: the program to launch.
+    #[serde(default)]
+    pub command: Option<Spanned<String>>,
+    #[serde(default)]
+    pub args: Option<Spanned<Vec<String>>>,
+    #[serde(default)]
+    pub env: Option<Spanned<IndexMap<String, String>>>,
+    #[serde(default)]
+    pub cwd: Option<Spanned<String>>,
+    /// streamable HTTP: the endpoint.
+    #[serde(default)]
+    pub url: Option<Spanned<String>>,
+    #[serde(default)]
+    pub headers: Option<Spanned<IndexMap<String, String>>>,
+    /// `"shared"` or `"session"`.
+    #[serde(default)]
+    pub scope: Option<Spanned<String>>,
+    #[serde(default)]
+    pub timeout_s: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub startup_timeout_s: Option<Spanned<i64>>,
+    /// `"none"` or `"landlock"`.
+    #[serde(default)]
+    pub sandbox: Option<Spanned<String>>,
+}
+
+/// `[policy]`
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPolicy {
+    #[serde(default)]
+    pub trust: Option<Vec<Spanned<String>>>,
+    #[serde(default)]
+    pub ask: Option<Vec<Spanned<String>>>,
+    #[serde(default)]
+    pub deny: Option<Vec<Spanned<String>>>,
+    /// `"trust"`, `"ask"` or `"deny"`.
+    #[serde(default)]
+    pub default: Option<Spanned<String>>,
+}
+
+/// `[files]`
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawFiles {
+    #[serde(default)]
+    pub max_bytes: Option<Spanned<i64>>,
+}

@@ -1,0 +1,219 @@
+//! AAP history as a projection of the event log.
+//!
+//! The same fold serves the model's context, `GET /sessions/{id}/history` and the messages of a
+//! turn's JSON response. Rules: a `user.message` becomes a user message (its `tool_result` /
+//! `tool_permission` blocks are not history: the `agent.tool_result` events that follow are);
+//! thinking, text and tool uses of one model step form one assistant message; each
+//! `agent.tool_result` is a tool message; an empty `agent.message` (a retraction) adds nothing.
+
+use serde_json::Value;
+
+use crate::log::EventBody;
+use crate::message::{Block, Content, Message};
+
+/// Folds events into history messages.
+#[derive(Debug, Clone, Default)]
+pub struct Projector {
+    messages: Vec<Message>,
+    assistant: Vec<Block>,
+}
+
+impl Projector {
+    /// Start from seed messages (a session's `messages` at creation).
+    pub fn with_seed(seed: &[Message]) -> Projector {
+        Projector {
+            messages: seed.to_vec(),
+            assistant: Vec::new(),
+        }
+    }
+
+    pub fn apply(&mut self, ev: &EventBody) {
+        match ev {
+            EventBody::UserMessage { content, .. } => {
+                self.close_assistant();
+                if let Some(content) = user_content(content) {
+                    self.messages.push(Message::User { content });
+                }
+            }
+            EventBody::AgentThinking { content } => self.assistant.push(Block::Thinking {
+                thinking: content.clone(),
+            }),
+            EventBody::AgentMessage { content, .. } => {
+                if !content.is_empty() {
+                    self.assistant.push(Block::Text {
+                        text: content.clone(),
+                    })
+                }
+            }
+            EventBody::ToolUse {
+                tool_use_id,
+                name,
+                input,
+            } => self.assistant.push(Block::ToolUse {
+                tool_call_id: tool_use_id.clone(),
+                name: name.clone(),
+                input: input.clone(),
+            }),
+            EventBody::ToolResult {
+                tool_use_id,
+                content,
+                ..
+            } => {
+                self.close_assistant();
+                self.messages.push(Message::Tool {
+                    tool_call_id: tool_use_id.clone(),
+                    content: to_content(content),
+                });
+            }
+            EventBody::TurnCompleted { .. }
+            | EventBody::TurnFailed { .. }
+            | EventBody::TurnCancelled { .. } => self.close_assistant(),
+        }
+    }
+
+    fn close_assistant(&mut self) {
+        if !self.assistant.is_empty() {
+            let blocks = std::mem::take(&mut self.assistant);
+            self.messages.push(Message::Assistant {
+                content: Content::from_blocks(blocks),
+            });
+        }
+    }
+
+    /// The history so far (an unfinished assistant message included).
+    pub fn messages(&self) -> Vec<Message> {
+        let mut out = self.messages.clone();
+        if !self.assistant.is_empty() {
+            out.push(Message::Assistant {
+                content: Content::from_blocks(self.assistant.clone()),
+            });
+        }
+        out
+    }
+
+    pub fn into_messages(mut self) -> Vec<Message> {
+        self.close_assistant();
+        self.messages
+    }
+}
+
+/// The history content of a `user.message`, without its tool result and permission blocks.
+fn user_content(content: &Value) -> Option<Content> {
+    match content {
+        Value::String(s) => Some(Content::Text(s.clone())),
+        Value::Array(items) => {
+            let blocks: Vec<Block> = items
+                .iter()
+                .filter(|b| !matches!(b.get("type").and_then(Value::as_str), Some("tool_result" | "tool_permission")))
+                .filter_map(|b| serde_json::from_value(b.clone()).ok())
+                .collect();
+            (!blocks.is_empty()).then_some(Content::Blocks(blocks))
+        }
+        _ => None,
+    }
+}
+
+/// A stored tool result (`"text"` or blocks) as message content.
+pub fn to_content(v: &Value) -> Content {
+    match v {
+        Value::String(s) => Content::Text(s.clone()),
+        other => serde_json::from_value(other.clone()).unwrap_or_else(|_| Content::Text(other.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::log::StopReason;
+    use serde_json::json;
+
+    fn tool_use(id: &str) -> EventBody {
+        EventBody::ToolUse {
+            tool_use_id: id.into(),
+            name: "get_weather".into(),
+            input: json!({"city": "Tokyo"}),
+        }
+    }
+
+    #[test]
+    fn a_tool_round_trip_projects_to_aap_history() {
+        let mut p = Projector::with_seed(&[Message::System {
+            content: "sys".into(),
+        }]);
+        let events = [
+            EventBody::UserMessage {
+                content: json!("weather?"),
+                files: vec![],
+                skills: vec![],
+            },
+            EventBody::AgentMessage {
+                content: "Let me check.".into(),
+                plan: false,
+            },
+            tool_use("call_1"),
+            EventBody::TurnCompleted {
+                usage: None,
+                stop_reason: StopReason::ToolUse,
+            },
+            EventBody::UserMessage {
+                content: json!([{"type": "tool_result", "tool_use_id": "call_1", "content": "18C"}]),
+                files: vec![],
+                skills: vec![],
+            },
+            EventBody::ToolResult {
+                tool_use_id: "call_1".into(),
+                content: json!("18C"),
+                is_error: false,
+                files: vec![],
+            },
+            EventBody::AgentMessage {
+                content: "It is 18C.".into(),
+                plan: false,
+            },
+            EventBody::TurnCompleted {
+                usage: None,
+                stop_reason: StopReason::EndTurn,
+            },
+        ];
+        for e in &events {
+            p.apply(e);
+        }
+        let v = serde_json::to_value(p.into_messages()).unwrap();
+        assert_eq!(
+            v,
+            json!([
+                {"role": "system", "content": "sys"},
+                {"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": [
+                    {"type": "text", "text": "Let me check."},
+                    {"type": "tool_use", "toolCallId": "call_1", "name": "get_weather", "input": {"city": "Tokyo"}}
+                ]},
+                {"role": "tool", "toolCallId": "call_1", "content": "18C"},
+                {"role": "assistant", "content": "It is 18C."}
+            ])
+        );
+    }
+
+    #[test]
+    fn a_retraction_adds_nothing_and_thinking_stays() {
+        let mut p = Projector::default();
+        p.apply(&EventBody::AgentThinking {
+            content: "hmm".into(),
+        });
+        p.apply(&EventBody::AgentMessage {
+            content: String::new(),
+            plan: false,
+        });
+        p.apply(&EventBody::AgentMessage {
+            content: "answer".into(),
+            plan: false,
+        });
+        let v = serde_json::to_value(p.into_messages()).unwrap();
+        assert_eq!(
+            v,
+            json!([{"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "hmm"}, {"type": "text", "text": "answer"}
+            ]}])
+        );
+    }
+}

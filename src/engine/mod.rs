@@ -1,0 +1,681 @@
+//! The engine: sessions, their turns, and the turn loop. Knows nothing of HTTP or of any one
+//! protocol's wire format: protocol adapters call it, renderers read what it logs.
+//!
+//! Seams for the next pieces:
+//! - server tools plug in behind [`crate::tools::ToolHost`] (MCP federation, `deliver_file`);
+//! - other APIs start turns with [`Engine::start_turn`] (`interactive: false` where no client can
+//!   run tools or answer permissions) and render the events a turn sends to its sink, or
+//!   subscribe to a session's live feed with [`Session::subscribe`].
+
+pub mod catalog;
+pub mod history;
+pub mod session;
+pub mod turn;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_util::task::TaskTracker;
+
+use crate::config::{AgentConfig, Config};
+use crate::log::{EventBody, FailReason, SessionRow, Store, StoreError};
+use crate::message::{Message, ToolSpec};
+use crate::tools::{ServerTool, ToolHost};
+use crate::upstream::Provider;
+use crate::{clock, ids};
+
+pub use session::{Feed, Pending, PendingKind, Session, SessionRecord, StopCause, ToolGrant};
+pub use turn::{ClientResult, Permission, TurnInput};
+
+/// What can go wrong asking the engine for something. Mapped to HTTP once, at the edge.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("{what} {id} not found")]
+    NotFound { what: &'static str, id: String },
+    #[error("session is busy: turn {turn_id} is running; wait for it to end or cancel it")]
+    Busy { turn_id: String },
+    /// The request conflicts with the session's state.
+    #[error("{0}")]
+    Conflict(String),
+    /// The request is malformed or names things that do not exist.
+    #[error("{0}")]
+    Invalid(String),
+    #[error("the server is shutting down; retry against another instance or after restart")]
+    ShuttingDown,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A new session.
+#[derive(Debug, Clone, Default)]
+pub struct NewSession {
+    /// `None`: the default agent with every permitted tool enabled and trusted per policy.
+    pub agent: Option<AgentChoice>,
+    pub seed: Vec<Message>,
+    pub client_tools: Vec<ToolSpec>,
+}
+
+/// An agent picked by name, with its AAP `tools` and `options`.
+#[derive(Debug, Clone, Default)]
+pub struct AgentChoice {
+    pub name: String,
+    /// `None` (AAP: omitted): every exposed server tool disabled.
+    pub tools: Option<Vec<ToolGrant>>,
+    pub options: BTreeMap<String, String>,
+}
+
+/// Session-level overrides sent with a turn (AAP: persisted for the session's lifetime).
+#[derive(Debug, Clone, Default)]
+pub struct SessionUpdate {
+    pub tools: Option<Vec<ToolGrant>>,
+    /// Merged by key.
+    pub options: Option<BTreeMap<String, String>>,
+    pub client_tools: Option<Vec<ToolSpec>>,
+}
+
+/// A request to start a turn.
+#[derive(Debug, Clone)]
+pub struct TurnRequest {
+    pub input: TurnInput,
+    pub update: SessionUpdate,
+    /// Whether a client is attached that can run client tools and answer permissions.
+    pub interactive: bool,
+}
+
+/// A started turn: its id and what it sends as it runs (stored events and deltas). The turn goes
+/// on if this is dropped.
+pub struct TurnHandle {
+    pub turn_id: String,
+    pub feed: mpsc::UnboundedReceiver<Feed>,
+}
+
+/// Where a session stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Idle,
+    Running,
+    AwaitingClient,
+}
+
+/// A consistent view of a session.
+#[derive(Debug, Clone)]
+pub struct SessionView {
+    pub id: String,
+    pub created_at: String,
+    pub record: SessionRecord,
+    pub status: Status,
+    pub running_turn: Option<String>,
+    pub pending: Vec<Pending>,
+}
+
+pub(crate) struct Inner {
+    pub config: Arc<Config>,
+    pub store: Store,
+    pub provider: Arc<dyn Provider>,
+    pub tools: Arc<dyn ToolHost>,
+    sessions: Mutex<HashMap<String, Arc<Session>>>,
+    tracker: TaskTracker,
+    shutting_down: std::sync::atomic::AtomicBool,
+}
+
+/// The engine; cheap to clone.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+/// Sessions per page of `list_sessions`.
+pub const PAGE_SIZE: usize = 50;
+
+impl Engine {
+    /// Open the store and close every turn a previous process left unfinished (`worker_lost`).
+    pub async fn open(
+        config: Arc<Config>,
+        store: Store,
+        provider: Arc<dyn Provider>,
+        tools: Arc<dyn ToolHost>,
+    ) -> Result<Engine, EngineError> {
+        let engine = Engine {
+            inner: Arc::new(Inner {
+                config,
+                store,
+                provider,
+                tools,
+                sessions: Mutex::new(HashMap::new()),
+                tracker: TaskTracker::new(),
+                shutting_down: false.into(),
+            }),
+        };
+        engine.recover().await?;
+        Ok(engine)
+    }
+
+    async fn recover(&self) -> Result<(), EngineError> {
+        let store = &self.inner.store;
+        for id in store.unfinished_sessions().await? {
+            let Some(session) = self.load(&id).await? else {
+                continue;
+            };
+            let turn_id = {
+                let st = session.lock();
+                st.tail.last().map(|e| e.turn_id.clone())
+            };
+            let Some(turn_id) = turn_id else { continue };
+            let open: Vec<String> = {
+                let st = session.lock();
+                let mut open = Vec::new();
+                for ev in st.tail.iter().filter(|e| e.turn_id == turn_id) {
+                    match &ev.body {
+                        EventBody::ToolUse { tool_use_id, .. } => open.push(tool_use_id.clone()),
+                        EventBody::ToolResult { tool_use_id, .. } => {
+                            open.retain(|i| i != tool_use_id)
+                        }
+                        _ => {}
+                    }
+                }
+                open
+            };
+            for call in open {
+                session.append(
+                    store,
+                    &turn_id,
+                    EventBody::ToolResult {
+                        tool_use_id: call,
+                        content: "Cancelled.".into(),
+                        is_error: true,
+                        files: vec![],
+                    },
+                    true,
+                );
+            }
+            session.append(
+                store,
+                &turn_id,
+                EventBody::TurnFailed {
+                    reason: FailReason::WorkerLost,
+                    usage: None,
+                    message: Some("the process running this turn stopped before it ended".into()),
+                },
+                true,
+            );
+            tracing::warn!(session = %id, turn = %turn_id, "closed a turn left unfinished by a previous process (worker_lost)");
+        }
+        store.flush().await?;
+        Ok(())
+    }
+
+    pub fn config(&self) -> &Arc<Config> {
+        &self.inner.config
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    /// The tool host's current tools.
+    pub fn host_tools(&self) -> Arc<Vec<ServerTool>> {
+        self.inner.tools.tools()
+    }
+
+    /// An agent's exposed server tools (`GET /meta`).
+    pub fn exposed_tools(&self, agent: &AgentConfig) -> Vec<ServerTool> {
+        let host = self.inner.tools.tools();
+        catalog::exposed(agent, &host).into_iter().cloned().collect()
+    }
+
+    fn check_open(&self) -> Result<(), EngineError> {
+        if self.inner.shutting_down.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(EngineError::ShuttingDown);
+        }
+        Ok(())
+    }
+
+    /// Create a session. It does not run the agent.
+    pub async fn create_session(
+        &self,
+        owner: Option<String>,
+        new: NewSession,
+    ) -> Result<SessionView, EngineError> {
+        self.check_open()?;
+        let config = &self.inner.config;
+        let (agent, tools, options) = match new.agent {
+            Some(choice) => {
+                let agent = config.agent(&choice.name).ok_or_else(|| {
+                    EngineError::Invalid(format!(
+                        "unknown agent {:?}; GET /meta lists the agents: {}",
+                        choice.name,
+                        agent_names(config)
+                    ))
+                })?;
+                (agent, Some(choice.tools.unwrap_or_default()), choice.options)
+            }
+            None => (config.default_agent(), None, BTreeMap::new()),
+        };
+        let record = SessionRecord {
+            agent: agent.name.clone(),
+            tools,
+            options: BTreeMap::new(),
+            client_tools: Vec::new(),
+            seed: new.seed,
+        };
+        let mut record = record;
+        self.apply_update(
+            agent,
+            &mut record,
+            SessionUpdate {
+                tools: None,
+                options: Some(options),
+                client_tools: Some(new.client_tools),
+            },
+        )?;
+        let id = ids::new("sess");
+        let created_at = clock::now();
+        let session = Arc::new(Session::restore(
+            id.clone(),
+            owner.clone(),
+            created_at.clone(),
+            record,
+            Vec::new(),
+        ));
+        self.persist(&session);
+        self.inner.store.flush().await?;
+        self.inner
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, session.clone());
+        Ok(view(&session))
+    }
+
+    fn persist(&self, session: &Session) {
+        let record = session.record();
+        self.inner.store.put_session(SessionRow {
+            id: session.id.to_string(),
+            owner: session.owner.clone(),
+            created_at: session.created_at.clone(),
+            record: serde_json::to_string(&record).unwrap_or_default(),
+        });
+    }
+
+    /// Validate overrides against the agent and apply them to a record.
+    fn apply_update(
+        &self,
+        agent: &AgentConfig,
+        record: &mut SessionRecord,
+        update: SessionUpdate,
+    ) -> Result<(), EngineError> {
+        let host = self.inner.tools.tools();
+        if let Some(tools) = &update.tools {
+            let exposed = catalog::exposed(agent, &host);
+            let mut seen = std::collections::HashSet::new();
+            for g in tools {
+                if !exposed.iter().any(|t| t.spec.name == g.name) {
+                    let names: Vec<&str> = exposed.iter().map(|t| t.spec.name.as_str()).collect();
+                    return Err(EngineError::Invalid(format!(
+                        "agent.tools names {:?}, which agent {:?} does not expose; GET /meta lists its tools: [{}]",
+                        g.name, agent.name, names.join(", ")
+                    )));
+                }
+                if !seen.insert(g.name.as_str()) {
+                    return Err(EngineError::Invalid(format!(
+                        "agent.tools names {:?} twice; name each tool once",
+                        g.name
+                    )));
+                }
+            }
+        }
+        if let Some(options) = &update.options {
+            for (k, v) in options {
+                validate_option(agent, k, v)?;
+            }
+        }
+        if let Some(client_tools) = &update.client_tools {
+            let mut seen = std::collections::HashSet::new();
+            for t in client_tools {
+                if t.name.is_empty() {
+                    return Err(EngineError::Invalid("a client tool has an empty name".into()));
+                }
+                if !seen.insert(t.name.as_str()) {
+                    return Err(EngineError::Invalid(format!(
+                        "client tool {:?} is declared twice; tool names must be unique",
+                        t.name
+                    )));
+                }
+                if catalog::agent_tool_names(agent, &host).any(|n| n == t.name) {
+                    return Err(EngineError::Invalid(format!(
+                        "client tool {:?} has the name of one of agent {:?}'s tools; tool names must be unique across the client's and the agent's tools: rename the client tool",
+                        t.name, agent.name
+                    )));
+                }
+                if !t.parameters.is_object() {
+                    return Err(EngineError::Invalid(format!(
+                        "client tool {:?}: parameters must be a JSON Schema object",
+                        t.name
+                    )));
+                }
+            }
+        }
+        if let Some(tools) = update.tools {
+            record.tools = Some(tools);
+        }
+        if let Some(options) = update.options {
+            record.options.extend(options);
+        }
+        if let Some(client_tools) = update.client_tools {
+            record.client_tools = client_tools;
+        }
+        Ok(())
+    }
+
+    /// A session in memory, loaded from the store on first use.
+    async fn load(&self, id: &str) -> Result<Option<Arc<Session>>, EngineError> {
+        if let Some(s) = self.cached(id) {
+            return Ok(Some(s));
+        }
+        let Some(row) = self.inner.store.session(id).await? else {
+            return Ok(None);
+        };
+        let record: SessionRecord = serde_json::from_str(&row.record)
+            .map_err(|e| StoreError::Corrupt(format!("session {id}: {e}")))?;
+        let events = self.inner.store.events(id, 0, usize::MAX >> 1).await?;
+        let session = Arc::new(Session::restore(
+            row.id,
+            row.owner,
+            row.created_at,
+            record,
+            events,
+        ));
+        let mut map = self.inner.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        // Another request may have loaded it meanwhile: keep the first.
+        Ok(Some(map.entry(id.to_string()).or_insert(session).clone()))
+    }
+
+    fn cached(&self, id: &str) -> Option<Arc<Session>> {
+        self.inner
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .cloned()
+    }
+
+    /// A session this owner may see.
+    pub async fn session(&self, owner: Option<&str>, id: &str) -> Result<Arc<Session>, EngineError> {
+        let not_found = || EngineError::NotFound {
+            what: "session",
+            id: id.to_string(),
+        };
+        if !ids::is_valid("sess", id) {
+            return Err(not_found());
+        }
+        match self.load(id).await? {
+            Some(s) if s.owner.as_deref() == owner && !s.lock().deleted => Ok(s),
+            _ => Err(not_found()),
+        }
+    }
+
+    /// A page of this owner's sessions in creation order, and the cursor of the next page.
+    pub async fn list_sessions(
+        &self,
+        owner: Option<&str>,
+        after: Option<&str>,
+    ) -> Result<(Vec<SessionView>, Option<String>), EngineError> {
+        let rows = self
+            .inner
+            .store
+            .list_sessions(owner.map(String::from), after.map(String::from), PAGE_SIZE + 1)
+            .await?;
+        let more = rows.len() > PAGE_SIZE;
+        let mut out = Vec::with_capacity(rows.len().min(PAGE_SIZE));
+        for row in rows.into_iter().take(PAGE_SIZE) {
+            if let Some(s) = self.load(&row.id).await? {
+                out.push(view(&s));
+            }
+        }
+        let next = if more { out.last().map(|v| v.id.clone()) } else { None };
+        Ok((out, next))
+    }
+
+    /// A consistent view of a session.
+    pub fn view(&self, session: &Session) -> SessionView {
+        view(session)
+    }
+
+    /// Delete a session, its log and its workspace. A running turn is cancelled first.
+    pub async fn delete_session(&self, owner: Option<&str>, id: &str) -> Result<(), EngineError> {
+        let session = self.session(owner, id).await?;
+        let running = {
+            let mut st = session.lock();
+            st.deleted = true;
+            st.running.clone()
+        };
+        if let Some(control) = running {
+            control.stop(StopCause::Cancelled);
+        }
+        self.inner
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+        self.inner.store.delete_session(id);
+        self.inner.store.flush().await?;
+        let workspace = self.inner.config.server.sandboxes.join(id);
+        match tokio::fs::remove_dir_all(&workspace).await {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(session = %id, error = %e, "could not remove the session's workspace"),
+        }
+        Ok(())
+    }
+
+    /// Start a turn: validate the request against the session's state, apply its overrides and
+    /// run the turn on its own task.
+    pub fn start_turn(&self, session: &Arc<Session>, req: TurnRequest) -> Result<TurnHandle, EngineError> {
+        self.check_open()?;
+        let config = &self.inner.config;
+        let (control, answering) = {
+            let mut st = session.lock();
+            if st.deleted {
+                return Err(EngineError::NotFound {
+                    what: "session",
+                    id: session.id.to_string(),
+                });
+            }
+            if let Some(r) = &st.running {
+                return Err(EngineError::Busy {
+                    turn_id: r.turn_id.clone(),
+                });
+            }
+            let answering = check_answers(&st.pending, &req.input)?;
+            let agent = config.agent(&st.record.agent).ok_or_else(|| {
+                EngineError::Conflict(format!(
+                    "the session's agent {:?} is no longer configured",
+                    st.record.agent
+                ))
+            })?;
+            let mut record = st.record.clone();
+            let changed = !is_empty_update(&req.update);
+            self.apply_update(agent, &mut record, req.update)?;
+            if let TurnInput::Resume { .. } = &req.input {
+                st.pending.clear();
+            }
+            st.record = record;
+            let control = session::TurnControl::new(ids::new("turn"));
+            st.running = Some(control.clone());
+            drop(st);
+            if changed {
+                self.persist(session);
+            }
+            (control, answering)
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        let job = turn::TurnJob {
+            session: session.clone(),
+            control: control.clone(),
+            input: req.input,
+            answering,
+            sink: Some(tx),
+            interactive: req.interactive,
+        };
+        self.inner.tracker.spawn(turn::run(self.inner.clone(), job));
+        Ok(TurnHandle {
+            turn_id: control.turn_id.clone(),
+            feed: rx,
+        })
+    }
+
+    /// Stop accepting turns, end running ones with `worker_shutdown`, wait for them (at most
+    /// `grace`), and make everything durable.
+    pub async fn shutdown(&self, grace: Duration) {
+        self.inner
+            .shutting_down
+            .store(true, std::sync::atomic::Ordering::Release);
+        let sessions: Vec<Arc<Session>> = self
+            .inner
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for s in sessions {
+            if let Some(control) = s.lock().running.clone() {
+                control.stop(StopCause::Shutdown);
+            }
+        }
+        self.inner.tracker.close();
+        if tokio::time::timeout(grace, self.inner.tracker.wait()).await.is_err() {
+            tracing::warn!("some turns did not end within the shutdown grace period");
+        }
+        if let Err(e) = self.inner.store.flush().await {
+            tracing::error!(error = %e, "final flush of the store failed");
+        }
+    }
+}
+
+fn is_empty_update(u: &SessionUpdate) -> bool {
+    u.tools.is_none() && u.options.is_none() && u.client_tools.is_none()
+}
+
+fn agent_names(config: &Config) -> String {
+    config
+        .agents
+        .iter()
+        .map(|a| a.name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The AAP options an agent offers: `thinking` always, `model` when `models` is set.
+pub fn validate_option(agent: &AgentConfig, key: &str, value: &str) -> Result<(), EngineError> {
+    match key {
+        "thinking" if value == "on" || value == "off" => Ok(()),
+        "thinking" => Err(EngineError::Invalid(format!(
+            "option thinking must be \"on\" or \"off\", not {value:?}"
+        ))),
+        "model" if !agent.models.is_empty() => {
+            if agent.models.iter().any(|m| m == value) {
+                Ok(())
+            } else {
+                Err(EngineError::Invalid(format!(
+                    "option model must be one of [{}], not {value:?}",
+                    agent.models.join(", ")
+                )))
+            }
+        }
+        _ => Err(EngineError::Invalid(format!(
+            "agent {:?} has no option {key:?}; GET /meta lists its options",
+            agent.name
+        ))),
+    }
+}
+
+/// Check a turn's input against the calls the session waits on; the calls it answers.
+fn check_answers(pending: &[Pending], input: &TurnInput) -> Result<Vec<Pending>, EngineError> {
+    let ids = |kind: Option<PendingKind>| -> Vec<&str> {
+        pending
+            .iter()
+            .filter(|p| kind.is_none_or(|k| p.kind == k))
+            .map(|p| p.call_id.as_str())
+            .collect()
+    };
+    match input {
+        TurnInput::User { .. } if !pending.is_empty() => Err(EngineError::Conflict(format!(
+            "the session waits for tool results ({}) and permissions ({}); send them all in one request as role \"tool\" and \"tool_permission\" messages before a new user message",
+            ids(Some(PendingKind::Client)).join(", "),
+            ids(Some(PendingKind::Permission)).join(", ")
+        ))),
+        TurnInput::User { .. } => Ok(Vec::new()),
+        TurnInput::Resume { .. } if pending.is_empty() => Err(EngineError::Conflict(
+            "no tool calls are pending in this session; send a user message instead".into(),
+        )),
+        TurnInput::Resume {
+            results,
+            permissions,
+        } => {
+            let mut answered: HashMap<&str, &'static str> = HashMap::new();
+            let mut errors = Vec::new();
+            let answers = results
+                .iter()
+                .map(|r| (r.call_id.as_str(), "tool"))
+                .chain(permissions.iter().map(|p| (p.call_id.as_str(), "tool_permission")));
+            for (id, role) in answers {
+                if answered.insert(id, role).is_some() {
+                    errors.push(format!("toolCallId {id} is answered twice"));
+                    continue;
+                }
+                match pending.iter().find(|p| p.call_id == id) {
+                    None => errors.push(format!("toolCallId {id} is not a pending call")),
+                    Some(p) if p.kind == PendingKind::Client && role != "tool" => errors.push(format!(
+                        "toolCallId {id} is client tool {}: answer it with a role \"tool\" message carrying its result",
+                        p.name
+                    )),
+                    Some(p) if p.kind == PendingKind::Permission && role != "tool_permission" => errors.push(format!(
+                        "toolCallId {id} is server tool {}: answer it with a role \"tool_permission\" message (granted true or false)",
+                        p.name
+                    )),
+                    Some(_) => {}
+                }
+            }
+            let missing: Vec<&str> = pending
+                .iter()
+                .filter(|p| !answered.contains_key(p.call_id.as_str()))
+                .map(|p| p.call_id.as_str())
+                .collect();
+            if !missing.is_empty() {
+                errors.push(format!(
+                    "missing answers for toolCallId {}: every pending call needs its result or permission in this one request",
+                    missing.join(", ")
+                ));
+            }
+            if errors.is_empty() {
+                Ok(pending.to_vec())
+            } else {
+                Err(EngineError::Invalid(errors.join("; ")))
+            }
+        }
+    }
+}
+
+fn view(session: &Session) -> SessionView {
+    let st = session.lock();
+    let running_turn = st.running.as_ref().map(|r| r.turn_id.clone());
+    let status = if running_turn.is_some() {
+        Status::Running
+    } else if !st.pending.is_empty() {
+        Status::AwaitingClient
+    } else {
+        Status::Idle
+    };
+    SessionView {
+        id: session.id.to_string(),
+        created_at: session.created_at.clone(),
+        record: st.record.clone(),
+        status,
+        running_turn,
+        pending: st.pending.clone(),
+    }
+}

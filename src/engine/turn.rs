@@ -1,0 +1,531 @@
+//! One turn: the loop of model calls and tool calls, from `user.message` to its terminal event.
+//!
+//! A turn runs on its own task. Whoever started it only watches (through an optional sink), so
+//! a client that goes away never cancels it. Every exit path ends in exactly one terminal event,
+//! and every `agent.tool_use` gets exactly one `agent.tool_result` (a tool cut short by a cancel,
+//! a timeout or a shutdown gets `"Cancelled."`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use super::catalog::{Catalog, Route};
+use super::session::{Feed, Pending, PendingKind, Session, StopCause, TurnControl};
+use super::Inner;
+use crate::log::{Event, EventBody, FailReason, FileRef, StopReason};
+use crate::message::{Message, ToolCall, Usage};
+use crate::tools::{CallContext, ToolOutput};
+use crate::upstream::{DeltaSink, ModelOutput, ModelRequest};
+
+/// How many server tool calls of one step run at once.
+const TOOL_PARALLELISM: usize = 8;
+
+/// What starts a turn.
+#[derive(Debug, Clone)]
+pub enum TurnInput {
+    /// A new user message.
+    User {
+        content: Value,
+        files: Vec<FileRef>,
+        skills: Vec<Value>,
+    },
+    /// Answers to the calls the last turn stopped on: one per pending call.
+    Resume {
+        results: Vec<ClientResult>,
+        permissions: Vec<Permission>,
+    },
+}
+
+/// A client tool's result.
+#[derive(Debug, Clone)]
+pub struct ClientResult {
+    pub call_id: String,
+    /// A string or content blocks.
+    pub content: Value,
+    pub is_error: bool,
+}
+
+/// The client's decision on a server tool call.
+#[derive(Debug, Clone)]
+pub struct Permission {
+    pub call_id: String,
+    pub granted: bool,
+    pub reason: Option<String>,
+}
+
+pub(crate) struct TurnJob {
+    pub session: Arc<Session>,
+    pub control: Arc<TurnControl>,
+    pub input: TurnInput,
+    /// The calls being answered (for `Resume`), taken from the session when the turn started.
+    pub answering: Vec<Pending>,
+    pub sink: Option<mpsc::UnboundedSender<Feed>>,
+    pub interactive: bool,
+}
+
+/// How a turn ended early.
+enum End {
+    Stopped,
+    Failed(FailReason, String),
+}
+
+struct Turn {
+    inner: Arc<Inner>,
+    session: Arc<Session>,
+    turn_id: Arc<str>,
+    sink: Option<mpsc::UnboundedSender<Feed>>,
+    interactive: bool,
+    usage: Usage,
+    model_called: bool,
+    /// Whether the turn has said anything (a non-empty `agent.message`).
+    said: bool,
+    /// `agent.tool_use` ids without a result yet.
+    open: Vec<String>,
+    /// The calls the turn stops on, when it stops with `tool_use`.
+    stop_on: Vec<Pending>,
+}
+
+pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
+    let TurnJob {
+        session,
+        control,
+        input,
+        answering,
+        sink,
+        interactive,
+    } = job;
+    let agent_name = session.record().agent;
+    let timeout = inner
+        .config
+        .agent(&agent_name)
+        .map(|a| a.turn_timeout)
+        .unwrap_or(Duration::from_secs(3600));
+    let mut turn = Turn {
+        inner,
+        session,
+        turn_id: control.turn_id.as_str().into(),
+        sink,
+        interactive,
+        usage: Usage::default(),
+        model_called: false,
+        said: false,
+        open: Vec::new(),
+        stop_on: Vec::new(),
+    };
+    let result = tokio::select! {
+        r = turn.body(input, answering) => r,
+        _ = control.token.cancelled() => Err(End::Stopped),
+        _ = tokio::time::sleep(timeout) => Err(End::Failed(
+            FailReason::Timeout,
+            format!("the turn ran longer than turn_timeout_s ({} s)", timeout.as_secs()),
+        )),
+    };
+    turn.finish(result, &control).await;
+}
+
+impl Turn {
+    fn emit(&mut self, body: EventBody) -> Option<Arc<Event>> {
+        match &body {
+            EventBody::ToolUse { tool_use_id, .. } => self.open.push(tool_use_id.clone()),
+            EventBody::ToolResult { tool_use_id, .. } => self.open.retain(|id| id != tool_use_id),
+            EventBody::AgentMessage { content, .. } if !content.is_empty() => self.said = true,
+            _ => {}
+        }
+        let ev = self
+            .session
+            .append(&self.inner.store, &self.turn_id, body, true)?;
+        if let Some(sink) = &self.sink {
+            let _ = sink.send(Feed::Event(ev.clone()));
+        }
+        Some(ev)
+    }
+
+    fn emit_result(&mut self, call_id: &str, out: ToolOutput) {
+        self.emit(EventBody::ToolResult {
+            tool_use_id: call_id.to_string(),
+            content: out.content,
+            is_error: out.is_error,
+            files: out.files,
+        });
+    }
+
+    async fn body(&mut self, input: TurnInput, answering: Vec<Pending>) -> Result<StopReason, End> {
+        match input {
+            TurnInput::User {
+                content,
+                files,
+                skills,
+            } => {
+                self.emit(EventBody::UserMessage {
+                    content,
+                    files,
+                    skills,
+                });
+            }
+            TurnInput::Resume {
+                results,
+                permissions,
+            } => self.resume(answering, results, permissions).await,
+        }
+
+        let record = self.session.record();
+        let config = self.inner.config.clone();
+        let agent = config
+            .agent(&record.agent)
+            .ok_or_else(|| {
+                End::Failed(
+                    FailReason::InternalError,
+                    format!("the session's agent {:?} is no longer configured", record.agent),
+                )
+            })?
+            .clone();
+        for step in 1..=agent.max_steps {
+            let record = self.session.record();
+            let host_tools = self.inner.tools.tools();
+            let catalog = Catalog::new(&agent, &host_tools, &record, self.interactive);
+            let thinking = match record.options.get("thinking").map(String::as_str) {
+                Some("on") => true,
+                Some("off") => false,
+                _ => agent.thinking,
+            };
+            let req = self.request(&agent, &record, catalog.offered(), thinking);
+            let out = self.call_model(&req, thinking).await?;
+            self.usage.add(out.usage);
+
+            if thinking && !out.thinking.is_empty() {
+                self.emit(EventBody::AgentThinking {
+                    content: out.thinking.clone(),
+                });
+            }
+            if !out.text.is_empty() {
+                self.emit(EventBody::AgentMessage {
+                    content: out.text.clone(),
+                    plan: false,
+                });
+            }
+            let ModelOutput {
+                tool_calls, stop, ..
+            } = out;
+            if tool_calls.is_empty() {
+                return match stop {
+                    crate::upstream::ModelStop::MaxTokens => Ok(StopReason::MaxTokens),
+                    crate::upstream::ModelStop::Refusal => Ok(StopReason::Refusal),
+                    _ if !self.said => Err(End::Failed(
+                        FailReason::EmptyOutput,
+                        "the model finished without a reply".into(),
+                    )),
+                    _ => Ok(StopReason::EndTurn),
+                };
+            }
+            for call in &tool_calls {
+                self.emit(EventBody::ToolUse {
+                    tool_use_id: call.id.clone(),
+                    name: call.name.clone(),
+                    input: call.input.clone(),
+                });
+            }
+            if step == agent.max_steps {
+                for call in &tool_calls {
+                    self.emit_result(
+                        &call.id,
+                        ToolOutput::error("not run: the turn's step budget is spent"),
+                    );
+                }
+                return Ok(StopReason::MaxSteps);
+            }
+            let mut inline = Vec::new();
+            let mut stop_on = Vec::new();
+            for call in tool_calls {
+                let kind = match catalog.route(&call.name) {
+                    Route::Client => PendingKind::Client,
+                    Route::Ask => PendingKind::Permission,
+                    Route::Inline => {
+                        inline.push(call);
+                        continue;
+                    }
+                    Route::Refuse(msg) => {
+                        self.emit_result(&call.id, ToolOutput::error(msg));
+                        continue;
+                    }
+                };
+                stop_on.push(Pending {
+                    call_id: call.id,
+                    name: call.name,
+                    input: call.input,
+                    kind,
+                });
+            }
+            self.run_tools(inline).await;
+            if !stop_on.is_empty() {
+                self.open.retain(|id| !stop_on.iter().any(|p| &p.call_id == id));
+                self.stop_on = stop_on;
+                return Ok(StopReason::ToolUse);
+            }
+        }
+        // max_steps >= 1 and every step returns or continues after tools: the last step returns.
+        Ok(StopReason::MaxSteps)
+    }
+
+    /// Log what the client answered, then the result of every call the last turn stopped on.
+    async fn resume(
+        &mut self,
+        answering: Vec<Pending>,
+        results: Vec<ClientResult>,
+        permissions: Vec<Permission>,
+    ) {
+        let mut blocks = Vec::with_capacity(results.len() + permissions.len());
+        for r in &results {
+            blocks.push(json!({"type": "tool_result", "tool_use_id": r.call_id,
+                               "content": r.content, "is_error": r.is_error}));
+        }
+        for p in &permissions {
+            let mut b = json!({"type": "tool_permission", "tool_use_id": p.call_id, "granted": p.granted});
+            if let Some(reason) = &p.reason {
+                b["reason"] = Value::String(reason.clone());
+            }
+            blocks.push(b);
+        }
+        self.emit(EventBody::UserMessage {
+            content: Value::Array(blocks),
+            files: vec![],
+            skills: vec![],
+        });
+        self.open = answering.iter().map(|p| p.call_id.clone()).collect();
+
+        let mut results: HashMap<String, ClientResult> =
+            results.into_iter().map(|r| (r.call_id.clone(), r)).collect();
+        let mut permissions: HashMap<String, Permission> = permissions
+            .into_iter()
+            .map(|p| (p.call_id.clone(), p))
+            .collect();
+        let record = self.session.record();
+        let config = self.inner.config.clone();
+        let host_tools = self.inner.tools.tools();
+        let mut granted = Vec::new();
+        for p in answering {
+            if let Some(r) = results.remove(&p.call_id) {
+                self.emit_result(
+                    &p.call_id,
+                    ToolOutput {
+                        content: r.content,
+                        is_error: r.is_error,
+                        files: vec![],
+                    },
+                );
+            } else if let Some(perm) = permissions.remove(&p.call_id) {
+                if !perm.granted {
+                    let text = match perm.reason.as_deref().map(str::trim) {
+                        Some(reason) if !reason.is_empty() => format!("Tool call denied: {reason}"),
+                        _ => "Tool call denied".to_string(),
+                    };
+                    self.emit_result(&p.call_id, ToolOutput::error(text));
+                    continue;
+                }
+                let route = config
+                    .agent(&record.agent)
+                    .map(|agent| Catalog::new(agent, &host_tools, &record, true).route_granted(&p.name))
+                    .unwrap_or_else(|| Route::Refuse("The session's agent is gone.".into()));
+                match route {
+                    Route::Refuse(msg) => self.emit_result(&p.call_id, ToolOutput::error(msg)),
+                    _ => granted.push(p.call()),
+                }
+            }
+        }
+        self.run_tools(granted).await;
+    }
+
+    /// Run server tool calls in parallel (bounded), logging each result as it completes.
+    async fn run_tools(&mut self, calls: Vec<ToolCall>) {
+        if calls.is_empty() {
+            return;
+        }
+        let host = self.inner.tools.clone();
+        let ctx = CallContext {
+            session_id: self.session.id.to_string(),
+        };
+        let ctx = &ctx;
+        let mut done = futures_util::stream::iter(calls)
+            .map(|call| {
+                let host = host.clone();
+                async move {
+                    let out = host.call(ctx, &call.name, call.input).await;
+                    (call.id, out)
+                }
+            })
+            .buffer_unordered(TOOL_PARALLELISM);
+        while let Some((id, out)) = done.next().await {
+            self.emit_result(&id, out);
+        }
+    }
+
+    fn request(
+        &self,
+        agent: &crate::config::AgentConfig,
+        record: &super::session::SessionRecord,
+        tools: Vec<crate::upstream::ToolDef>,
+        thinking: bool,
+    ) -> ModelRequest {
+        let history = self.session.history();
+        let mut system = (!agent.system_prompt.is_empty()).then(|| agent.system_prompt.clone());
+        let mut messages = Vec::with_capacity(history.len());
+        for m in history {
+            match m {
+                // A seed system message replaces the agent's prompt for this session.
+                Message::System { content } => system = Some(content),
+                other => messages.push(other),
+            }
+        }
+        let upstream = &self.inner.config.upstream;
+        ModelRequest {
+            model: record
+                .options
+                .get("model")
+                .cloned()
+                .unwrap_or_else(|| upstream.model.clone()),
+            system,
+            messages,
+            tools,
+            max_tokens: upstream.max_tokens,
+            thinking,
+        }
+    }
+
+    /// One model call, retried on retryable failures. Text streamed by an attempt that then
+    /// fails is retracted with an empty `agent.message`.
+    async fn call_model(&mut self, req: &ModelRequest, thinking: bool) -> Result<ModelOutput, End> {
+        let retries = self.inner.config.upstream.retries;
+        let mut attempt = 0;
+        loop {
+            self.model_called = true;
+            let mut deltas = Deltas {
+                session: &self.session,
+                sink: self.sink.as_ref(),
+                turn_id: &self.turn_id,
+                thinking,
+                streamed_text: false,
+            };
+            let result = self.inner.provider.complete(req, &mut deltas).await;
+            let streamed = deltas.streamed_text;
+            match result {
+                Ok(out) => return Ok(out),
+                Err(e) => {
+                    if streamed {
+                        self.emit(EventBody::AgentMessage {
+                            content: String::new(),
+                            plan: false,
+                        });
+                    }
+                    if !e.retryable || attempt >= retries {
+                        tracing::warn!(turn = %self.turn_id, error = %e, "upstream call failed");
+                        return Err(End::Failed(FailReason::ModelError, e.message));
+                    }
+                    attempt += 1;
+                    let backoff = e
+                        .retry_after
+                        .unwrap_or(Duration::from_millis(250 << attempt.min(5)))
+                        .min(Duration::from_secs(30));
+                    tracing::info!(turn = %self.turn_id, attempt, error = %e, ?backoff, "retrying the upstream call");
+                    tokio::time::sleep(backoff).await;
+                }
+            }
+        }
+    }
+
+    /// Write the terminal event, make it durable, then let everyone see it.
+    async fn finish(mut self, result: Result<StopReason, End>, control: &TurnControl) {
+        let usage = self.model_called.then_some(self.usage);
+        let terminal = match result {
+            Ok(stop_reason) => EventBody::TurnCompleted { usage, stop_reason },
+            Err(end) => {
+                for id in std::mem::take(&mut self.open) {
+                    self.emit_result(&id, ToolOutput::error("Cancelled."));
+                }
+                match end {
+                    End::Stopped if control.cause() == Some(StopCause::Shutdown) => {
+                        EventBody::TurnFailed {
+                            reason: FailReason::WorkerShutdown,
+                            usage,
+                            message: Some("the server is shutting down".into()),
+                        }
+                    }
+                    End::Stopped => EventBody::TurnCancelled { usage },
+                    End::Failed(reason, message) => {
+                        EventBody::TurnFailed {
+                            reason,
+                            usage,
+                            message: Some(message),
+                        }
+                    }
+                }
+            }
+        };
+        let stop_on = std::mem::take(&mut self.stop_on);
+        let ev = {
+            let mut st = self.session.lock();
+            let ev = self
+                .session
+                .append_locked(&mut st, &self.inner.store, &self.turn_id, terminal, false);
+            st.pending = stop_on;
+            ev
+        };
+        if let Err(e) = self.inner.store.flush().await {
+            tracing::error!(turn = %self.turn_id, error = %e, "the turn's events could not be made durable");
+        }
+        {
+            let mut st = self.session.lock();
+            if st.running.as_ref().is_some_and(|r| r.turn_id == *self.turn_id) {
+                st.running = None;
+            }
+        }
+        if let Some(ev) = ev {
+            self.session.publish(Feed::Event(ev.clone()));
+            if let Some(sink) = &self.sink {
+                let _ = sink.send(Feed::Event(ev));
+            }
+        }
+    }
+}
+
+/// Forwards streamed fragments to the turn's watcher and the session's live subscribers.
+struct Deltas<'a> {
+    session: &'a Session,
+    sink: Option<&'a mpsc::UnboundedSender<Feed>>,
+    turn_id: &'a Arc<str>,
+    thinking: bool,
+    streamed_text: bool,
+}
+
+impl Deltas<'_> {
+    fn send(&self, item: Feed) {
+        if let Some(sink) = self.sink {
+            let _ = sink.send(item.clone());
+        }
+        self.session.publish(item);
+    }
+}
+
+impl DeltaSink for Deltas<'_> {
+    fn text(&mut self, fragment: &str) {
+        if fragment.is_empty() {
+            return;
+        }
+        self.streamed_text = true;
+        self.send(Feed::TextDelta {
+            turn_id: self.turn_id.clone(),
+            text: fragment.to_string(),
+        });
+    }
+
+    fn thinking(&mut self, fragment: &str) {
+        if self.thinking && !fragment.is_empty() {
+            self.send(Feed::ThinkingDelta {
+                turn_id: self.turn_id.clone(),
+                text: fragment.to_string(),
+            });
+        }
+    }
+}

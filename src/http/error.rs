@@ -1,0 +1,83 @@
+//! API errors and their one mapping to HTTP: a status and
+//! `{"error": {"type": "<snake_case>", "message": "<what is wrong and how to fix it>"}}`.
+
+use http::StatusCode;
+use serde_json::json;
+
+use super::{json_response, Response};
+use crate::engine::EngineError;
+
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub kind: &'static str,
+    pub message: String,
+    /// Extra fields for the error object (e.g. the running turn's id).
+    pub extra: Option<serde_json::Value>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            kind,
+            message: message.into(),
+            extra: None,
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+
+    pub fn conflict(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::CONFLICT, "conflict", message)
+    }
+
+    pub fn into_response(self) -> Response {
+        let mut error = json!({"type": self.kind, "message": self.message});
+        if let Some(serde_json::Value::Object(extra)) = self.extra {
+            for (k, v) in extra {
+                error[k] = v;
+            }
+        }
+        let mut resp = json_response(self.status, &json!({ "error": error }));
+        if self.status == StatusCode::UNAUTHORIZED {
+            resp.headers_mut().insert(
+                http::header::WWW_AUTHENTICATE,
+                http::HeaderValue::from_static("Bearer"),
+            );
+        }
+        resp
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> ApiError {
+        let message = e.to_string();
+        match e {
+            EngineError::NotFound { .. } => ApiError::not_found(message),
+            EngineError::Busy { turn_id } => ApiError {
+                extra: Some(json!({ "turn_id": turn_id })),
+                ..ApiError::new(StatusCode::CONFLICT, "session_busy", message)
+            },
+            EngineError::Conflict(_) => ApiError::conflict(message),
+            EngineError::Invalid(_) => ApiError::bad_request(message),
+            EngineError::ShuttingDown => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", message)
+            }
+            EngineError::Store(err) => {
+                tracing::error!(error = %err, "store error while serving a request");
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal_error",
+                    "the server could not read or write its store; see its log",
+                )
+            }
+        }
+    }
+}

@@ -1,0 +1,95 @@
+//! The HTTP edge: the accept loop, the route table, auth, bodies, errors and SSE.
+//! Protocol modules (`crate::protocol::*`) hold the handlers; this module knows no protocol.
+
+pub mod auth;
+pub mod body;
+pub mod error;
+pub mod routes;
+pub mod server;
+pub mod sse;
+
+use std::convert::Infallible;
+
+use bytes::Bytes;
+use http::{header, HeaderValue, StatusCode};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Empty, Full};
+
+pub use error::ApiError;
+
+/// Every response body: a full buffer or a stream (SSE).
+pub type Body = UnsyncBoxBody<Bytes, Infallible>;
+pub type Response = http::Response<Body>;
+pub type Request = http::Request<hyper::body::Incoming>;
+
+/// A JSON response.
+pub fn json_response<T: serde::Serialize + ?Sized>(status: StatusCode, value: &T) -> Response {
+    let bytes = serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec());
+    let mut resp = http::Response::new(Full::new(Bytes::from(bytes)).boxed_unsync());
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+/// A response with no body.
+pub fn empty_response(status: StatusCode) -> Response {
+    let mut resp = http::Response::new(Empty::new().boxed_unsync());
+    *resp.status_mut() = status;
+    resp
+}
+
+/// A plain-text response.
+pub fn text_response(status: StatusCode, content_type: &'static str, text: String) -> Response {
+    let mut resp = http::Response::new(Full::new(Bytes::from(text)).boxed_unsync());
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp
+}
+
+/// The query parameter `name`, percent-decoded.
+pub fn query_param(req: &Request, name: &str) -> Option<String> {
+    let q = req.uri().query()?;
+    q.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        (percent_decode(k) == name).then(|| percent_decode(v))
+    })
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
+                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                    Some(b) => {
+                        out.push(b);
+                        i += 2;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn percent_decoding() {
+        assert_eq!(super::percent_decode("a%20b+c"), "a b c");
+        assert_eq!(super::percent_decode("100%"), "100%");
+        assert_eq!(super::percent_decode("%e4%b8%ad"), "中");
+        assert_eq!(super::percent_decode("%zz"), "%zz");
+    }
+}

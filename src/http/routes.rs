@@ -1,0 +1,151 @@
+//! The route table: every path the server answers, in one list, apart from how the server is
+//! assembled. Routes are public only when listed as such here.
+
+use std::sync::Arc;
+
+use http::{Method, StatusCode};
+
+use super::auth::Keys;
+use super::{json_response, text_response, ApiError, Request, Response};
+use crate::engine::Engine;
+use crate::protocol::aap;
+
+/// What a handler gets: the engine, the keys and the caller's identity.
+pub struct App {
+    pub engine: Engine,
+    pub keys: Keys,
+    /// Whether `GET /meta` is served without a key.
+    pub public_meta: bool,
+}
+
+/// Who is calling: the owner id of their key (`None` without keys).
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub owner: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    Healthz,
+    Metrics,
+    Meta,
+    ListSessions,
+    CreateSession,
+    GetSession(String),
+    DeleteSession(String),
+    History(String),
+    Turns(String),
+}
+
+impl Route {
+    /// Routes that answer without a key.
+    fn is_public(&self, app: &App) -> bool {
+        match self {
+            Route::Healthz => true,
+            Route::Meta => app.public_meta,
+            _ => false,
+        }
+    }
+}
+
+/// Map a method and path to a route: 404 for an unknown path, 405 for a known path with
+/// another method.
+pub fn resolve(method: &Method, path: &str) -> Result<Route, ApiError> {
+    let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let m = method.clone();
+    let (route, allowed): (Option<Route>, &'static str) = match segs.as_slice() {
+        ["healthz"] => (matches!(m, Method::GET | Method::HEAD).then_some(Route::Healthz), "GET"),
+        ["metrics"] => ((m == Method::GET).then_some(Route::Metrics), "GET"),
+        ["meta"] => ((m == Method::GET).then_some(Route::Meta), "GET"),
+        ["sessions"] => (
+            match m {
+                Method::GET => Some(Route::ListSessions),
+                Method::POST => Some(Route::CreateSession),
+                _ => None,
+            },
+            "GET, POST",
+        ),
+        ["sessions", id] => (
+            match m {
+                Method::GET => Some(Route::GetSession(id.to_string())),
+                Method::DELETE => Some(Route::DeleteSession(id.to_string())),
+                _ => None,
+            },
+            "GET, DELETE",
+        ),
+        ["sessions", id, "history"] => {
+            ((m == Method::GET).then(|| Route::History(id.to_string())), "GET")
+        }
+        ["sessions", id, "turns"] => {
+            ((m == Method::POST).then(|| Route::Turns(id.to_string())), "POST")
+        }
+        _ => {
+            return Err(ApiError::not_found(format!(
+                "no route {method} {path}; see the README for the API"
+            )))
+        }
+    };
+    route.ok_or_else(|| ApiError {
+        extra: Some(serde_json::json!({ "allow": allowed })),
+        ..ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            format!("{method} is not allowed on {path}; allowed: {allowed}"),
+        )
+    })
+}
+
+/// Serve one request.
+pub async fn handle(app: Arc<App>, req: Request) -> Response {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let result = async {
+        let route = resolve(&method, &path)?;
+        let caller = Caller {
+            owner: if route.is_public(&app) {
+                None
+            } else {
+                app.keys.owner(&req)?
+            },
+        };
+        dispatch(&app, route, caller, req).await
+    }
+    .await;
+    let resp = result.unwrap_or_else(ApiError::into_response);
+    tracing::debug!(%method, %path, status = resp.status().as_u16(), "request");
+    resp
+}
+
+async fn dispatch(app: &App, route: Route, caller: Caller, req: Request) -> Result<Response, ApiError> {
+    match route {
+        Route::Healthz => Ok(json_response(StatusCode::OK, &serde_json::json!({"status": "ok"}))),
+        Route::Metrics => Ok(text_response(
+            StatusCode::OK,
+            "text/plain; version=0.0.4",
+            crate::metrics::render(),
+        )),
+        Route::Meta => Ok(aap::meta(app)),
+        Route::ListSessions => aap::list_sessions(app, &caller, &req).await,
+        Route::CreateSession => aap::create_session(app, &caller, req).await,
+        Route::GetSession(id) => aap::get_session(app, &caller, &id).await,
+        Route::DeleteSession(id) => aap::delete_session(app, &caller, &id).await,
+        Route::History(id) => aap::history(app, &caller, &id, &req).await,
+        Route::Turns(id) => aap::turns(app, &caller, &id, req).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn route_table() {
+        assert_eq!(resolve(&Method::GET, "/meta").unwrap(), Route::Meta);
+        assert_eq!(
+            resolve(&Method::POST, "/sessions/sess_1/turns").unwrap(),
+            Route::Turns("sess_1".into())
+        );
+        assert_eq!(resolve(&Method::PUT, "/sessions").unwrap_err().status, StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(resolve(&Method::GET, "/nope").unwrap_err().status, StatusCode::NOT_FOUND);
+    }
+}

@@ -1,0 +1,25 @@
+//! turnstile: an MCP-bridging tool host and proxy that serves agent sessions (AAP v3, the runs
+//! API and the event log) in front of an upstream LLM.
+//!
+//! Data flows one way:
+//!
+//! ```text
+//! HTTP request → protocol adapter (protocol::aap | runs | events) → engine (turn loop)
+//!                                                  ├→ upstream provider (openai | anthropic | echo)
+//!                                                  └→ tool host (mcp | deliver_file | client)
+//! engine → event log (durable, ordered, the single source of truth) → renderers → SSE / JSON
+//! ```
+
+pub mod config;
+pub mod message;
+pub mod testkit;
+pub mod upstream;
+pub mod clock;
+pub mod engine;
+pub mod ids;
+pub mod log;
+pub mod tools;
+pub mod http;
+pub mod metrics;
+pub mod protocol;
+pub mod app;

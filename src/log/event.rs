@@ -1,0 +1,232 @@
+//! The events of the session log (spec 003): their types, and their one serialization.
+//!
+//! An event is serialized exactly once, when it is appended; history reads and live streams
+//! send those same bytes, so the same event is byte-identical everywhere.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::message::Usage;
+
+/// A file attached to a message or delivered by a tool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileRef {
+    pub id: String,
+    pub filename: String,
+    pub mime_type: String,
+    pub size_bytes: u64,
+}
+
+/// Why a turn completed (`turn.completed.stop_reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    EndTurn,
+    /// The turn waits for client tool results or permissions.
+    ToolUse,
+    MaxTokens,
+    /// The turn made `max_steps` model calls and the model still wanted tools.
+    MaxSteps,
+    Refusal,
+}
+
+/// Why a turn failed (`turn.failed.reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailReason {
+    ModelError,
+    Timeout,
+    EmptyOutput,
+    InternalError,
+    WorkerLost,
+    WorkerShutdown,
+}
+
+/// The type-specific part of an event. `type` is the tag.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum EventBody {
+    /// What the client sent: text or content blocks; a follow-up after a `tool_use` stop carries
+    /// `tool_result` and `tool_permission` blocks.
+    #[serde(rename = "user.message")]
+    UserMessage {
+        content: Value,
+        files: Vec<FileRef>,
+        skills: Vec<Value>,
+    },
+    #[serde(rename = "agent.thinking")]
+    AgentThinking { content: String },
+    /// An empty `content` retracts the text streamed since the previous stored event.
+    #[serde(rename = "agent.message")]
+    AgentMessage {
+        content: String,
+        /// Set on a plan proposed in the runs API's plan mode.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        plan: bool,
+    },
+    #[serde(rename = "agent.tool_use")]
+    ToolUse {
+        tool_use_id: String,
+        name: String,
+        input: Value,
+    },
+    #[serde(rename = "agent.tool_result")]
+    ToolResult {
+        tool_use_id: String,
+        content: Value,
+        is_error: bool,
+        files: Vec<FileRef>,
+    },
+    #[serde(rename = "turn.completed")]
+    TurnCompleted {
+        usage: Option<Usage>,
+        stop_reason: StopReason,
+    },
+    #[serde(rename = "turn.failed")]
+    TurnFailed {
+        reason: FailReason,
+        usage: Option<Usage>,
+        /// What went wrong, for people reading the log.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message: Option<String>,
+    },
+    #[serde(rename = "turn.cancelled")]
+    TurnCancelled { usage: Option<Usage> },
+}
+
+impl EventBody {
+    /// Whether this is one of the three terminal events.
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self,
+            EventBody::TurnCompleted { .. }
+                | EventBody::TurnFailed { .. }
+                | EventBody::TurnCancelled { .. }
+        )
+    }
+
+    /// The `type` string.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            EventBody::UserMessage { .. } => "user.message",
+            EventBody::AgentThinking { .. } => "agent.thinking",
+            EventBody::AgentMessage { .. } => "agent.message",
+            EventBody::ToolUse { .. } => "agent.tool_use",
+            EventBody::ToolResult { .. } => "agent.tool_result",
+            EventBody::TurnCompleted { .. } => "turn.completed",
+            EventBody::TurnFailed { .. } => "turn.failed",
+            EventBody::TurnCancelled { .. } => "turn.cancelled",
+        }
+    }
+}
+
+/// A stored event: its place in the session's log, its parsed form and its one serialization.
+#[derive(Debug, Clone)]
+pub struct Event {
+    /// Position in the session's log, from 1.
+    pub seq: u64,
+    pub id: String,
+    pub turn_id: String,
+    pub created_at: String,
+    pub body: EventBody,
+    /// The event's JSON: `id`, `type`, `turn_id`, `created_at`, then the body's fields.
+    pub json: Arc<str>,
+}
+
+impl Event {
+    /// Build an event and serialize it once.
+    pub fn new(seq: u64, id: String, turn_id: String, created_at: String, body: EventBody) -> Event {
+        let json = serialize(&id, &turn_id, &created_at, &body);
+        Event {
+            seq,
+            id,
+            turn_id,
+            created_at,
+            body,
+            json: json.into(),
+        }
+    }
+
+    /// Parse a stored serialization back (the bytes are kept as they are).
+    pub fn parse(seq: u64, json: &str) -> Result<Event, serde_json::Error> {
+        let mut v: Map<String, Value> = serde_json::from_str(json)?;
+        let take = |v: &mut Map<String, Value>, k: &str| match v.remove(k) {
+            Some(Value::String(s)) => Ok(s),
+            _ => Err(serde::de::Error::custom(format!("stored event without {k}"))),
+        };
+        let id = take(&mut v, "id")?;
+        let turn_id = take(&mut v, "turn_id")?;
+        let created_at = take(&mut v, "created_at")?;
+        let body: EventBody = serde_json::from_value(Value::Object(v))?;
+        Ok(Event {
+            seq,
+            id,
+            turn_id,
+            created_at,
+            body,
+            json: json.into(),
+        })
+    }
+}
+
+fn serialize(id: &str, turn_id: &str, created_at: &str, body: &EventBody) -> String {
+    let mut out = Map::new();
+    out.insert("id".into(), Value::String(id.into()));
+    out.insert("type".into(), Value::String(body.type_name().into()));
+    out.insert("turn_id".into(), Value::String(turn_id.into()));
+    out.insert("created_at".into(), Value::String(created_at.into()));
+    // Serializing our own enum into a Value cannot fail: every field is plain data.
+    if let Ok(Value::Object(fields)) = serde_json::to_value(body) {
+        for (k, v) in fields {
+            if k != "type" {
+                out.insert(k, v);
+            }
+        }
+    }
+    Value::Object(out).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn serialization_puts_common_fields_first_and_round_trips() {
+        let ev = Event::new(
+            3,
+            "evt_1".into(),
+            "turn_1".into(),
+            "2026-01-01T00:00:00.000Z".into(),
+            EventBody::ToolResult {
+                tool_use_id: "call_1".into(),
+                content: json!("18C"),
+                is_error: false,
+                files: vec![],
+            },
+        );
+        assert_eq!(
+            &*ev.json,
+            r#"{"id":"evt_1","type":"agent.tool_result","turn_id":"turn_1","created_at":"2026-01-01T00:00:00.000Z","tool_use_id":"call_1","content":"18C","is_error":false,"files":[]}"#
+        );
+        let back = Event::parse(3, &ev.json).unwrap();
+        assert_eq!(back.body, ev.body);
+        assert_eq!(back.id, "evt_1");
+        assert_eq!(&*back.json, &*ev.json);
+    }
+
+    #[test]
+    fn terminal_events_carry_usage_or_null() {
+        let ev = Event::new(
+            1,
+            "evt_2".into(),
+            "turn_1".into(),
+            "t".into(),
+            EventBody::TurnCancelled { usage: None },
+        );
+        assert!(ev.json.ends_with(r#""usage":null}"#), "{}", ev.json);
+        assert!(ev.body.is_terminal());
+    }
+}

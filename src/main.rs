@@ -1,0 +1,167 @@
+//! The `turnstile` command: `serve` and `check`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use turnstile::app::{self, StartOptions};
+use turnstile::config::{self, Config};
+
+#[derive(Parser)]
+#[command(name = "turnstile", version, about = "An MCP-bridging tool host and proxy serving AAP v3 in front of an LLM")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    /// Log format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the proxy.
+    Serve {
+        /// The config file [default: $TURNSTILE_CONFIG, else ./tools.toml]
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Listen here instead of [server].listen.
+        #[arg(long)]
+        listen: Option<SocketAddr>,
+        /// Allow a non-loopback listen address without API keys.
+        #[arg(long)]
+        insecure: bool,
+    },
+    /// Validate the config, start every MCP server and print each federated tool with its
+    /// verdict and the rule that decided it; exit 1 on any error.
+    Check {
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+}
+
+fn config_path(flag: Option<PathBuf>) -> PathBuf {
+    flag.or_else(|| std::env::var_os("TURNSTILE_CONFIG").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("tools.toml"))
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("turnstile: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = match cli.command {
+        Command::Serve {
+            config,
+            listen,
+            insecure,
+        } => runtime.block_on(serve(config_path(config), listen, insecure)),
+        Command::Check { config } => runtime.block_on(check(config_path(config))),
+    };
+    match result {
+        Ok(code) => code,
+        Err(message) => {
+            eprintln!("turnstile: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn load(path: &std::path::Path) -> Result<Config, String> {
+    config::load(path).map_err(|e| e.to_string())
+}
+
+async fn serve(path: PathBuf, listen: Option<SocketAddr>, insecure: bool) -> Result<ExitCode, String> {
+    let config = load(&path)?;
+    let addr = listen.unwrap_or(config.server.listen);
+    let running = app::start(config, addr, StartOptions { insecure })
+        .await
+        .map_err(|e| e.to_string())?;
+    tracing::info!(addr = %running.addr, "turnstile listening on http://{}", running.addr);
+    wait_for_signal().await;
+    tracing::info!("shutting down: ending running turns (worker_shutdown)");
+    running.stop().await;
+    tracing::info!("stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+async fn check(path: PathBuf) -> Result<ExitCode, String> {
+    let config = load(&path)?;
+    println!("{}: ok", path.display());
+    let up = &config.upstream;
+    println!(
+        "upstream: {:?} {} (model {})",
+        up.provider,
+        if up.base_url.is_empty() { "(built in)" } else { &up.base_url },
+        up.model
+    );
+    for a in &config.agents {
+        println!(
+            "agent {}: tools {:?}, max_steps {}, turn_timeout_s {}",
+            a.name,
+            a.tools,
+            a.max_steps,
+            a.turn_timeout.as_secs()
+        );
+    }
+    if let Err(e) = app::provider(&config) {
+        return Err(e.to_string());
+    }
+    if config.mcp_servers.is_empty() {
+        println!("tools: deliver_file and MCP servers are not federated by this build yet; no server tools");
+    } else {
+        let names: Vec<&str> = config.mcp_servers.iter().map(|s| s.name.as_str()).collect();
+        return Err(format!(
+            "{}: [mcp_servers] ({}) are configured, but this build cannot start MCP servers yet",
+            path.display(),
+            names.join(", ")
+        ));
+    }
+    Ok(ExitCode::SUCCESS)
+}

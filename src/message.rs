@@ -1,0 +1,186 @@
+//! The conversation model shared by every layer: AAP `HistoryMessage` and its content blocks.
+//!
+//! AAP's history shape is our neutral format: the engine builds model requests from it, the
+//! upstream providers translate it into their wire formats, and the AAP renderer returns it as is.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// One message of a conversation (AAP `HistoryMessage`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "role", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Message {
+    System {
+        content: String,
+    },
+    User {
+        content: Content,
+    },
+    Assistant {
+        content: Content,
+    },
+    Tool {
+        #[serde(rename = "toolCallId")]
+        tool_call_id: String,
+        content: Content,
+    },
+}
+
+/// Message content: a plain string or a list of blocks (AAP allows both everywhere).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Blocks(Vec<Block>),
+}
+
+/// One AAP content block.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Block {
+    Text {
+        text: String,
+    },
+    Thinking {
+        thinking: String,
+    },
+    ToolUse {
+        #[serde(rename = "toolCallId")]
+        tool_call_id: String,
+        name: String,
+        input: Value,
+    },
+    /// `url` is an `https://` URL or a `data:` URI.
+    Image {
+        url: String,
+    },
+}
+
+impl Content {
+    /// The content's text: a string as is, blocks' text joined by newlines (non-text blocks skipped).
+    pub fn text(&self) -> String {
+        match self {
+            Content::Text(s) => s.clone(),
+            Content::Blocks(blocks) => {
+                let mut out = String::new();
+                for b in blocks {
+                    if let Block::Text { text } = b {
+                        if !out.is_empty() {
+                            out.push('\n');
+                        }
+                        out.push_str(text);
+                    }
+                }
+                out
+            }
+        }
+    }
+
+    /// Whether the content carries nothing at all (an empty string or no blocks).
+    pub fn is_empty(&self) -> bool {
+        match self {
+            Content::Text(s) => s.is_empty(),
+            Content::Blocks(b) => b.is_empty(),
+        }
+    }
+
+    /// Blocks in order; a plain string is one text block.
+    pub fn blocks(&self) -> Vec<Block> {
+        match self {
+            Content::Text(s) => vec![Block::Text { text: s.clone() }],
+            Content::Blocks(b) => b.clone(),
+        }
+    }
+
+    /// The AAP rendering of a list of blocks: one text block collapses to a plain string.
+    pub fn from_blocks(mut blocks: Vec<Block>) -> Content {
+        if blocks.len() == 1 {
+            if let Block::Text { .. } = &blocks[0] {
+                if let Some(Block::Text { text }) = blocks.pop() {
+                    return Content::Text(text);
+                }
+            }
+        }
+        Content::Blocks(blocks)
+    }
+}
+
+/// A tool as offered to the model or declared by a client (AAP `ToolSpec`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolSpec {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    #[serde(default)]
+    pub description: String,
+    /// JSON Schema of the input object. `inputSchema` (an older AAP spelling) is accepted too.
+    #[serde(alias = "inputSchema", default = "empty_object_schema")]
+    pub parameters: Value,
+}
+
+/// `{"type": "object"}`: the schema of a tool that takes no declared parameters.
+pub fn empty_object_schema() -> Value {
+    serde_json::json!({"type": "object", "properties": {}})
+}
+
+/// A tool call requested by the model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    pub input: Value,
+}
+
+/// Token usage; added up over every model call of a turn.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+}
+
+impl Usage {
+    pub fn add(&mut self, other: Usage) {
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn history_messages_round_trip_in_aap_shape() {
+        let v = json!([
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "hmm"},
+                {"type": "text", "text": "let me look"},
+                {"type": "tool_use", "toolCallId": "call_1", "name": "get_weather", "input": {"city": "Tokyo"}}
+            ]},
+            {"role": "tool", "toolCallId": "call_1", "content": "18C"}
+        ]);
+        let msgs: Vec<Message> = serde_json::from_value(v.clone()).unwrap();
+        assert_eq!(serde_json::to_value(&msgs).unwrap(), v);
+    }
+
+    #[test]
+    fn one_text_block_collapses_to_a_string() {
+        let c = Content::from_blocks(vec![Block::Text { text: "x".into() }]);
+        assert_eq!(c, Content::Text("x".into()));
+        let two = Content::from_blocks(vec![
+            Block::Thinking { thinking: "t".into() },
+            Block::Text { text: "x".into() },
+        ]);
+        assert!(matches!(two, Content::Blocks(ref b) if b.len() == 2));
+    }
+
+    #[test]
+    fn unknown_role_is_rejected() {
+        let r: Result<Message, _> = serde_json::from_value(json!({"role": "robot", "content": "x"}));
+        assert!(r.is_err());
+    }
+}

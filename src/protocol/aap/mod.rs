@@ -1,0 +1,374 @@
+//! AAP v3: `/meta`, sessions, history and turns (spec 000 and the AAP endpoint pages).
+
+pub mod render;
+pub mod wire;
+
+use std::collections::BTreeMap;
+
+use http::StatusCode;
+use serde_json::{json, Value};
+
+use crate::config::{AgentConfig, Verdict};
+use crate::engine::{
+    AgentChoice, ClientResult, Feed, NewSession, Permission, SessionUpdate, SessionView,
+    TurnInput, TurnRequest,
+};
+use crate::http::routes::{App, Caller};
+use crate::http::{body, json_response, query_param, sse, ApiError, Request, Response};
+use crate::message::{Block, Content, Message};
+use render::TurnRenderer;
+use wire::StreamMode;
+
+/// The AAP protocol version served.
+pub const VERSION: u32 = 3;
+
+/// `GET /meta`.
+pub fn meta(app: &App) -> Response {
+    let config = app.engine.config();
+    let agents: Vec<Value> = config.agents.iter().map(|a| agent_info(app, a)).collect();
+    json_response(StatusCode::OK, &json!({"version": VERSION, "agents": agents}))
+}
+
+fn agent_info(app: &App, agent: &AgentConfig) -> Value {
+    let tools: Vec<Value> = app
+        .engine
+        .exposed_tools(agent)
+        .into_iter()
+        .map(|t| serde_json::to_value(&t.spec).unwrap_or(Value::Null))
+        .collect();
+    let mut info = json!({
+        "name": agent.name,
+        "title": agent.title.clone().unwrap_or_else(|| agent.name.clone()),
+        "version": agent.version,
+        "tools": tools,
+        "options": agent_options(app, agent),
+        "capabilities": {
+            "history": {"full": {}, "compacted": {}},
+            "stream": {"delta": {}, "message": {}, "none": {}},
+            "application": {"tools": {}},
+            "image": {"http": {}, "data": {}}
+        }
+    });
+    if let Some(d) = &agent.description {
+        info["description"] = json!(d);
+    }
+    info
+}
+
+fn agent_options(app: &App, agent: &AgentConfig) -> Vec<Value> {
+    let mut options = vec![json!({
+        "name": "thinking",
+        "title": "Thinking",
+        "description": "Whether the model's reasoning is requested and shown (\"on\" or \"off\").",
+        "type": "select",
+        "options": ["on", "off"],
+        "default": if agent.thinking { "on" } else { "off" },
+    })];
+    if !agent.models.is_empty() {
+        let upstream_model = &app.engine.config().upstream.model;
+        let default = if agent.models.contains(upstream_model) {
+            upstream_model.clone()
+        } else {
+            agent.models[0].clone()
+        };
+        options.push(json!({
+            "name": "model",
+            "title": "Model",
+            "description": "The upstream model this agent uses.",
+            "type": "select",
+            "options": agent.models,
+            "default": default,
+        }));
+    }
+    options
+}
+
+/// The effective options of a session: the agent's defaults with the session's values over them.
+fn effective_options(app: &App, agent: &AgentConfig, set: &BTreeMap<String, String>) -> Value {
+    let mut out = serde_json::Map::new();
+    for opt in agent_options(app, agent) {
+        if let (Some(name), Some(default)) = (opt["name"].as_str(), opt["default"].as_str()) {
+            let v = set.get(name).cloned().unwrap_or_else(|| default.to_string());
+            out.insert(name.to_string(), Value::String(v));
+        }
+    }
+    Value::Object(out)
+}
+
+/// AAP `SessionInfo` plus `status`, the pending calls and the running turn.
+fn session_info(app: &App, view: &SessionView) -> Value {
+    let config = app.engine.config();
+    let record = &view.record;
+    let (tools, options) = match config.agent(&record.agent) {
+        Some(agent) => {
+            let tools: Vec<Value> = match &record.tools {
+                Some(grants) => grants.iter().map(|g| json!({"name": g.name, "trust": g.trust})).collect(),
+                None => app
+                    .engine
+                    .exposed_tools(agent)
+                    .iter()
+                    .map(|t| json!({"name": t.spec.name, "trust": t.verdict == Verdict::Trust}))
+                    .collect(),
+            };
+            (tools, effective_options(app, agent, &record.options))
+        }
+        None => (vec![], json!(record.options)),
+    };
+    let mut info = json!({
+        "sessionId": view.id,
+        "id": view.id,
+        "created_at": view.created_at,
+        "agent": {"name": record.agent, "tools": tools, "options": options},
+        "tools": record.client_tools,
+        "status": view.status,
+        "pending": view.pending,
+    });
+    if let Some(turn) = &view.running_turn {
+        info["turn_id"] = json!(turn);
+    }
+    info
+}
+
+fn limit(app: &App) -> u64 {
+    app.engine.config().server.max_body_bytes
+}
+
+/// `POST /sessions`.
+pub async fn create_session(app: &App, caller: &Caller, req: Request) -> Result<Response, ApiError> {
+    let body: wire::CreateSession = body::json(req.into_body(), limit(app)).await?;
+    let agent = match body.agent {
+        None => None,
+        Some(a) => Some(AgentChoice {
+            name: a.name.ok_or_else(|| {
+                ApiError::bad_request("agent.name is required: name one of the agents GET /meta lists (or omit agent for the default)")
+            })?,
+            tools: a.tools,
+            options: a.options.unwrap_or_default(),
+        }),
+    };
+    for m in &body.messages {
+        check_seed(m)?;
+    }
+    let view = app
+        .engine
+        .create_session(
+            caller.owner.clone(),
+            NewSession {
+                agent,
+                seed: body.messages,
+                client_tools: body.tools,
+            },
+        )
+        .await?;
+    Ok(json_response(
+        StatusCode::CREATED,
+        &json!({"sessionId": view.id, "id": view.id, "created_at": view.created_at}),
+    ))
+}
+
+fn check_seed(m: &Message) -> Result<(), ApiError> {
+    if let Message::User {
+        content: Content::Blocks(blocks),
+    } = m
+    {
+        check_user_blocks(blocks)?;
+    }
+    Ok(())
+}
+
+fn check_user_blocks(blocks: &[Block]) -> Result<(), ApiError> {
+    for b in blocks {
+        match b {
+            Block::Text { .. } => {}
+            Block::Image { url } => {
+                if !(url.starts_with("https://") || url.starts_with("http://") || url.starts_with("data:")) {
+                    return Err(ApiError::bad_request(format!(
+                        "an image block's url must be an https:// URL or a data: URI, not {:?}",
+                        url.chars().take(40).collect::<String>()
+                    )));
+                }
+            }
+            Block::Thinking { .. } | Block::ToolUse { .. } => {
+                return Err(ApiError::bad_request(
+                    "a user message may hold only text and image blocks",
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `GET /sessions?after=`.
+pub async fn list_sessions(app: &App, caller: &Caller, req: &Request) -> Result<Response, ApiError> {
+    let after = query_param(req, "after");
+    let (views, next) = app
+        .engine
+        .list_sessions(caller.owner.as_deref(), after.as_deref())
+        .await?;
+    let sessions: Vec<Value> = views.iter().map(|v| session_info(app, v)).collect();
+    let mut out = json!({ "sessions": sessions });
+    if let Some(next) = next {
+        out["next"] = json!(next);
+    }
+    Ok(json_response(StatusCode::OK, &out))
+}
+
+/// `GET /sessions/{id}`.
+pub async fn get_session(app: &App, caller: &Caller, id: &str) -> Result<Response, ApiError> {
+    let session = app.engine.session(caller.owner.as_deref(), id).await?;
+    let view = app.engine.view(&session);
+    Ok(json_response(StatusCode::OK, &session_info(app, &view)))
+}
+
+/// `DELETE /sessions/{id}`.
+pub async fn delete_session(app: &App, caller: &Caller, id: &str) -> Result<Response, ApiError> {
+    app.engine.delete_session(caller.owner.as_deref(), id).await?;
+    Ok(crate::http::empty_response(StatusCode::NO_CONTENT))
+}
+
+/// `GET /sessions/{id}/history?type=full|compacted`.
+pub async fn history(app: &App, caller: &Caller, id: &str, req: &Request) -> Result<Response, ApiError> {
+    let kind = match query_param(req, "type").as_deref() {
+        Some("full") => "full",
+        Some("compacted") => "compacted",
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "type must be \"full\" or \"compacted\", not {other:?}"
+            )))
+        }
+        None => return Err(ApiError::bad_request("the query parameter type is required: ?type=full or ?type=compacted")),
+    };
+    let session = app.engine.session(caller.owner.as_deref(), id).await?;
+    // Nothing is compacted yet: the compacted history is the full one.
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({"history": { kind: session.history() }}),
+    ))
+}
+
+/// Translate a turn request's messages into the engine's input.
+fn turn_input(messages: Vec<wire::TurnMessage>) -> Result<TurnInput, ApiError> {
+    use wire::TurnMessage as M;
+    if messages.is_empty() {
+        return Err(ApiError::bad_request(
+            "messages is empty: send one user message, or the tool results and permissions the last turn stopped for",
+        ));
+    }
+    let users = messages.iter().filter(|m| matches!(m, M::User { .. })).count();
+    if users > 0 && users != messages.len() {
+        return Err(ApiError::bad_request(
+            "a turn carries either one user message or tool results and permissions, not both",
+        ));
+    }
+    if users > 1 {
+        return Err(ApiError::bad_request("send one user message per turn"));
+    }
+    let mut results = Vec::new();
+    let mut permissions = Vec::new();
+    for m in messages {
+        match m {
+            M::User { content } => {
+                if let Content::Blocks(blocks) = &content {
+                    check_user_blocks(blocks)?;
+                }
+                if content.is_empty() {
+                    return Err(ApiError::bad_request("the user message is empty"));
+                }
+                return Ok(TurnInput::User {
+                    content: serde_json::to_value(&content).unwrap_or(Value::Null),
+                    files: vec![],
+                    skills: vec![],
+                });
+            }
+            M::Tool {
+                tool_call_id,
+                content,
+                is_error,
+            } => results.push(ClientResult {
+                call_id: tool_call_id,
+                content: serde_json::to_value(&content).unwrap_or(Value::Null),
+                is_error,
+            }),
+            M::ToolPermission {
+                tool_call_id,
+                granted,
+                reason,
+            } => permissions.push(Permission {
+                call_id: tool_call_id,
+                granted,
+                reason,
+            }),
+            M::System { .. } | M::Assistant { .. } => {
+                return Err(ApiError::bad_request(
+                    "a turn may carry only user, tool and tool_permission messages; seed system and assistant messages with POST /sessions",
+                ))
+            }
+        }
+    }
+    Ok(TurnInput::Resume {
+        results,
+        permissions,
+    })
+}
+
+/// `POST /sessions/{id}/turns`.
+pub async fn turns(app: &App, caller: &Caller, id: &str, req: Request) -> Result<Response, ApiError> {
+    let session = app.engine.session(caller.owner.as_deref(), id).await?;
+    let body: wire::TurnRequest = body::json(req.into_body(), limit(app)).await?;
+    let mut update = SessionUpdate {
+        client_tools: body.tools,
+        ..SessionUpdate::default()
+    };
+    if let Some(agent) = body.agent {
+        let current = session.record().agent;
+        if agent.name.as_ref().is_some_and(|n| *n != current) {
+            return Err(ApiError::bad_request(format!(
+                "agent.name cannot change after the session is created (it is {current:?}); create another session for another agent"
+            )));
+        }
+        update.tools = agent.tools;
+        update.options = agent.options;
+    }
+    let input = turn_input(body.messages)?;
+    let mut handle = app.engine.start_turn(
+        &session,
+        TurnRequest {
+            input,
+            update,
+            interactive: true,
+        },
+    )?;
+    let mode = body.stream;
+    let mut renderer = TurnRenderer::default();
+    if mode == StreamMode::None {
+        while let Some(item) = handle.feed.recv().await {
+            if let Some(resp) = renderer.collect(&item) {
+                return Ok(json_response(StatusCode::OK, &resp));
+            }
+        }
+        return Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_error",
+            format!("turn {} ended without a terminal event; see the server log", handle.turn_id),
+        ));
+    }
+    let (writer, response) = sse::response();
+    tokio::spawn(async move {
+        if writer.event("turn_start", "{}", None).await.is_err() {
+            return;
+        }
+        while let Some(item) = handle.feed.recv().await {
+            let terminal = matches!(&item, Feed::Event(ev) if ev.body.is_terminal());
+            if let Some((name, data)) = renderer.sse(mode, &item) {
+                if writer.event(name, &data, None).await.is_err() {
+                    // The client went away; the turn goes on and is logged.
+                    return;
+                }
+            }
+            if terminal {
+                return;
+            }
+        }
+    });
+    Ok(response)
+}

@@ -1,0 +1,148 @@
+//! Renders a turn's feed (stored events and deltas) as AAP: SSE events for `delta` and
+//! `message` modes, one `AgentResponse` for `none`.
+//!
+//! What the client sent is not echoed back: the results of client tools (named in the turn's
+//! `user.message`) appear neither as `tool_result` events nor in `messages`. Results of server
+//! tools (run inline, granted, or denied) do, so the client's view matches the history.
+
+use std::collections::HashSet;
+
+use serde_json::{json, Value};
+
+use super::wire::StreamMode;
+use crate::engine::history::Projector;
+use crate::engine::Feed;
+use crate::log::{Event, EventBody, StopReason};
+
+/// The AAP `stopReason` of a terminal event, and an error object for failures.
+pub fn stop_reason(body: &EventBody) -> (&'static str, Option<Value>) {
+    match body {
+        EventBody::TurnCompleted { stop_reason, .. } => (
+            match stop_reason {
+                StopReason::EndTurn => "end_turn",
+                StopReason::ToolUse => "tool_use",
+                // AAP's "a limit was reached; the client may continue".
+                StopReason::MaxTokens | StopReason::MaxSteps => "max_tokens",
+                StopReason::Refusal => "refusal",
+            },
+            None,
+        ),
+        EventBody::TurnFailed {
+            reason, message, ..
+        } => (
+            "error",
+            Some(json!({"reason": reason, "message": message.clone().unwrap_or_default()})),
+        ),
+        EventBody::TurnCancelled { .. } => (
+            "error",
+            Some(json!({"reason": "cancelled", "message": "the turn was cancelled"})),
+        ),
+        _ => ("error", None),
+    }
+}
+
+/// Follows one turn's feed.
+#[derive(Default)]
+pub struct TurnRenderer {
+    /// Calls whose results the client sent in this turn.
+    client_results: HashSet<String>,
+    /// This turn's events as history (`none` mode).
+    projector: Projector,
+}
+
+impl TurnRenderer {
+    fn note(&mut self, ev: &Event) {
+        if let EventBody::UserMessage {
+            content: Value::Array(blocks),
+            ..
+        } = &ev.body
+        {
+            for b in blocks {
+                if b.get("type").and_then(Value::as_str) == Some("tool_result") {
+                    if let Some(id) = b.get("tool_use_id").and_then(Value::as_str) {
+                        self.client_results.insert(id.to_string());
+                    }
+                }
+            }
+        }
+    }
+
+    fn is_client_result(&self, body: &EventBody) -> bool {
+        matches!(body, EventBody::ToolResult { tool_use_id, .. } if self.client_results.contains(tool_use_id))
+    }
+
+    /// The SSE events (name, data) for one feed item in `delta` or `message` mode.
+    pub fn sse(&mut self, mode: StreamMode, item: &Feed) -> Option<(&'static str, String)> {
+        let (name, data) = match item {
+            Feed::TextDelta { text, .. } if mode == StreamMode::Delta => {
+                ("text_delta", json!({ "delta": text }))
+            }
+            Feed::ThinkingDelta { text, .. } if mode == StreamMode::Delta => {
+                ("thinking_delta", json!({ "delta": text }))
+            }
+            Feed::TextDelta { .. } | Feed::ThinkingDelta { .. } => return None,
+            Feed::Event(ev) => {
+                self.note(ev);
+                match &ev.body {
+                    EventBody::AgentThinking { content } if mode == StreamMode::Message => {
+                        ("thinking", json!({ "thinking": content }))
+                    }
+                    EventBody::AgentMessage { content, .. }
+                        if mode == StreamMode::Message && !content.is_empty() =>
+                    {
+                        ("text", json!({ "text": content }))
+                    }
+                    EventBody::ToolUse {
+                        tool_use_id,
+                        name,
+                        input,
+                    } => (
+                        "tool_call",
+                        json!({"toolCallId": tool_use_id, "name": name, "input": input}),
+                    ),
+                    EventBody::ToolResult {
+                        tool_use_id,
+                        content,
+                        ..
+                    } if !self.is_client_result(&ev.body) => (
+                        "tool_result",
+                        json!({"toolCallId": tool_use_id, "content": content}),
+                    ),
+                    body if body.is_terminal() => {
+                        let (reason, error) = stop_reason(body);
+                        let mut data = json!({ "stopReason": reason });
+                        if let Some(error) = error {
+                            data["error"] = error;
+                        }
+                        ("turn_stop", data)
+                    }
+                    _ => return None,
+                }
+            }
+        };
+        Some((name, data.to_string()))
+    }
+
+    /// Fold one item for the JSON response; the `AgentResponse` once the turn has ended.
+    pub fn collect(&mut self, item: &Feed) -> Option<Value> {
+        let Feed::Event(ev) = item else { return None };
+        self.note(ev);
+        match &ev.body {
+            EventBody::UserMessage { .. } => None,
+            body if self.is_client_result(body) => None,
+            body if body.is_terminal() => {
+                let (reason, error) = stop_reason(body);
+                let messages = std::mem::take(&mut self.projector).into_messages();
+                let mut resp = json!({"stopReason": reason, "messages": messages});
+                if let Some(error) = error {
+                    resp["error"] = error;
+                }
+                Some(resp)
+            }
+            body => {
+                self.projector.apply(body);
+                None
+            }
+        }
+    }
+}

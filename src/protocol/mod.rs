@@ -1,0 +1,4 @@
+//! Protocol adapters: each turns its requests into engine calls and renders the event log into
+//! its own wire format. A protocol module never imports another protocol's module.
+
+pub mod aap;

@@ -1,0 +1,88 @@
+//! The tool host: the server-side tools the engine may offer and run.
+//!
+//! The engine sees server tools only through [`ToolHost`]: a snapshot of what exists (with the
+//! operator's verdict for each) and a way to call one. MCP federation and `deliver_file` plug in
+//! behind it; client tools never come here (the client runs them).
+
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+use serde_json::Value;
+
+use crate::config::Verdict;
+use crate::log::FileRef;
+use crate::message::ToolSpec;
+
+/// A server-side tool as the host offers it.
+#[derive(Debug, Clone)]
+pub struct ServerTool {
+    pub spec: ToolSpec,
+    /// `builtin` for built-in tools, else the MCP server's name.
+    pub server: String,
+    /// The tool's own name on its server.
+    pub tool: String,
+    /// The operator's verdict, and the rule that decided it.
+    pub verdict: Verdict,
+    pub rule: String,
+}
+
+/// What a tool call gave back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolOutput {
+    /// A string or AAP content blocks.
+    pub content: Value,
+    pub is_error: bool,
+    pub files: Vec<FileRef>,
+}
+
+impl ToolOutput {
+    pub fn text(s: impl Into<String>) -> ToolOutput {
+        ToolOutput {
+            content: Value::String(s.into()),
+            is_error: false,
+            files: vec![],
+        }
+    }
+
+    pub fn error(s: impl Into<String>) -> ToolOutput {
+        ToolOutput {
+            content: Value::String(s.into()),
+            is_error: true,
+            files: vec![],
+        }
+    }
+}
+
+/// Where a call runs.
+#[derive(Debug, Clone)]
+pub struct CallContext {
+    pub session_id: String,
+}
+
+/// The server-side tools of this process.
+pub trait ToolHost: Send + Sync + 'static {
+    /// Every tool that exists now, denied ones included (callers filter by verdict).
+    fn tools(&self) -> Arc<Vec<ServerTool>>;
+
+    /// Run one call. Failures are error outputs, never panics; cancelling is dropping the future.
+    fn call<'a>(&'a self, ctx: &'a CallContext, name: &'a str, input: Value)
+        -> BoxFuture<'a, ToolOutput>;
+}
+
+/// A host with no server tools.
+pub struct NoTools;
+
+impl ToolHost for NoTools {
+    fn tools(&self) -> Arc<Vec<ServerTool>> {
+        Arc::new(Vec::new())
+    }
+
+    fn call<'a>(
+        &'a self,
+        _: &'a CallContext,
+        name: &'a str,
+        _: Value,
+    ) -> BoxFuture<'a, ToolOutput> {
+        Box::pin(async move { ToolOutput::error(format!("unknown tool {name}")) })
+    }
+}

@@ -1,0 +1,1392 @@
+//! The OpenAI-compatible provider: `POST {base_url}/chat/completions` with `stream: true`.
+//!
+//! Works with OpenAI and the servers that copy its API (Ollama, vLLM, llama.cpp, LM Studio,
+//! OpenRouter, ...). The response is read frame by frame through the shared [`SseParser`]; text and
+//! reasoning fragments go to the [`DeltaSink`] as soon as their chunk is parsed.
+//!
+//! Mapping of the history ([`Message`]) to the wire:
+//! - `req.system` first as a `system` message (a `System` message in the history is sent as is);
+//! - user: a plain string, or (when the blocks hold an image) content parts `text` / `image_url`;
+//!   text-only block lists are sent as their text joined with `\n` (every server takes strings);
+//! - assistant: `content` = its text blocks joined with `\n` (`null` when empty and it has tool
+//!   calls, `""` otherwise), `tool_calls` for its `tool_use` blocks (omitted when none); thinking
+//!   and image blocks are not sent;
+//! - tool: `{"role":"tool","tool_call_id","content": text}` (non-text blocks dropped).
+//!
+//! `ModelRequest::thinking` is not sent: chat completions has no portable switch for it; servers
+//! that reason return `reasoning_content` (or `reasoning`), which is always read.
+//!
+//! Choices where upstreams differ or the wire is loose:
+//! - `finish_reason` `stop` (or none, or unknown) with tool calls in the output is reported as
+//!   [`ModelStop::ToolUse`] (some servers, older Ollama among them, say `stop` there);
+//! - with `finish_reason: length`, a tool call whose arguments do not parse (cut by the limit) is
+//!   dropped and the stop is [`ModelStop::MaxTokens`], not a protocol error;
+//! - an `{"error": ...}` object inside the stream becomes `Status(code)` when the error carries a
+//!   numeric `code`/`status` in 400..=599, else `Status(500)`: retryable as that status is;
+//! - a stream that ends (cleanly) without `[DONE]` but after a `finish_reason` is accepted;
+//! - a `2xx` answer with `Content-Type: application/json` (a server that ignored `stream`) is read
+//!   as a whole completion;
+//! - an invalid base URL or API key (not a valid header value) is a non-retryable `Connect` error.
+
+use std::collections::BTreeMap;
+use std::error::Error as StdError;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER, USER_AGENT};
+use http::{HeaderMap, HeaderValue, Request, Uri};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use super::sse::{SseParser, DEFAULT_MAX_EVENT_BYTES};
+use super::{
+    DeltaSink, ModelOutput, ModelRequest, ModelStop, Provider, UpstreamError, UpstreamErrorKind,
+};
+use crate::message::{Block, Content, Message, ToolCall, Usage};
+
+type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// The most text + thinking + tool arguments one call may accumulate.
+const MAX_OUTPUT_BYTES: usize = 64 * 1024 * 1024;
+/// The most tool calls one answer may carry.
+const MAX_TOOL_CALLS: usize = 1024;
+/// How much of an error body is read.
+const MAX_ERROR_BODY: usize = 64 * 1024;
+/// How long to wait, after `[DONE]`, for the body's end so the connection can go back to the pool.
+const DRAIN_WAIT: Duration = Duration::from_millis(250);
+const DRAIN_MAX: usize = 64 * 1024;
+
+/// An OpenAI-compatible chat-completions upstream.
+pub struct OpenAi {
+    base_url: String,
+    /// `{base_url}/chat/completions`, or why it is not a URL.
+    endpoint: Result<Uri, String>,
+    /// `Bearer <key>` (marked sensitive), or why the key is not a header value.
+    auth: Result<Option<HeaderValue>, String>,
+    timeout: Duration,
+    client: HttpsClient,
+}
+
+impl OpenAi {
+    /// `base_url` without a trailing slash, e.g. `http://127.0.0.1:11434/v1`. An empty key is no
+    /// key. `timeout` bounds each whole call, from connecting to the last byte.
+    pub fn new(base_url: String, api_key: Option<String>, timeout: Duration) -> OpenAi {
+        let endpoint = format!("{base_url}/chat/completions")
+            .parse::<Uri>()
+            .map_err(|e| format!("invalid upstream base URL {base_url:?}: {e}"));
+        let auth = match api_key.filter(|k| !k.is_empty()) {
+            None => Ok(None),
+            Some(key) => HeaderValue::from_str(&format!("Bearer {key}"))
+                .map(|mut v| {
+                    v.set_sensitive(true);
+                    Some(v)
+                })
+                .map_err(|_| "the upstream API key is not a valid HTTP header value".to_string()),
+        };
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        http.enforce_http(false);
+        let https = HttpsConnectorBuilder::new()
+            .with_webpki_roots()
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .build(https);
+        OpenAi {
+            base_url,
+            endpoint,
+            auth,
+            timeout,
+            client,
+        }
+    }
+
+    /// The base URL this provider talks to.
+    pub fn base_url(&self) -> &str {
+        &self.base_url
+    }
+
+    /// The call; with the finished output, the body's rest when it stopped at `[DONE]`.
+    async fn call(
+        &self,
+        req: &ModelRequest,
+        sink: &mut dyn DeltaSink,
+    ) -> Result<(ModelOutput, Option<Incoming>), UpstreamError> {
+        let uri = self.endpoint.clone().map_err(config_error)?;
+        let auth = self.auth.clone().map_err(config_error)?;
+        let body = serde_json::to_vec(&request_body(req))
+            .map_err(|e| UpstreamError::new(UpstreamErrorKind::Protocol, e.to_string()))?;
+        let mut builder = Request::post(uri)
+            .header(CONTENT_TYPE, "application/json")
+            .header(ACCEPT, "text/event-stream")
+            .header(USER_AGENT, concat!("turnstile/", env!("CARGO_PKG_VERSION")));
+        if let Some(auth) = auth {
+            builder = builder.header(AUTHORIZATION, auth);
+        }
+        let http_req = builder
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| config_error(e.to_string()))?;
+
+        let resp = self.client.request(http_req).await.map_err(|e| {
+            let what = if e.is_connect() {
+                "could not connect to"
+            } else {
+                "could not send the request to"
+            };
+            UpstreamError::new(
+                UpstreamErrorKind::Connect,
+                format!("{what} the upstream {}: {}", self.base_url, error_chain(&e)),
+            )
+        })?;
+
+        let status = resp.status();
+        let (parts, body) = resp.into_parts();
+        if !status.is_success() {
+            return Err(status_error(status.as_u16(), &parts.headers, body).await);
+        }
+        let is_json = parts
+            .headers
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.trim_start().starts_with("application/json"));
+        if is_json {
+            return Ok((read_whole_completion(body, sink).await?, None));
+        }
+        read_stream(body, sink).await
+    }
+}
+
+impl Provider for OpenAi {
+    fn name(&self) -> &'static str {
+        "openai"
+    }
+
+    fn complete<'a>(
+        &'a self,
+        req: &'a ModelRequest,
+        sink: &'a mut dyn DeltaSink,
+    ) -> BoxFuture<'a, Result<ModelOutput, UpstreamError>> {
+        Box::pin(async move {
+            match tokio::time::timeout(self.timeout, self.call(req, sink)).await {
+                Ok(Ok((output, rest))) => {
+                    // Outside the timeout: a finished answer is never lost to the drain.
+                    if let Some(body) = rest {
+                        drain(body).await;
+                    }
+                    Ok(output)
+                }
+                Ok(Err(e)) => Err(e),
+                Err(_) => Err(UpstreamError::new(
+                    UpstreamErrorKind::Timeout,
+                    format!(
+                        "the upstream call did not finish within {:.1}s",
+                        self.timeout.as_secs_f64()
+                    ),
+                )),
+            }
+        })
+    }
+}
+
+fn config_error(message: String) -> UpstreamError {
+    let mut e = UpstreamError::new(UpstreamErrorKind::Connect, message);
+    e.retryable = false;
+    e
+}
+
+fn protocol(message: impl Into<String>) -> UpstreamError {
+    UpstreamError::new(UpstreamErrorKind::Protocol, message)
+}
+
+/// An error and its sources, `: `-joined (hyper's own messages are terse).
+fn error_chain(e: &dyn StdError) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let s_text = s.to_string();
+        if !out.contains(&s_text) {
+            out.push_str(": ");
+            out.push_str(&s_text);
+        }
+        source = s.source();
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Request
+
+/// The JSON body of a chat-completions request.
+pub(crate) fn request_body(req: &ModelRequest) -> Value {
+    let mut messages = Vec::with_capacity(req.messages.len() + 1);
+    if let Some(system) = &req.system {
+        messages.push(json!({"role": "system", "content": system}));
+    }
+    for m in &req.messages {
+        messages.push(wire_message(m));
+    }
+    let mut body = Map::new();
+    body.insert("model".into(), Value::String(req.model.clone()));
+    body.insert("messages".into(), Value::Array(messages));
+    body.insert("stream".into(), Value::Bool(true));
+    body.insert("stream_options".into(), json!({"include_usage": true}));
+    if !req.tools.is_empty() {
+        let tools = req
+            .tools
+            .iter()
+            .map(|t| {
+                json!({"type": "function", "function": {
+                    "name": t.name,
+                    "description": t.description,
+                    "parameters": t.parameters,
+                }})
+            })
+            .collect();
+        body.insert("tools".into(), Value::Array(tools));
+    }
+    if let Some(max) = req.max_tokens {
+        body.insert("max_tokens".into(), Value::from(max));
+    }
+    Value::Object(body)
+}
+
+fn wire_message(m: &Message) -> Value {
+    match m {
+        Message::System { content } => json!({"role": "system", "content": content}),
+        Message::User { content } => json!({"role": "user", "content": user_content(content)}),
+        Message::Assistant { content } => {
+            let text = content.text();
+            let calls: Vec<Value> = content
+                .blocks()
+                .into_iter()
+                .filter_map(|b| match b {
+                    Block::ToolUse {
+                        tool_call_id,
+                        name,
+                        input,
+                    } => Some(json!({
+                        "id": tool_call_id,
+                        "type": "function",
+                        "function": {"name": name, "arguments": input.to_string()},
+                    })),
+                    _ => None,
+                })
+                .collect();
+            let mut msg = Map::new();
+            msg.insert("role".into(), Value::String("assistant".into()));
+            let content = if text.is_empty() && !calls.is_empty() {
+                Value::Null
+            } else {
+                Value::String(text)
+            };
+            msg.insert("content".into(), content);
+            if !calls.is_empty() {
+                msg.insert("tool_calls".into(), Value::Array(calls));
+            }
+            Value::Object(msg)
+        }
+        Message::Tool {
+            tool_call_id,
+            content,
+        } => json!({"role": "tool", "tool_call_id": tool_call_id, "content": content.text()}),
+    }
+}
+
+fn user_content(content: &Content) -> Value {
+    match content {
+        Content::Text(s) => Value::String(s.clone()),
+        Content::Blocks(blocks) => {
+            if !blocks.iter().any(|b| matches!(b, Block::Image { .. })) {
+                return Value::String(content.text());
+            }
+            let parts = blocks
+                .iter()
+                .filter_map(|b| match b {
+                    Block::Text { text } => Some(json!({"type": "text", "text": text})),
+                    Block::Image { url } => {
+                        Some(json!({"type": "image_url", "image_url": {"url": url}}))
+                    }
+                    _ => None,
+                })
+                .collect();
+            Value::Array(parts)
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Response
+
+#[derive(Deserialize)]
+struct WireChunk {
+    #[serde(default)]
+    choices: Option<Vec<WireChoice>>,
+    #[serde(default)]
+    usage: Option<WireUsage>,
+    #[serde(default)]
+    error: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct WireChoice {
+    /// Streaming.
+    #[serde(default)]
+    delta: Option<WireDelta>,
+    /// A whole (non-streamed) completion.
+    #[serde(default)]
+    message: Option<WireDelta>,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+struct WireDelta {
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    reasoning_content: Option<String>,
+    #[serde(default)]
+    reasoning: Option<String>,
+    #[serde(default)]
+    tool_calls: Option<Vec<WireToolCall>>,
+}
+
+#[derive(Deserialize)]
+struct WireToolCall {
+    #[serde(default)]
+    index: Option<u64>,
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    function: Option<WireFunction>,
+}
+
+#[derive(Deserialize)]
+struct WireFunction {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    arguments: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct WireUsage {
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+}
+
+#[derive(Default)]
+struct ToolAcc {
+    id: String,
+    name: String,
+    arguments: String,
+}
+
+/// The output accumulated from the chunks seen so far.
+#[derive(Default)]
+struct Acc {
+    text: String,
+    thinking: String,
+    tools: BTreeMap<u64, ToolAcc>,
+    /// The index the last tool-call fragment went to (for servers that omit `index`).
+    last_tool: Option<u64>,
+    finish: Option<String>,
+    usage: Usage,
+    bytes: usize,
+    done: bool,
+}
+
+impl Acc {
+    fn grow(&mut self, n: usize) -> Result<(), UpstreamError> {
+        self.bytes += n;
+        if self.bytes > MAX_OUTPUT_BYTES {
+            return Err(protocol(format!(
+                "the upstream's answer exceeds {MAX_OUTPUT_BYTES} bytes"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Applies one SSE event's data.
+    fn event(&mut self, data: &str, sink: &mut dyn DeltaSink) -> Result<(), UpstreamError> {
+        let data = data.trim();
+        if data.is_empty() {
+            return Ok(());
+        }
+        if data == "[DONE]" {
+            self.done = true;
+            return Ok(());
+        }
+        let chunk: WireChunk = serde_json::from_str(data).map_err(|e| {
+            protocol(format!(
+                "unparseable chunk from the upstream ({e}): {}",
+                preview(data.as_bytes())
+            ))
+        })?;
+        self.chunk(chunk, sink)
+    }
+
+    fn chunk(&mut self, chunk: WireChunk, sink: &mut dyn DeltaSink) -> Result<(), UpstreamError> {
+        if let Some(err) = chunk.error {
+            return Err(stream_error(&err));
+        }
+        if let Some(u) = chunk.usage {
+            self.usage = Usage {
+                input_tokens: u.prompt_tokens.unwrap_or(0),
+                output_tokens: u.completion_tokens.unwrap_or(0),
+            };
+        }
+        let Some(choice) = chunk.choices.and_then(|c| c.into_iter().next()) else {
+            return Ok(());
+        };
+        if let Some(reason) = choice.finish_reason {
+            self.finish = Some(reason);
+        }
+        let Some(delta) = choice.delta.or(choice.message) else {
+            return Ok(());
+        };
+        let reasoning = match delta.reasoning_content {
+            Some(r) if !r.is_empty() => Some(r),
+            _ => delta.reasoning,
+        };
+        if let Some(r) = reasoning.filter(|r| !r.is_empty()) {
+            self.grow(r.len())?;
+            sink.thinking(&r);
+            self.thinking.push_str(&r);
+        }
+        if let Some(t) = delta.content.filter(|t| !t.is_empty()) {
+            self.grow(t.len())?;
+            sink.text(&t);
+            self.text.push_str(&t);
+        }
+        for call in delta.tool_calls.unwrap_or_default() {
+            self.tool_fragment(call)?;
+        }
+        Ok(())
+    }
+
+    fn tool_fragment(&mut self, call: WireToolCall) -> Result<(), UpstreamError> {
+        let id = call.id.filter(|s| !s.is_empty());
+        let index = match call.index {
+            Some(i) => i,
+            // No index: a new id starts a new call, anything else continues the last one.
+            None => match (&id, self.last_tool) {
+                (Some(id), _) if !self.tools.values().any(|t| &t.id == id) => {
+                    self.tools.keys().next_back().map_or(0, |k| k + 1)
+                }
+                (Some(id), _) => self
+                    .tools
+                    .iter()
+                    .find(|(_, t)| &t.id == id)
+                    .map_or(0, |(k, _)| *k),
+                (None, Some(last)) => last,
+                (None, None) => 0,
+            },
+        };
+        if !self.tools.contains_key(&index) && self.tools.len() >= MAX_TOOL_CALLS {
+            return Err(protocol(format!(
+                "the upstream sent more than {MAX_TOOL_CALLS} tool calls"
+            )));
+        }
+        self.last_tool = Some(index);
+        let (name, arguments) = match call.function {
+            Some(f) => (f.name.filter(|s| !s.is_empty()), f.arguments),
+            None => (None, None),
+        };
+        let added = id.as_ref().map_or(0, String::len)
+            + name.as_ref().map_or(0, String::len)
+            + arguments.as_ref().map_or(0, String::len);
+        self.grow(added)?;
+        let acc = self.tools.entry(index).or_default();
+        // `id` and `name` come once, in a call's first fragment; a server that repeats them in
+        // later fragments must not have them doubled.
+        if let Some(id) = id {
+            if acc.id.is_empty() {
+                acc.id = id;
+            }
+        }
+        if let Some(name) = name {
+            if acc.name.is_empty() {
+                acc.name = name;
+            }
+        }
+        if let Some(a) = arguments {
+            acc.arguments.push_str(&a);
+        }
+        Ok(())
+    }
+
+    fn finish(self) -> Result<ModelOutput, UpstreamError> {
+        let has_tools = !self.tools.is_empty();
+        let stop = match self.finish.as_deref() {
+            Some("length") => ModelStop::MaxTokens,
+            Some("content_filter") => ModelStop::Refusal,
+            Some("tool_calls") | Some("function_call") => ModelStop::ToolUse,
+            _ if has_tools => ModelStop::ToolUse,
+            _ => ModelStop::EndTurn,
+        };
+        let mut tool_calls = Vec::with_capacity(self.tools.len());
+        for (index, t) in self.tools {
+            let parsed = if t.arguments.trim().is_empty() {
+                Ok(Value::Object(Map::new()))
+            } else {
+                serde_json::from_str::<Value>(&t.arguments)
+            };
+            let input = match parsed {
+                Ok(Value::Null) => Value::Object(Map::new()),
+                Ok(v) => v,
+                // Cut short by max_tokens: the call is incomplete, the stop says why.
+                Err(_) if stop == ModelStop::MaxTokens => continue,
+                Err(e) => {
+                    return Err(protocol(format!(
+                        "the upstream sent invalid JSON arguments for tool {:?} ({e}): {}",
+                        t.name,
+                        preview(t.arguments.as_bytes())
+                    )))
+                }
+            };
+            if t.name.is_empty() {
+                if stop == ModelStop::MaxTokens {
+                    continue;
+                }
+                return Err(protocol(format!(
+                    "the upstream sent tool call #{index} without a name"
+                )));
+            }
+            let id = if t.id.is_empty() {
+                format!("call_{:016x}", fastrand::u64(..))
+            } else {
+                t.id
+            };
+            tool_calls.push(ToolCall {
+                id,
+                name: t.name,
+                input,
+            });
+        }
+        Ok(ModelOutput {
+            thinking: self.thinking,
+            text: self.text,
+            tool_calls,
+            usage: self.usage,
+            stop,
+        })
+    }
+}
+
+/// An `{"error": ...}` object met inside a 2xx stream.
+fn stream_error(err: &Value) -> UpstreamError {
+    let code = ["code", "status"]
+        .iter()
+        .filter_map(|k| err.get(k).and_then(Value::as_u64))
+        .find(|c| (400..=599).contains(c))
+        .unwrap_or(500) as u16;
+    let message = match err {
+        Value::String(s) => s.clone(),
+        other => other
+            .get("message")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .unwrap_or_else(|| other.to_string()),
+    };
+    UpstreamError::new(
+        UpstreamErrorKind::Status(code),
+        format!("the upstream reported an error mid-stream: {message}"),
+    )
+}
+
+/// Reads the SSE body as it arrives; at `[DONE]` returns the output and the body's unread rest.
+async fn read_stream(
+    mut body: Incoming,
+    sink: &mut dyn DeltaSink,
+) -> Result<(ModelOutput, Option<Incoming>), UpstreamError> {
+    let mut parser = SseParser::with_limit(DEFAULT_MAX_EVENT_BYTES);
+    let mut acc = Acc::default();
+    let sse_error = |e: super::sse::SseError| protocol(format!("bad event stream: {e}"));
+    loop {
+        let frame = match body.frame().await {
+            None => break,
+            Some(Ok(frame)) => frame,
+            Some(Err(e)) => {
+                return Err(UpstreamError::new(
+                    UpstreamErrorKind::Stream,
+                    format!("the upstream stream broke off: {}", error_chain(&e)),
+                ))
+            }
+        };
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers
+        };
+        parser.feed(&data);
+        while let Some(ev) = parser.next_event().map_err(sse_error)? {
+            acc.event(&ev.data, sink)?;
+            if acc.done {
+                return Ok((acc.finish()?, Some(body)));
+            }
+        }
+    }
+    if let Some(ev) = parser.finish().map_err(sse_error)? {
+        acc.event(&ev.data, sink)?;
+    }
+    if acc.done || acc.finish.is_some() {
+        return Ok((acc.finish()?, None));
+    }
+    Err(UpstreamError::new(
+        UpstreamErrorKind::Stream,
+        "the upstream stream ended before it finished (no finish_reason, no [DONE])",
+    ))
+}
+
+/// Reads what follows `[DONE]` (normally just the body's end), briefly and boundedly, so the
+/// connection returns to the pool; otherwise it is dropped.
+async fn drain(mut body: Incoming) {
+    let _ = tokio::time::timeout(DRAIN_WAIT, async {
+        let mut seen = 0;
+        while let Some(Ok(frame)) = body.frame().await {
+            if let Some(d) = frame.data_ref() {
+                seen += d.len();
+                if seen > DRAIN_MAX {
+                    return;
+                }
+            }
+        }
+    })
+    .await;
+}
+
+/// Reads up to `cap` bytes of a body; `Err` when the body broke before that.
+async fn read_capped(mut body: Incoming, cap: usize) -> Result<(Vec<u8>, bool), hyper::Error> {
+    let mut out = Vec::new();
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame?.into_data() {
+            let room = cap - out.len();
+            if data.len() > room {
+                out.extend_from_slice(&data[..room]);
+                return Ok((out, true));
+            }
+            out.extend_from_slice(&data);
+        }
+    }
+    Ok((out, false))
+}
+
+/// A `2xx` `application/json` answer: a server that ignored `stream: true`.
+async fn read_whole_completion(
+    body: Incoming,
+    sink: &mut dyn DeltaSink,
+) -> Result<ModelOutput, UpstreamError> {
+    let (bytes, truncated) = read_capped(body, DEFAULT_MAX_EVENT_BYTES)
+        .await
+        .map_err(|e| {
+            UpstreamError::new(
+                UpstreamErrorKind::Stream,
+                format!("the upstream response broke off: {}", error_chain(&e)),
+            )
+        })?;
+    if truncated {
+        return Err(protocol(format!(
+            "the upstream's JSON answer exceeds {DEFAULT_MAX_EVENT_BYTES} bytes"
+        )));
+    }
+    let chunk: WireChunk = serde_json::from_slice(&bytes).map_err(|e| {
+        protocol(format!(
+            "unparseable JSON answer from the upstream ({e}): {}",
+            preview(&bytes)
+        ))
+    })?;
+    let mut acc = Acc::default();
+    acc.chunk(chunk, sink)?;
+    if acc.finish.is_none() && acc.text.is_empty() && acc.tools.is_empty() {
+        return Err(protocol(format!(
+            "the upstream's JSON answer has no choices: {}",
+            preview(&bytes)
+        )));
+    }
+    acc.finish()
+}
+
+/// The error for a non-2xx answer: the upstream's own message, and its `Retry-After`.
+async fn status_error(code: u16, headers: &HeaderMap, body: Incoming) -> UpstreamError {
+    let detail = match read_capped(body, MAX_ERROR_BODY).await {
+        Ok((bytes, _)) => error_message(&bytes),
+        Err(e) => format!("(the error body broke off: {})", error_chain(&e)),
+    };
+    let mut err = UpstreamError::new(
+        UpstreamErrorKind::Status(code),
+        format!("the upstream answered HTTP {code}: {detail}"),
+    );
+    err.retry_after = headers
+        .get(RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_retry_after);
+    err
+}
+
+/// `{"error":{"message"}}` (or `{"error":"..."}`, or `{"message"}`), else the body's first 500 bytes.
+fn error_message(body: &[u8]) -> String {
+    if let Ok(v) = serde_json::from_slice::<Value>(body) {
+        let msg = match v.get("error") {
+            Some(Value::String(s)) => Some(s.as_str()),
+            Some(e) => e.get("message").and_then(Value::as_str),
+            None => v.get("message").and_then(Value::as_str),
+        };
+        if let Some(m) = msg {
+            return m.to_string();
+        }
+    }
+    if body.is_empty() {
+        return "(empty body)".to_string();
+    }
+    preview(body)
+}
+
+/// The first 500 bytes of `bytes`, lossily decoded.
+fn preview(bytes: &[u8]) -> String {
+    let cut = &bytes[..bytes.len().min(500)];
+    let mut s = String::from_utf8_lossy(cut).into_owned();
+    if bytes.len() > cut.len() {
+        s.push('…');
+    }
+    s
+}
+
+/// `Retry-After` in seconds (the HTTP-date form is not used by model APIs and is ignored).
+fn parse_retry_after(v: &str) -> Option<Duration> {
+    let v = v.trim();
+    if let Ok(secs) = v.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    v.parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s >= 0.0 && *s < 1e9)
+        .map(Duration::from_secs_f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testkit::fake_openai::{FakeOpenAi, Gate, Reply};
+    use crate::upstream::ToolDef;
+    use std::sync::Arc;
+    use tokio::sync::mpsc;
+
+    #[derive(Default)]
+    struct Rec {
+        text: Vec<String>,
+        thinking: Vec<String>,
+    }
+
+    impl DeltaSink for Rec {
+        fn text(&mut self, fragment: &str) {
+            self.text.push(fragment.to_string());
+        }
+        fn thinking(&mut self, fragment: &str) {
+            self.thinking.push(fragment.to_string());
+        }
+    }
+
+    /// Forwards text fragments as they come, so a test can watch them while the call runs.
+    struct Forward(mpsc::UnboundedSender<String>);
+
+    impl DeltaSink for Forward {
+        fn text(&mut self, fragment: &str) {
+            let _ = self.0.send(fragment.to_string());
+        }
+        fn thinking(&mut self, _: &str) {}
+    }
+
+    fn provider(fake: &FakeOpenAi) -> OpenAi {
+        OpenAi::new(fake.base_url(), None, Duration::from_secs(10))
+    }
+
+    fn ask(text: &str) -> ModelRequest {
+        ModelRequest {
+            model: "test-model".into(),
+            system: None,
+            messages: vec![Message::User {
+                content: Content::Text(text.into()),
+            }],
+            tools: vec![],
+            max_tokens: None,
+            thinking: false,
+        }
+    }
+
+    async fn run(fake: &FakeOpenAi, reply: Reply) -> (Result<ModelOutput, UpstreamError>, Rec) {
+        fake.push(reply);
+        let mut rec = Rec::default();
+        let out = provider(fake).complete(&ask("hi"), &mut rec).await;
+        (out, rec)
+    }
+
+    async fn run_raw(body: &str) -> Result<ModelOutput, UpstreamError> {
+        let fake = FakeOpenAi::start().await;
+        run(&fake, Reply::raw(body).chunk_chars(7)).await.0
+    }
+
+    fn sse(chunks: &[Value]) -> String {
+        chunks.iter().map(|c| format!("data: {c}\n\n")).collect()
+    }
+
+    #[tokio::test]
+    async fn text_streams_as_fragments() {
+        let fake = FakeOpenAi::start().await;
+        let text = "The quick brown fox jumps over the lazy dog, naïvely 🦊.";
+        let (out, rec) = run(&fake, Reply::text(text)).await;
+        let out = out.unwrap();
+        assert_eq!(out.text, text);
+        assert!(rec.text.len() > 5, "fragments: {:?}", rec.text);
+        assert_eq!(rec.text.concat(), text);
+        assert!(rec.text.iter().all(|f| !f.is_empty()));
+        assert_eq!(out.stop, ModelStop::EndTurn);
+        assert!(out.tool_calls.is_empty());
+        assert_eq!(out.thinking, "");
+        assert_eq!(
+            out.usage,
+            Usage {
+                input_tokens: 10,
+                output_tokens: 5
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn fragments_reach_the_sink_before_the_stream_ends() {
+        let fake = Arc::new(FakeOpenAi::start().await);
+        let gate = Gate::new();
+        fake.push(Reply::text("streaming works").hold(gate.clone()));
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let f = fake.clone();
+        let call = tokio::spawn(async move {
+            let p = provider(&f);
+            let mut sink = Forward(tx);
+            p.complete(&ask("hi"), &mut sink).await
+        });
+        let mut seen = String::new();
+        while seen != "streaming works" {
+            seen.push_str(&rx.recv().await.expect("a fragment"));
+        }
+        assert!(!call.is_finished(), "the stream is held open by the gate");
+        gate.open();
+        let out = call.await.unwrap().unwrap();
+        assert_eq!(out.text, "streaming works");
+    }
+
+    #[tokio::test]
+    async fn thinking_streams_before_text() {
+        let fake = FakeOpenAi::start().await;
+        let (out, rec) = run(&fake, Reply::text("42").thinking("Let me think it over.")).await;
+        let out = out.unwrap();
+        assert_eq!(out.thinking, "Let me think it over.");
+        assert!(rec.thinking.len() > 1);
+        assert_eq!(rec.thinking.concat(), out.thinking);
+        assert_eq!(out.text, "42");
+    }
+
+    #[tokio::test]
+    async fn reasoning_field_is_accepted_too() {
+        let body = sse(&[
+            json!({"choices": [{"index": 0, "delta": {"reasoning": "hmm "}, "finish_reason": null}]}),
+            json!({"choices": [{"index": 0, "delta": {"reasoning": "ok", "content": "yes"}, "finish_reason": null}]}),
+            // Servers that send both carry the same text: taken once.
+            json!({"choices": [{"index": 0, "delta": {"reasoning": "!", "reasoning_content": "!"}, "finish_reason": "stop"}]}),
+        ]) + "data: [DONE]\n\n";
+        let out = run_raw(&body).await.unwrap();
+        assert_eq!(out.thinking, "hmm ok!");
+        assert_eq!(out.text, "yes");
+    }
+
+    #[tokio::test]
+    async fn parallel_tool_calls_are_assembled_by_index() {
+        let fake = FakeOpenAi::start().await;
+        let weather = json!({"city": "Tokyo", "units": {"temp": "C"}, "days": [1, 2, 3]});
+        let time = json!({"tz": "Asia/Tokyo — 東京"});
+        let (out, rec) = run(
+            &fake,
+            Reply::tool_calls(&[
+                ("call_w", "get_weather", weather.clone()),
+                ("call_t", "get_time", time.clone()),
+            ])
+            .with_text("Checking both.")
+            .chunk_chars(3),
+        )
+        .await;
+        let out = out.unwrap();
+        assert_eq!(out.stop, ModelStop::ToolUse);
+        assert_eq!(out.text, "Checking both.");
+        assert_eq!(rec.text.concat(), "Checking both.");
+        assert_eq!(
+            out.tool_calls,
+            vec![
+                ToolCall {
+                    id: "call_w".into(),
+                    name: "get_weather".into(),
+                    input: weather
+                },
+                ToolCall {
+                    id: "call_t".into(),
+                    name: "get_time".into(),
+                    input: time
+                },
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn tool_call_quirks_missing_id_empty_arguments_stop_reason() {
+        let body = sse(&[
+            json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+                {"index": 1, "function": {"name": "second", "arguments": ""}},
+                {"index": 0, "id": "call_x", "function": {"name": "first", "arguments": "{\"a\""}}]}, "finish_reason": null}]}),
+            // Repeated id/name in a later fragment must not be doubled.
+            json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+                {"index": 0, "id": "call_x", "function": {"name": "first", "arguments": ":1}"}}]}, "finish_reason": null}]}),
+            json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+        ]) + "data: [DONE]\n\n";
+        let out = run_raw(&body).await.unwrap();
+        assert_eq!(out.stop, ModelStop::ToolUse, "stop with tool calls");
+        assert_eq!(out.tool_calls.len(), 2);
+        assert_eq!(out.tool_calls[0].id, "call_x");
+        assert_eq!(out.tool_calls[0].name, "first");
+        assert_eq!(out.tool_calls[0].input, json!({"a": 1}));
+        assert_eq!(out.tool_calls[1].name, "second");
+        assert_eq!(out.tool_calls[1].input, json!({}));
+        let id = &out.tool_calls[1].id;
+        assert!(id.starts_with("call_") && id.len() > 5, "{id}");
+        assert!(id[5..].chars().all(|c| c.is_ascii_hexdigit()));
+    }
+
+    #[tokio::test]
+    async fn tool_calls_without_index_or_finish_reason() {
+        let body = sse(&[
+            json!({"choices": [{"delta": {"tool_calls": [{"id": "a", "function": {"name": "f", "arguments": "{}"}}]}}]}),
+            json!({"choices": [{"delta": {"tool_calls": [{"id": "b", "function": {"name": "g", "arguments": "{\"x\""}}]}}]}),
+            json!({"choices": [{"delta": {"tool_calls": [{"function": {"arguments": ":2}"}}]}}]}),
+        ]) + "data: [DONE]\n\n";
+        let out = run_raw(&body).await.unwrap();
+        assert_eq!(out.stop, ModelStop::ToolUse);
+        let got: Vec<(&str, &str, &Value)> = out
+            .tool_calls
+            .iter()
+            .map(|c| (c.id.as_str(), c.name.as_str(), &c.input))
+            .collect();
+        assert_eq!(
+            got,
+            vec![("a", "f", &json!({})), ("b", "g", &json!({"x": 2}))]
+        );
+    }
+
+    #[tokio::test]
+    async fn invalid_tool_arguments_are_a_protocol_error_naming_the_tool() {
+        let fake = FakeOpenAi::start().await;
+        let body = sse(&[
+            json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "get_weather", "arguments": "{\"city\": Tok"}}]}, "finish_reason": "tool_calls"}]}),
+        ]) + "data: [DONE]\n\n";
+        let err = run(&fake, Reply::raw(&body)).await.0.unwrap_err();
+        assert_eq!(err.kind, UpstreamErrorKind::Protocol);
+        assert!(!err.retryable);
+        assert!(err.message.contains("get_weather"), "{}", err.message);
+        // Cut by max_tokens instead: the broken call is dropped, the stop says why.
+        let cut = body.replace("\"tool_calls\"}]", "\"length\"}]");
+        let out = run(&fake, Reply::raw(&cut)).await.0.unwrap();
+        assert_eq!(out.stop, ModelStop::MaxTokens);
+        assert!(out.tool_calls.is_empty());
+    }
+
+    #[tokio::test]
+    async fn finish_reasons_length_and_content_filter() {
+        let fake = FakeOpenAi::start().await;
+        let (out, _) = run(&fake, Reply::text("trunc").finish("length")).await;
+        assert_eq!(out.unwrap().stop, ModelStop::MaxTokens);
+        let (out, _) = run(&fake, Reply::text("").finish("content_filter")).await;
+        assert_eq!(out.unwrap().stop, ModelStop::Refusal);
+        let (out, _) = run(&fake, Reply::text("odd").finish("something_new")).await;
+        assert_eq!(out.unwrap().stop, ModelStop::EndTurn);
+        let (out, _) = run(
+            &fake,
+            Reply::tool_calls(&[("c", "f", json!({}))]).finish("function_call"),
+        )
+        .await;
+        assert_eq!(out.unwrap().stop, ModelStop::ToolUse);
+    }
+
+    #[tokio::test]
+    async fn usage_comes_from_the_final_chunk() {
+        let fake = FakeOpenAi::start().await;
+        let (out, _) = run(&fake, Reply::text("counted").usage(123, 45)).await;
+        assert_eq!(
+            out.unwrap().usage,
+            Usage {
+                input_tokens: 123,
+                output_tokens: 45
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn http_500_is_a_retryable_status_error_with_the_upstream_message() {
+        let fake = FakeOpenAi::start().await;
+        let (out, _) = run(
+            &fake,
+            Reply::status(
+                500,
+                json!({"error": {"message": "the model crashed", "type": "server_error"}}),
+            ),
+        )
+        .await;
+        let err = out.unwrap_err();
+        assert_eq!(err.kind, UpstreamErrorKind::Status(500));
+        assert!(err.retryable);
+        assert!(err.message.contains("the model crashed"), "{}", err.message);
+        assert_eq!(err.retry_after, None);
+        // Nothing queued: the fake's own 500 message comes through.
+        let err = provider(&fake)
+            .complete(&ask("x"), &mut Rec::default())
+            .await
+            .unwrap_err();
+        assert!(err.message.contains("fake upstream: no scripted reply"));
+    }
+
+    #[tokio::test]
+    async fn http_429_carries_retry_after() {
+        let fake = FakeOpenAi::start().await;
+        let (out, _) = run(
+            &fake,
+            Reply::status(429, json!({"error": {"message": "rate limited"}}))
+                .header("Retry-After", "7"),
+        )
+        .await;
+        let err = out.unwrap_err();
+        assert_eq!(err.kind, UpstreamErrorKind::Status(429));
+        assert!(err.retryable);
+        assert_eq!(err.retry_after, Some(Duration::from_secs(7)));
+    }
+
+    #[tokio::test]
+    async fn http_400_is_not_retryable() {
+        let fake = FakeOpenAi::start().await;
+        let (out, _) = run(
+            &fake,
+            Reply::status(
+                400,
+                json!({"error": {"message": "max_tokens is too large", "param": "max_tokens"}}),
+            ),
+        )
+        .await;
+        let err = out.unwrap_err();
+        assert_eq!(err.kind, UpstreamErrorKind::Status(400));
+        assert!(!err.retryable);
+        assert!(
+            err.message.contains("max_tokens is too large"),
+            "{}",
+            err.message
+        );
+    }
+
+    #[tokio::test]
+    async fn a_non_json_error_body_is_quoted_cut_at_500_bytes() {
+        let fake = FakeOpenAi::start().await;
+        let page = format!("<html>{}</html>", "x".repeat(2000));
+        let (out, _) = run(
+            &fake,
+            Reply::raw(&page)
+                .chunk_chars(4096)
+                .header("content-type", "text/html"),
+        )
+        .await;
+        // A 200 with HTML is not a stream: no [DONE], no finish.
+        assert_eq!(out.unwrap_err().kind, UpstreamErrorKind::Stream);
+        assert_eq!(error_message(page.as_bytes()).len(), 500 + '…'.len_utf8());
+        assert_eq!(error_message(b"{\"error\": \"plain\"}"), "plain");
+        assert_eq!(error_message(b""), "(empty body)");
+    }
+
+    #[tokio::test]
+    async fn a_broken_stream_is_a_stream_error() {
+        let fake = FakeOpenAi::start().await;
+        let (out, rec) = run(&fake, Reply::text("abcdefghijkl").break_after(2)).await;
+        let err = out.unwrap_err();
+        assert_eq!(err.kind, UpstreamErrorKind::Stream);
+        assert!(err.retryable);
+        assert_eq!(
+            rec.text.concat(),
+            "abcd",
+            "what came before the break was streamed"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stream_ending_without_done_or_finish_is_a_stream_error() {
+        let body = sse(&[
+            json!({"choices": [{"index": 0, "delta": {"content": "par"}, "finish_reason": null}]}),
+        ]);
+        let err = run_raw(&body).await.unwrap_err();
+        assert_eq!(err.kind, UpstreamErrorKind::Stream);
+        // With a finish_reason but no [DONE] (and no final blank line): accepted.
+        let body = sse(&[
+            json!({"choices": [{"index": 0, "delta": {"content": "whole"}, "finish_reason": "stop"}]}),
+        ]);
+        let out = run_raw(body.trim_end()).await.unwrap();
+        assert_eq!(out.text, "whole");
+    }
+
+    #[tokio::test]
+    async fn errors_inside_the_stream() {
+        let body = sse(&[
+            json!({"choices": [{"index": 0, "delta": {"content": "a"}, "finish_reason": null}]}),
+            json!({"error": {"message": "overloaded", "type": "server_error"}}),
+        ]);
+        let err = run_raw(&body).await.unwrap_err();
+        assert_eq!(err.kind, UpstreamErrorKind::Status(500));
+        assert!(err.retryable);
+        assert!(err.message.contains("overloaded"));
+        let body = sse(&[json!({"error": {"message": "bad input", "code": 400}})]);
+        let err = run_raw(&body).await.unwrap_err();
+        assert_eq!(err.kind, UpstreamErrorKind::Status(400));
+        assert!(!err.retryable);
+        let err = run_raw("data: {\"choices\": [\n\n").await.unwrap_err();
+        assert_eq!(err.kind, UpstreamErrorKind::Protocol);
+        let err = run_raw("data: {\"choices\": [{\"delta\": {\"content\": 5}}]}\n\n")
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind, UpstreamErrorKind::Protocol);
+    }
+
+    #[tokio::test]
+    async fn comments_and_other_fields_are_ignored() {
+        let body = ": OPENROUTER PROCESSING\r\n\r\nevent: message\r\nid: 1\r\ndata: {\"choices\":[{\"delta\":{\"content\":\"ok\"},\"finish_reason\":\"stop\"}],\"usage\":null}\r\n\r\ndata: [DONE]\r\n\r\n";
+        let out = run_raw(body).await.unwrap();
+        assert_eq!(out.text, "ok");
+        assert_eq!(out.stop, ModelStop::EndTurn);
+    }
+
+    #[tokio::test]
+    async fn a_non_streamed_json_answer_is_read_whole() {
+        let fake = FakeOpenAi::start().await;
+        let answer = json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0,
+            "message": {"role": "assistant", "content": "whole answer", "reasoning_content": "r",
+                        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\":1}"}}]},
+            "finish_reason": "tool_calls"}], "usage": {"prompt_tokens": 3, "completion_tokens": 4}});
+        let (out, rec) = run(
+            &fake,
+            Reply::raw(&answer.to_string()).header("content-type", "application/json"),
+        )
+        .await;
+        let out = out.unwrap();
+        assert_eq!(out.text, "whole answer");
+        assert_eq!(rec.text.concat(), "whole answer");
+        assert_eq!(out.thinking, "r");
+        assert_eq!(out.stop, ModelStop::ToolUse);
+        assert_eq!(out.tool_calls[0].input, json!({"a": 1}));
+        assert_eq!(out.usage.output_tokens, 4);
+    }
+
+    #[tokio::test]
+    async fn the_whole_call_is_bounded_by_the_timeout() {
+        let fake = FakeOpenAi::start().await;
+        let gate = Gate::new();
+        fake.push(Reply::text("never finishes").hold(gate.clone()));
+        let p = OpenAi::new(fake.base_url(), None, Duration::from_millis(300));
+        let mut rec = Rec::default();
+        let err = p.complete(&ask("hi"), &mut rec).await.unwrap_err();
+        assert_eq!(err.kind, UpstreamErrorKind::Timeout);
+        assert!(!err.retryable);
+        assert_eq!(
+            rec.text.concat(),
+            "never finishes",
+            "deltas streamed before the hold"
+        );
+        gate.open();
+    }
+
+    #[tokio::test]
+    async fn connection_refused_is_a_connect_error() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        drop(listener);
+        let p = OpenAi::new(format!("http://{addr}/v1"), None, Duration::from_secs(5));
+        let err = p
+            .complete(&ask("hi"), &mut Rec::default())
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind, UpstreamErrorKind::Connect);
+        assert!(err.retryable);
+        assert!(err.message.contains(&addr.to_string()), "{}", err.message);
+    }
+
+    #[tokio::test]
+    async fn a_bad_base_url_is_a_non_retryable_error() {
+        let p = OpenAi::new("not a url".into(), None, Duration::from_secs(5));
+        let err = p
+            .complete(&ask("hi"), &mut Rec::default())
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind, UpstreamErrorKind::Connect);
+        assert!(!err.retryable);
+    }
+
+    #[tokio::test]
+    async fn connections_are_reused() {
+        let fake = FakeOpenAi::start().await;
+        let p = provider(&fake);
+        for i in 0..5 {
+            fake.push(Reply::text(&format!("answer {i}")));
+            let out = p.complete(&ask("hi"), &mut Rec::default()).await.unwrap();
+            assert_eq!(out.text, format!("answer {i}"));
+        }
+        assert!(
+            fake.connections() <= 2,
+            "connections: {}",
+            fake.connections()
+        );
+    }
+
+    #[tokio::test]
+    async fn the_request_carries_the_history_tools_and_key() {
+        let fake = FakeOpenAi::start().await;
+        fake.push(Reply::text("done"));
+        let p = OpenAi::new(
+            fake.base_url(),
+            Some("sk-test".into()),
+            Duration::from_secs(10),
+        );
+        let req = ModelRequest {
+            model: "gpt-test".into(),
+            system: Some("Be brief.".into()),
+            messages: vec![
+                Message::User {
+                    content: Content::Text("Weather and time in Tokyo?".into()),
+                },
+                Message::Assistant {
+                    content: Content::Blocks(vec![
+                        Block::Thinking {
+                            thinking: "two tools".into(),
+                        },
+                        Block::Text {
+                            text: "Checking.".into(),
+                        },
+                        Block::ToolUse {
+                            tool_call_id: "call_1".into(),
+                            name: "get_weather".into(),
+                            input: json!({"city": "Tokyo"}),
+                        },
+                        Block::ToolUse {
+                            tool_call_id: "call_2".into(),
+                            name: "get_time".into(),
+                            input: json!({}),
+                        },
+                    ]),
+                },
+                Message::Tool {
+                    tool_call_id: "call_1".into(),
+                    content: Content::Text("18C".into()),
+                },
+                Message::Tool {
+                    tool_call_id: "call_2".into(),
+                    content: Content::Blocks(vec![Block::Text {
+                        text: "09:00".into(),
+                    }]),
+                },
+                Message::Assistant {
+                    content: Content::Blocks(vec![Block::ToolUse {
+                        tool_call_id: "call_3".into(),
+                        name: "noop".into(),
+                        input: json!({}),
+                    }]),
+                },
+                Message::Tool {
+                    tool_call_id: "call_3".into(),
+                    content: Content::Text("".into()),
+                },
+                Message::Assistant {
+                    content: Content::Text("It is 18C at 09:00.".into()),
+                },
+                Message::User {
+                    content: Content::Blocks(vec![
+                        Block::Text {
+                            text: "And this?".into(),
+                        },
+                        Block::Image {
+                            url: "data:image/png;base64,AAAA".into(),
+                        },
+                    ]),
+                },
+            ],
+            tools: vec![ToolDef {
+                name: "get_weather".into(),
+                description: "Weather for a city".into(),
+                parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+            }],
+            max_tokens: Some(256),
+            thinking: true,
+        };
+        let out = p.complete(&req, &mut Rec::default()).await.unwrap();
+        assert_eq!(out.text, "done");
+        let sent = fake.wait_requests(1).await.remove(0);
+        assert_eq!(
+            sent,
+            json!({
+                "model": "gpt-test",
+                "messages": [
+                    {"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": "Weather and time in Tokyo?"},
+                    {"role": "assistant", "content": "Checking.", "tool_calls": [
+                        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Tokyo\"}"}},
+                        {"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": "{}"}},
+                    ]},
+                    {"role": "tool", "tool_call_id": "call_1", "content": "18C"},
+                    {"role": "tool", "tool_call_id": "call_2", "content": "09:00"},
+                    {"role": "assistant", "content": null, "tool_calls": [
+                        {"id": "call_3", "type": "function", "function": {"name": "noop", "arguments": "{}"}},
+                    ]},
+                    {"role": "tool", "tool_call_id": "call_3", "content": ""},
+                    {"role": "assistant", "content": "It is 18C at 09:00."},
+                    {"role": "user", "content": [
+                        {"type": "text", "text": "And this?"},
+                        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                    ]},
+                ],
+                "stream": true,
+                "stream_options": {"include_usage": true},
+                "tools": [{"type": "function", "function": {
+                    "name": "get_weather",
+                    "description": "Weather for a city",
+                    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+                }}],
+                "max_tokens": 256,
+            })
+        );
+        let headers = &fake.request_headers()[0];
+        assert_eq!(headers["authorization"], "Bearer sk-test");
+        assert_eq!(headers["content-type"], "application/json");
+        // Without tools or max_tokens those keys are absent; without a key, no Authorization.
+        fake.push(Reply::text("x"));
+        provider(&fake)
+            .complete(&ask("plain"), &mut Rec::default())
+            .await
+            .unwrap();
+        let sent = fake.wait_requests(2).await.remove(1);
+        assert!(sent.get("tools").is_none() && sent.get("max_tokens").is_none());
+        assert!(fake.request_headers()[1].get("authorization").is_none());
+    }
+
+    #[test]
+    fn retry_after_parsing() {
+        assert_eq!(parse_retry_after(" 12 "), Some(Duration::from_secs(12)));
+        assert_eq!(parse_retry_after("1.5"), Some(Duration::from_millis(1500)));
+        assert_eq!(parse_retry_after("-1"), None);
+        assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"), None);
+        assert_eq!(parse_retry_after("NaN"), None);
+    }
+}

@@ -1,0 +1,390 @@
+//! An incremental Server-Sent Events parser, shared by the streaming providers.
+//!
+//! Feed it the response body chunk by chunk as it arrives ([`SseParser::feed`]) and take the
+//! complete events out ([`SseParser::next_event`]) until it returns `None`; at the end of the body
+//! call [`SseParser::finish`] once. Chunks may split the stream at any byte (inside a line, between
+//! `\r` and `\n`, inside a UTF-8 sequence): lines are decoded only once complete.
+//!
+//! It follows the WHATWG event-stream rules: lines end with `\n`, `\r\n` or `\r`; a blank line
+//! dispatches the event; lines starting with `:` are comments; `data` lines are joined with `\n`;
+//! `event` names the event; every other field (`id`, `retry`, unknown) is ignored; one optional
+//! UTF-8 BOM at the start is skipped. One leniency: [`SseParser::finish`] dispatches a last event
+//! whose terminating blank line never came (the spec drops it).
+//!
+//! Memory is bounded: a single line, or the data of a single event, longer than the limit
+//! (default [`DEFAULT_MAX_EVENT_BYTES`]) is an [`SseError`]. Errors are terminal: drop the parser.
+
+/// The default cap on one line and on one event's data: 8 MiB.
+pub const DEFAULT_MAX_EVENT_BYTES: usize = 8 * 1024 * 1024;
+
+const BOM: &[u8] = b"\xEF\xBB\xBF";
+
+/// One dispatched event.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SseEvent {
+    /// The `event:` field when the event had one (OpenAI sends none; Anthropic names each event).
+    pub event: Option<String>,
+    /// The event's `data:` lines joined with `\n`.
+    pub data: String,
+}
+
+/// The stream broke the parser's memory bound.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SseError {
+    #[error("server-sent event line longer than {limit} bytes")]
+    LineTooLong { limit: usize },
+    #[error("server-sent event data larger than {limit} bytes")]
+    EventTooLarge { limit: usize },
+}
+
+/// The event being assembled from its lines.
+#[derive(Debug, Default)]
+struct Pending {
+    data: String,
+    event: Option<String>,
+}
+
+impl Pending {
+    /// Applies one complete line (without its terminator); returns the event a blank line dispatches.
+    fn line(&mut self, line: &[u8], max: usize) -> Result<Option<SseEvent>, SseError> {
+        if line.is_empty() {
+            if self.data.is_empty() {
+                self.event = None;
+                return Ok(None);
+            }
+            let mut data = std::mem::take(&mut self.data);
+            data.pop(); // the '\n' every data line appends
+            return Ok(Some(SseEvent {
+                event: self.event.take(),
+                data,
+            }));
+        }
+        if line[0] == b':' {
+            return Ok(None);
+        }
+        let (name, value) = match line.iter().position(|&b| b == b':') {
+            Some(i) => {
+                let v = &line[i + 1..];
+                (&line[..i], v.strip_prefix(b" ").unwrap_or(v))
+            }
+            None => (line, &b""[..]),
+        };
+        match name {
+            b"data" => {
+                if self.data.len() + value.len() + 1 > max {
+                    return Err(SseError::EventTooLarge { limit: max });
+                }
+                self.data.push_str(&String::from_utf8_lossy(value));
+                self.data.push('\n');
+            }
+            b"event" => self.event = Some(String::from_utf8_lossy(value).into_owned()),
+            _ => {}
+        }
+        Ok(None)
+    }
+}
+
+/// An incremental event-stream parser. See the module documentation.
+#[derive(Debug)]
+pub struct SseParser {
+    buf: Vec<u8>,
+    /// Start of the unconsumed bytes of `buf`.
+    pos: usize,
+    /// How many bytes from `pos` are known to hold no line terminator (so a long line is scanned once).
+    scanned: usize,
+    /// The last line ended with `\r`: a `\n` right after it belongs to that terminator.
+    skip_lf: bool,
+    bom_checked: bool,
+    pending: Pending,
+    max: usize,
+}
+
+impl Default for SseParser {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SseParser {
+    /// A parser with the default limit ([`DEFAULT_MAX_EVENT_BYTES`]).
+    pub fn new() -> Self {
+        Self::with_limit(DEFAULT_MAX_EVENT_BYTES)
+    }
+
+    /// A parser that rejects a line, or an event's data, longer than `max_bytes`.
+    pub fn with_limit(max_bytes: usize) -> Self {
+        SseParser {
+            buf: Vec::new(),
+            pos: 0,
+            scanned: 0,
+            skip_lf: false,
+            bom_checked: false,
+            pending: Pending::default(),
+            max: max_bytes,
+        }
+    }
+
+    /// Appends the next chunk of the stream. Take the events out with [`Self::next_event`] before
+    /// feeding more, or the buffer holds every chunk fed meanwhile.
+    pub fn feed(&mut self, chunk: &[u8]) {
+        self.buf.extend_from_slice(chunk);
+    }
+
+    /// The next complete event, or `None` when the bytes fed so far hold no further one.
+    pub fn next_event(&mut self) -> Result<Option<SseEvent>, SseError> {
+        loop {
+            if !self.bom_checked {
+                let rest = &self.buf[self.pos..];
+                if rest.len() < BOM.len() && BOM.starts_with(rest) {
+                    return Ok(None); // maybe a BOM, split: wait for more bytes
+                }
+                if rest.starts_with(BOM) {
+                    self.pos += BOM.len();
+                }
+                self.bom_checked = true;
+            }
+            if self.skip_lf {
+                match self.buf.get(self.pos) {
+                    None => {
+                        self.compact();
+                        return Ok(None);
+                    }
+                    Some(&b) => {
+                        if b == b'\n' {
+                            self.pos += 1;
+                        }
+                        self.skip_lf = false;
+                    }
+                }
+            }
+            let start = self.pos;
+            let from = start + self.scanned;
+            match self.buf[from..]
+                .iter()
+                .position(|&b| b == b'\n' || b == b'\r')
+            {
+                Some(i) => {
+                    let end = from + i;
+                    if end - start > self.max {
+                        return Err(SseError::LineTooLong { limit: self.max });
+                    }
+                    self.skip_lf = self.buf[end] == b'\r';
+                    self.pos = end + 1;
+                    self.scanned = 0;
+                    if let Some(ev) = self.pending.line(&self.buf[start..end], self.max)? {
+                        return Ok(Some(ev));
+                    }
+                }
+                None => {
+                    self.scanned = self.buf.len() - start;
+                    if self.scanned > self.max {
+                        return Err(SseError::LineTooLong { limit: self.max });
+                    }
+                    self.compact();
+                    return Ok(None);
+                }
+            }
+        }
+    }
+
+    /// Ends the stream: completes an unterminated last line and dispatches an event whose blank
+    /// line never came. Call once, after [`Self::next_event`] returned `None`.
+    pub fn finish(&mut self) -> Result<Option<SseEvent>, SseError> {
+        self.feed(b"\n\n");
+        self.next_event()
+    }
+
+    fn compact(&mut self) {
+        if self.pos > 0 {
+            self.buf.drain(..self.pos);
+            self.pos = 0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(event: Option<&str>, data: &str) -> SseEvent {
+        SseEvent {
+            event: event.map(str::to_string),
+            data: data.to_string(),
+        }
+    }
+
+    /// Feeds `chunks` in order, draining after each, then finishes.
+    fn parse_chunks(chunks: &[&[u8]], max: usize) -> Result<Vec<SseEvent>, SseError> {
+        let mut p = SseParser::with_limit(max);
+        let mut out = Vec::new();
+        for c in chunks {
+            p.feed(c);
+            while let Some(e) = p.next_event()? {
+                out.push(e);
+            }
+        }
+        if let Some(e) = p.finish()? {
+            out.push(e);
+        }
+        Ok(out)
+    }
+
+    fn parse(input: &[u8]) -> Vec<SseEvent> {
+        parse_chunks(&[input], DEFAULT_MAX_EVENT_BYTES).unwrap()
+    }
+
+    /// Every split into two and three chunks, and byte by byte, gives the same events.
+    fn assert_split_invariant(input: &[u8], expected: &[SseEvent]) {
+        assert_eq!(parse(input), expected, "whole input");
+        for i in 0..=input.len() {
+            let got = parse_chunks(&[&input[..i], &input[i..]], DEFAULT_MAX_EVENT_BYTES).unwrap();
+            assert_eq!(got, expected, "split at {i}");
+            for j in i..=input.len() {
+                let got = parse_chunks(
+                    &[&input[..i], &input[i..j], &input[j..]],
+                    DEFAULT_MAX_EVENT_BYTES,
+                )
+                .unwrap();
+                assert_eq!(got, expected, "split at {i} and {j}");
+            }
+        }
+        let bytes: Vec<&[u8]> = input.chunks(1).collect();
+        assert_eq!(
+            parse_chunks(&bytes, DEFAULT_MAX_EVENT_BYTES).unwrap(),
+            expected,
+            "byte by byte"
+        );
+    }
+
+    #[test]
+    fn openai_style_stream_splits_at_every_byte() {
+        let input =
+            "data: {\"a\":\"héllo 世界\"}\n\n: keep-alive\n\ndata: {\"b\":2}\n\ndata: [DONE]\n\n";
+        assert_split_invariant(
+            input.as_bytes(),
+            &[
+                ev(None, "{\"a\":\"héllo 世界\"}"),
+                ev(None, "{\"b\":2}"),
+                ev(None, "[DONE]"),
+            ],
+        );
+    }
+
+    #[test]
+    fn crlf_and_cr_line_endings_split_at_every_byte() {
+        let input = b"event: ping\r\ndata: 1\r\n\r\ndata: 2\r\rdata:3\n\r\ndata: x\r\ndata: y\r\r";
+        assert_split_invariant(
+            input,
+            &[
+                ev(Some("ping"), "1"),
+                ev(None, "2"),
+                ev(None, "3"),
+                ev(None, "x\ny"),
+            ],
+        );
+    }
+
+    #[test]
+    fn anthropic_style_named_events_and_fields() {
+        let input = b"\xEF\xBB\xBFevent: message_start\ndata: {\"t\":1}\nid: 7\nretry: 100\nbogus\n\nevent: ping\n\nevent: delta\ndata:  two spaces\ndata\n\n";
+        assert_split_invariant(
+            input,
+            &[
+                ev(Some("message_start"), "{\"t\":1}"),
+                // `event: ping` had no data: not dispatched, and its name does not leak.
+                ev(Some("delta"), " two spaces\n"),
+            ],
+        );
+    }
+
+    #[test]
+    fn empty_data_line_dispatches_an_empty_event() {
+        assert_eq!(parse(b"data:\n\n"), vec![ev(None, "")]);
+        assert_eq!(parse(b"data\n\n"), vec![ev(None, "")]);
+        assert_eq!(parse(b"\n\n\n: c\n\n"), vec![]);
+    }
+
+    #[test]
+    fn finish_dispatches_an_unterminated_last_event() {
+        assert_split_invariant(
+            b"data: a\n\ndata: [DONE]",
+            &[ev(None, "a"), ev(None, "[DONE]")],
+        );
+        assert_split_invariant(
+            b"data: a\n\ndata: [DONE]\n",
+            &[ev(None, "a"), ev(None, "[DONE]")],
+        );
+        assert_split_invariant(b"data: a\r", &[ev(None, "a")]);
+        assert_eq!(parse(b""), vec![]);
+    }
+
+    #[test]
+    fn bom_only_at_the_start() {
+        assert_eq!(parse(b"\xEF\xBB\xBFdata: a\n\n"), vec![ev(None, "a")]);
+        // A BOM later is part of the line: the field name `\u{feff}data` is unknown.
+        assert_eq!(
+            parse(b"data: a\n\n\xEF\xBB\xBFdata: b\n\n"),
+            vec![ev(None, "a")]
+        );
+        // A stream that starts like a BOM but is not one.
+        assert_eq!(
+            parse_chunks(&[b"\xEF", b"x\n\ndata: z\n\n"], 100).unwrap(),
+            vec![ev(None, "z")]
+        );
+    }
+
+    #[test]
+    fn invalid_utf8_is_replaced_not_fatal() {
+        assert_eq!(parse(b"data: a\xFFb\n\n"), vec![ev(None, "a\u{FFFD}b")]);
+    }
+
+    #[test]
+    fn a_long_line_is_an_error_even_unterminated() {
+        let long = [b'x'; 64];
+        let mut p = SseParser::with_limit(32);
+        p.feed(b"data: ");
+        assert_eq!(p.next_event(), Ok(None));
+        for c in long.chunks(8) {
+            p.feed(c);
+            if let Err(e) = p.next_event() {
+                assert_eq!(e, SseError::LineTooLong { limit: 32 });
+                return;
+            }
+        }
+        panic!("no error for a 70-byte line with a 32-byte limit");
+    }
+
+    #[test]
+    fn a_long_line_in_one_chunk_is_an_error() {
+        let mut input = b"data: ".to_vec();
+        input.extend(std::iter::repeat_n(b'x', 40));
+        input.extend_from_slice(b"\n\n");
+        assert_eq!(
+            parse_chunks(&[&input], 32),
+            Err(SseError::LineTooLong { limit: 32 })
+        );
+    }
+
+    #[test]
+    fn many_short_data_lines_are_capped_per_event() {
+        let input = b"data: 0123456789\n".repeat(4);
+        assert_eq!(
+            parse_chunks(&[&input], 32),
+            Err(SseError::EventTooLarge { limit: 32 })
+        );
+        // The same lines in separate events are fine.
+        let ok = b"data: 0123456789\n\n".repeat(4);
+        assert_eq!(parse_chunks(&[&ok], 32).unwrap().len(), 4);
+    }
+
+    #[test]
+    fn buffer_is_compacted_between_chunks() {
+        let mut p = SseParser::new();
+        for _ in 0..1000 {
+            p.feed(b"data: {\"x\":1}\n\n");
+            assert_eq!(p.next_event().unwrap(), Some(ev(None, "{\"x\":1}")));
+            assert_eq!(p.next_event().unwrap(), None);
+        }
+        assert!(p.buf.is_empty());
+    }
+}
