@@ -549,7 +549,10 @@ fn stream_reply(reply: &Reply, request: &Value, state: &State) -> Response<Body>
             }
             if let Some((at, gate)) = &hold_at {
                 if *at == i {
-                    gate.wait().await;
+                    tokio::select! {
+                        _ = gate.wait() => {}
+                        _ = tx.closed() => return, // the client went away meanwhile
+                    }
                 }
             }
             if let (Some(every), true) = (pace, i > 0) {

@@ -1,0 +1,232 @@
+//! Shared integration-test support: a turnstile server started in-process on port 0 against the
+//! fake upstream, a small HTTP client, SSE parsing and the log checker.
+#![allow(dead_code)]
+
+pub mod logcheck;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+use turnstile::app::{self, Running, StartOptions};
+use turnstile::testkit::fake_openai::FakeOpenAi;
+
+/// A server, its data folder and the fake upstream it talks to.
+pub struct TestServer {
+    pub running: Option<Running>,
+    pub addr: SocketAddr,
+    pub dir: tempfile::TempDir,
+    pub http: Http,
+}
+
+/// The config of a test server: the fake upstream plus `extra` TOML (agents, policy, ...).
+pub fn config_text(upstream: &FakeOpenAi, extra: &str) -> String {
+    format!(
+        r#"
+[server]
+data_dir = "data"
+sandboxes = "sandboxes"
+
+[upstream]
+provider = "openai"
+base_url = "{}"
+model = "fake-model"
+retries = 0
+
+{extra}
+"#,
+        upstream.base_url()
+    )
+}
+
+impl TestServer {
+    /// Start with this config text, in a new temporary folder.
+    pub async fn start(config: &str) -> TestServer {
+        let dir = tempfile::tempdir().expect("tempdir");
+        Self::start_in(dir, config).await
+    }
+
+    /// Start with this config text in `dir` (to restart on the same data).
+    pub async fn start_in(dir: tempfile::TempDir, config: &str) -> TestServer {
+        let path = dir.path().join("tools.toml");
+        std::fs::write(&path, config).expect("write config");
+        let cfg = turnstile::config::load(&path).unwrap_or_else(|e| panic!("config: {e}"));
+        let running = app::start(cfg, "127.0.0.1:0".parse().unwrap(), StartOptions::default())
+            .await
+            .unwrap_or_else(|e| panic!("start: {e}"));
+        let addr = running.addr;
+        TestServer {
+            running: Some(running),
+            addr,
+            dir,
+            http: Http::new(addr),
+        }
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    pub fn engine(&self) -> &turnstile::engine::Engine {
+        &self.running.as_ref().expect("running").engine
+    }
+
+    /// Stop gracefully and keep the folder.
+    pub async fn stop(mut self) -> tempfile::TempDir {
+        if let Some(r) = self.running.take() {
+            r.stop().await;
+        }
+        self.dir
+    }
+
+    /// Create a session with this body; its id.
+    pub async fn session(&self, body: Value) -> String {
+        let (status, v) = self.http.post("/sessions", &body).await;
+        assert_eq!(status, 201, "create session: {v}");
+        v["sessionId"].as_str().expect("sessionId").to_string()
+    }
+
+    /// Wait until the session's current turn has ended (through the engine's live feed).
+    pub async fn wait_idle(&self, session_id: &str) {
+        let session = self.engine().session(None, session_id).await.expect("session");
+        let (_, mut rx) = session.subscribe();
+        loop {
+            if session.running_turn().is_none() {
+                return;
+            }
+            match rx.recv().await {
+                Ok(turnstile::engine::Feed::Event(ev)) if ev.body.is_terminal() => {}
+                Ok(_) => continue,
+                Err(_) => {}
+            }
+        }
+    }
+}
+
+/// A minimal HTTP client for tests.
+#[derive(Clone)]
+pub struct Http {
+    pub base: String,
+    client: Client<HttpConnector, Full<Bytes>>,
+    pub bearer: Option<String>,
+}
+
+/// A parsed SSE event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sse {
+    pub event: String,
+    pub data: Value,
+    pub id: Option<String>,
+}
+
+impl Http {
+    pub fn new(addr: SocketAddr) -> Http {
+        Http {
+            base: format!("http://{addr}"),
+            client: Client::builder(TokioExecutor::new()).build_http(),
+            bearer: None,
+        }
+    }
+
+    pub fn with_key(&self, key: &str) -> Http {
+        Http {
+            bearer: Some(key.to_string()),
+            ..self.clone()
+        }
+    }
+
+    pub async fn request_raw(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> hyper::Response<hyper::body::Incoming> {
+        let mut req = hyper::Request::builder()
+            .method(method)
+            .uri(format!("{}{}", self.base, path))
+            .header("content-type", "application/json");
+        if let Some(k) = &self.bearer {
+            req = req.header("authorization", format!("Bearer {k}"));
+        }
+        let req = req
+            .body(Full::new(Bytes::from(body.unwrap_or_default())))
+            .unwrap();
+        self.client.request(req).await.expect("request")
+    }
+
+    pub async fn call(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+        let resp = self
+            .request_raw(method, path, body.map(|b| serde_json::to_vec(b).unwrap()))
+            .await;
+        let status = resp.status().as_u16();
+        let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+        let v = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+                panic!("{method} {path}: not JSON ({e}): {}", String::from_utf8_lossy(&bytes))
+            })
+        };
+        (status, v)
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        self.call("GET", path, None).await
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        self.call("POST", path, Some(body)).await
+    }
+
+    pub async fn delete(&self, path: &str) -> (u16, Value) {
+        self.call("DELETE", path, None).await
+    }
+
+    /// POST and read the whole SSE stream (it ends after `turn_stop`).
+    pub async fn post_sse(&self, path: &str, body: &Value) -> Vec<Sse> {
+        let resp = self
+            .request_raw("POST", path, Some(serde_json::to_vec(body).unwrap()))
+            .await;
+        assert_eq!(resp.status(), 200, "SSE POST {path}");
+        assert_eq!(
+            resp.headers()["content-type"], "text/event-stream",
+            "SSE content type"
+        );
+        let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+        parse_sse(std::str::from_utf8(&bytes).expect("utf-8"))
+    }
+}
+
+/// Parse an SSE text into events (comments skipped).
+pub fn parse_sse(text: &str) -> Vec<Sse> {
+    let mut out = Vec::new();
+    for block in text.split("\n\n") {
+        let mut event = None;
+        let mut data = String::new();
+        let mut id = None;
+        for line in block.lines() {
+            if let Some(v) = line.strip_prefix("event: ") {
+                event = Some(v.to_string());
+            } else if let Some(v) = line.strip_prefix("data: ") {
+                data.push_str(v);
+            } else if let Some(v) = line.strip_prefix("id: ") {
+                id = Some(v.to_string());
+            }
+        }
+        if let Some(event) = event {
+            let data = serde_json::from_str(&data)
+                .unwrap_or_else(|e| panic!("SSE data is not JSON ({e}): {data}"));
+            out.push(Sse { event, data, id });
+        }
+    }
+    out
+}
+
+/// The event names of a stream, in order.
+pub fn names(events: &[Sse]) -> Vec<&str> {
+    events.iter().map(|e| e.event.as_str()).collect()
+}
