@@ -10,16 +10,16 @@
 //! engine → event log (durable, ordered, the single source of truth) → renderers → SSE / JSON
 //! ```
 
-pub mod config;
-pub mod message;
-pub mod testkit;
-pub mod upstream;
+pub mod app;
 pub mod clock;
+pub mod config;
 pub mod engine;
+pub mod http;
 pub mod ids;
 pub mod log;
-pub mod tools;
-pub mod http;
+pub mod message;
 pub mod metrics;
 pub mod protocol;
-pub mod app;
+pub mod testkit;
+pub mod tools;
+pub mod upstream;

@@ -10,7 +10,11 @@ use turnstile::app::{self, StartOptions};
 use turnstile::config::{self, Config};
 
 #[derive(Parser)]
-#[command(name = "turnstile", version, about = "An MCP-bridging tool host and proxy serving AAP v3 in front of an LLM")]
+#[command(
+    name = "turnstile",
+    version,
+    about = "An MCP-bridging tool host and proxy serving AAP v3 in front of an LLM"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -67,7 +71,10 @@ fn init_logging(format: LogFormat) {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("turnstile: cannot start the runtime: {e}");
@@ -95,7 +102,11 @@ fn load(path: &std::path::Path) -> Result<Config, String> {
     config::load(path).map_err(|e| e.to_string())
 }
 
-async fn serve(path: PathBuf, listen: Option<SocketAddr>, insecure: bool) -> Result<ExitCode, String> {
+async fn serve(
+    path: PathBuf,
+    listen: Option<SocketAddr>,
+    insecure: bool,
+) -> Result<ExitCode, String> {
     let config = load(&path)?;
     let addr = listen.unwrap_or(config.server.listen);
     let running = app::start(config, addr, StartOptions { insecure })
@@ -138,7 +149,11 @@ async fn check(path: PathBuf) -> Result<ExitCode, String> {
     println!(
         "upstream: {:?} {} (model {})",
         up.provider,
-        if up.base_url.is_empty() { "(built in)" } else { &up.base_url },
+        if up.base_url.is_empty() {
+            "(built in)"
+        } else {
+            &up.base_url
+        },
         up.model
     );
     for a in &config.agents {

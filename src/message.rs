@@ -172,7 +172,9 @@ mod tests {
         let c = Content::from_blocks(vec![Block::Text { text: "x".into() }]);
         assert_eq!(c, Content::Text("x".into()));
         let two = Content::from_blocks(vec![
-            Block::Thinking { thinking: "t".into() },
+            Block::Thinking {
+                thinking: "t".into(),
+            },
             Block::Text { text: "x".into() },
         ]);
         assert!(matches!(two, Content::Blocks(ref b) if b.len() == 2));
@@ -180,7 +182,8 @@ mod tests {
 
     #[test]
     fn unknown_role_is_rejected() {
-        let r: Result<Message, _> = serde_json::from_value(json!({"role": "robot", "content": "x"}));
+        let r: Result<Message, _> =
+            serde_json::from_value(json!({"role": "robot", "content": "x"}));
         assert!(r.is_err());
     }
 }

@@ -56,7 +56,10 @@ async fn none_mode_returns_an_agent_response_and_the_model_saw_the_conversation(
     fake.push(Reply::text("Tokyo is 18C and cloudy.").usage(30, 7));
     let (status, resp) = server
         .http
-        .post(&format!("/sessions/{sid}/turns"), &json!({"messages": [{"role": "user", "content": "Weather in Tokyo?"}]}))
+        .post(
+            &format!("/sessions/{sid}/turns"),
+            &json!({"messages": [{"role": "user", "content": "Weather in Tokyo?"}]}),
+        )
         .await;
     assert_eq!(status, 200, "{resp}");
     assert_eq!(
@@ -72,13 +75,20 @@ async fn none_mode_returns_an_agent_response_and_the_model_saw_the_conversation(
         reqs[0]["messages"],
         json!([{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Weather in Tokyo?"}])
     );
-    assert!(reqs[0].get("tools").is_none(), "no tools offered: {}", reqs[0]);
+    assert!(
+        reqs[0].get("tools").is_none(),
+        "no tools offered: {}",
+        reqs[0]
+    );
 
     // A second turn carries the first one as history.
     fake.push(Reply::text("Osaka is 20C."));
     let (_, resp2) = server
         .http
-        .post(&format!("/sessions/{sid}/turns"), &json!({"messages": [{"role": "user", "content": "And Osaka?"}]}))
+        .post(
+            &format!("/sessions/{sid}/turns"),
+            &json!({"messages": [{"role": "user", "content": "And Osaka?"}]}),
+        )
         .await;
     assert_eq!(resp2["messages"][0]["content"], "Osaka is 20C.");
     let reqs = fake.requests();
@@ -91,14 +101,20 @@ async fn none_mode_returns_an_agent_response_and_the_model_saw_the_conversation(
             {"role": "user", "content": "And Osaka?"}
         ])
     );
-    let (_, hist) = server.http.get(&format!("/sessions/{sid}/history?type=full")).await;
+    let (_, hist) = server
+        .http
+        .get(&format!("/sessions/{sid}/history?type=full"))
+        .await;
     assert_eq!(hist["history"]["full"].as_array().unwrap().len(), 4);
     let events = check_log(server.engine().store(), &sid).await;
     let usage = events.iter().find_map(|e| match &e.body {
         turnstile::log::EventBody::TurnCompleted { usage, .. } => *usage,
         _ => None,
     });
-    assert_eq!(usage.map(|u| (u.input_tokens, u.output_tokens)), Some((30, 7)));
+    assert_eq!(
+        usage.map(|u| (u.input_tokens, u.output_tokens)),
+        Some((30, 7))
+    );
 }
 
 #[tokio::test]
@@ -107,24 +123,51 @@ async fn delta_mode_streams_text_and_thinking_deltas_between_turn_start_and_turn
     let sid = server
         .session(json!({"agent": {"name": "assistant", "options": {"thinking": "on"}}}))
         .await;
-    fake.push(Reply::text("The weather in Tokyo is 18C.").thinking("User asks weather.").chunk_chars(5));
+    fake.push(
+        Reply::text("The weather in Tokyo is 18C.")
+            .thinking("User asks weather.")
+            .chunk_chars(5),
+    );
     let events = server
         .http
-        .post_sse(&format!("/sessions/{sid}/turns"), &json!({"stream": "delta", "messages": [{"role": "user", "content": "Tokyo?"}]}))
+        .post_sse(
+            &format!("/sessions/{sid}/turns"),
+            &json!({"stream": "delta", "messages": [{"role": "user", "content": "Tokyo?"}]}),
+        )
         .await;
     let n = names(&events);
     assert_eq!(n.first(), Some(&"turn_start"));
     assert_eq!(n.last(), Some(&"turn_stop"));
     assert_eq!(events[0].data, json!({}));
-    assert_eq!(events.last().unwrap().data, json!({"stopReason": "end_turn"}));
-    let text: String = events.iter().filter(|e| e.event == "text_delta").map(|e| e.data["delta"].as_str().unwrap()).collect();
-    let thinking: String = events.iter().filter(|e| e.event == "thinking_delta").map(|e| e.data["delta"].as_str().unwrap()).collect();
+    assert_eq!(
+        events.last().unwrap().data,
+        json!({"stopReason": "end_turn"})
+    );
+    let text: String = events
+        .iter()
+        .filter(|e| e.event == "text_delta")
+        .map(|e| e.data["delta"].as_str().unwrap())
+        .collect();
+    let thinking: String = events
+        .iter()
+        .filter(|e| e.event == "thinking_delta")
+        .map(|e| e.data["delta"].as_str().unwrap())
+        .collect();
     assert_eq!(text, "The weather in Tokyo is 18C.");
     assert_eq!(thinking, "User asks weather.");
-    assert!(events.iter().filter(|e| e.event == "text_delta").count() > 1, "text arrives in several deltas");
-    assert!(!n.contains(&"text") && !n.contains(&"thinking"), "no whole messages in delta mode: {n:?}");
+    assert!(
+        events.iter().filter(|e| e.event == "text_delta").count() > 1,
+        "text arrives in several deltas"
+    );
+    assert!(
+        !n.contains(&"text") && !n.contains(&"thinking"),
+        "no whole messages in delta mode: {n:?}"
+    );
     // History holds the whole message, thinking included.
-    let (_, hist) = server.http.get(&format!("/sessions/{sid}/history?type=full")).await;
+    let (_, hist) = server
+        .http
+        .get(&format!("/sessions/{sid}/history?type=full"))
+        .await;
     assert_eq!(
         hist["history"]["full"][1],
         json!({"role": "assistant", "content": [
@@ -142,7 +185,10 @@ async fn message_mode_sends_whole_messages_and_no_thinking_when_it_is_off() {
     fake.push(Reply::text("Tokyo: 18C.").thinking("hidden reasoning"));
     let events = server
         .http
-        .post_sse(&format!("/sessions/{sid}/turns"), &json!({"stream": "message", "messages": [{"role": "user", "content": "Tokyo?"}]}))
+        .post_sse(
+            &format!("/sessions/{sid}/turns"),
+            &json!({"stream": "message", "messages": [{"role": "user", "content": "Tokyo?"}]}),
+        )
         .await;
     assert_eq!(names(&events), vec!["turn_start", "text", "turn_stop"]);
     assert_eq!(events[1].data, json!({"text": "Tokyo: 18C."}));
@@ -155,7 +201,10 @@ async fn message_mode_sends_whole_messages_and_no_thinking_when_it_is_off() {
             &json!({"stream": "message", "agent": {"options": {"thinking": "on"}}, "messages": [{"role": "user", "content": "Osaka?"}]}),
         )
         .await;
-    assert_eq!(names(&events), vec!["turn_start", "thinking", "text", "turn_stop"]);
+    assert_eq!(
+        names(&events),
+        vec!["turn_start", "thinking", "text", "turn_stop"]
+    );
     assert_eq!(events[1].data, json!({"thinking": "reasoning"}));
     // The option persists for the session.
     let (_, info) = server.http.get(&format!("/sessions/{sid}")).await;
@@ -167,19 +216,34 @@ async fn message_mode_sends_whole_messages_and_no_thinking_when_it_is_off() {
 async fn a_client_tool_round_trip_stops_with_tool_use_and_resumes_with_the_result() {
     let (fake, server) = setup(AGENT).await;
     let sid = server.session(json!({"tools": [weather_tool()]})).await;
-    fake.push(Reply::tool_calls(&[("call_001", "get_weather", json!({"city": "Tokyo"}))]).with_text("Let me check."));
+    fake.push(
+        Reply::tool_calls(&[("call_001", "get_weather", json!({"city": "Tokyo"}))])
+            .with_text("Let me check."),
+    );
     let events = server
         .http
-        .post_sse(&format!("/sessions/{sid}/turns"), &json!({"stream": "message", "messages": [{"role": "user", "content": "Tokyo?"}]}))
+        .post_sse(
+            &format!("/sessions/{sid}/turns"),
+            &json!({"stream": "message", "messages": [{"role": "user", "content": "Tokyo?"}]}),
+        )
         .await;
-    assert_eq!(names(&events), vec!["turn_start", "text", "tool_call", "turn_stop"]);
-    assert_eq!(events[2].data, json!({"toolCallId": "call_001", "name": "get_weather", "input": {"city": "Tokyo"}}));
+    assert_eq!(
+        names(&events),
+        vec!["turn_start", "text", "tool_call", "turn_stop"]
+    );
+    assert_eq!(
+        events[2].data,
+        json!({"toolCallId": "call_001", "name": "get_weather", "input": {"city": "Tokyo"}})
+    );
     assert_eq!(events[3].data, json!({"stopReason": "tool_use"}));
     // The model was offered the client tool with its schema.
     let req = &fake.requests()[0];
     assert_eq!(req["tools"][0]["type"], "function");
     assert_eq!(req["tools"][0]["function"]["name"], "get_weather");
-    assert_eq!(req["tools"][0]["function"]["parameters"], weather_tool()["parameters"]);
+    assert_eq!(
+        req["tools"][0]["function"]["parameters"],
+        weather_tool()["parameters"]
+    );
 
     // The session waits for the client.
     let (_, info) = server.http.get(&format!("/sessions/{sid}")).await;
@@ -189,17 +253,36 @@ async fn a_client_tool_round_trip_stops_with_tool_use_and_resumes_with_the_resul
 
     // A plain user message now conflicts; a wrong id is named.
     let turns = format!("/sessions/{sid}/turns");
-    let (status, err) = server.http.post(&turns, &json!({"messages": [{"role": "user", "content": "hello?"}]})).await;
-    assert_eq!(status, 409, "{err}");
-    assert!(err["error"]["message"].as_str().unwrap().contains("call_001"));
     let (status, err) = server
         .http
-        .post(&turns, &json!({"messages": [{"role": "tool", "toolCallId": "call_999", "content": "x"}]}))
+        .post(
+            &turns,
+            &json!({"messages": [{"role": "user", "content": "hello?"}]}),
+        )
+        .await;
+    assert_eq!(status, 409, "{err}");
+    assert!(err["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("call_001"));
+    let (status, err) = server
+        .http
+        .post(
+            &turns,
+            &json!({"messages": [{"role": "tool", "toolCallId": "call_999", "content": "x"}]}),
+        )
         .await;
     assert_eq!(status, 400);
     let msg = err["error"]["message"].as_str().unwrap();
-    assert!(msg.contains("call_999") && msg.contains("call_001"), "{msg}");
-    assert_eq!(fake.requests().len(), 1, "rejected follow-ups never reach the model");
+    assert!(
+        msg.contains("call_999") && msg.contains("call_001"),
+        "{msg}"
+    );
+    assert_eq!(
+        fake.requests().len(),
+        1,
+        "rejected follow-ups never reach the model"
+    );
 
     fake.push(Reply::text("Tokyo is 18C."));
     let (status, resp) = server
@@ -208,14 +291,23 @@ async fn a_client_tool_round_trip_stops_with_tool_use_and_resumes_with_the_resul
         .await;
     assert_eq!(status, 200, "{resp}");
     // The client's own result is not echoed back.
-    assert_eq!(resp, json!({"stopReason": "end_turn", "messages": [{"role": "assistant", "content": "Tokyo is 18C."}]}));
+    assert_eq!(
+        resp,
+        json!({"stopReason": "end_turn", "messages": [{"role": "assistant", "content": "Tokyo is 18C."}]})
+    );
     let req = &fake.requests()[1];
     let msgs = req["messages"].as_array().unwrap();
     assert_eq!(msgs[2]["role"], "assistant");
     assert_eq!(msgs[2]["tool_calls"][0]["id"], "call_001");
-    assert_eq!(msgs[3], json!({"role": "tool", "tool_call_id": "call_001", "content": "18C, cloudy"}));
+    assert_eq!(
+        msgs[3],
+        json!({"role": "tool", "tool_call_id": "call_001", "content": "18C, cloudy"})
+    );
 
-    let (_, hist) = server.http.get(&format!("/sessions/{sid}/history?type=full")).await;
+    let (_, hist) = server
+        .http
+        .get(&format!("/sessions/{sid}/history?type=full"))
+        .await;
     assert_eq!(
         hist["history"]["full"],
         json!([
@@ -244,16 +336,31 @@ async fn parallel_client_calls_need_every_result_in_one_request() {
         ("call_b", "get_time", json!({})),
     ]));
     let turns = format!("/sessions/{sid}/turns");
-    let (_, resp) = server.http.post(&turns, &json!({"messages": [{"role": "user", "content": "both"}]})).await;
+    let (_, resp) = server
+        .http
+        .post(
+            &turns,
+            &json!({"messages": [{"role": "user", "content": "both"}]}),
+        )
+        .await;
     assert_eq!(resp["stopReason"], "tool_use");
     let uses = resp["messages"][0]["content"].as_array().unwrap();
     assert_eq!(uses.len(), 2);
     let (status, err) = server
         .http
-        .post(&turns, &json!({"messages": [{"role": "tool", "toolCallId": "call_a", "content": "18C"}]}))
+        .post(
+            &turns,
+            &json!({"messages": [{"role": "tool", "toolCallId": "call_a", "content": "18C"}]}),
+        )
         .await;
     assert_eq!(status, 400);
-    assert!(err["error"]["message"].as_str().unwrap().contains("missing answers for toolCallId call_b"), "{err}");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("missing answers for toolCallId call_b"),
+        "{err}"
+    );
     fake.push(Reply::text("done"));
     let (status, _) = server
         .http
@@ -267,7 +374,11 @@ async fn parallel_client_calls_need_every_result_in_one_request() {
         .await;
     assert_eq!(status, 200);
     let msgs = fake.requests()[1]["messages"].as_array().unwrap().clone();
-    let tool_ids: Vec<&str> = msgs.iter().filter(|m| m["role"] == "tool").map(|m| m["tool_call_id"].as_str().unwrap()).collect();
+    let tool_ids: Vec<&str> = msgs
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["tool_call_id"].as_str().unwrap())
+        .collect();
     assert_eq!(tool_ids, vec!["call_a", "call_b"], "results in call order");
     check_log(server.engine().store(), &sid).await;
 }
@@ -276,18 +387,35 @@ async fn parallel_client_calls_need_every_result_in_one_request() {
 async fn the_step_budget_stops_with_max_tokens_and_answers_every_call() {
     let (fake, server) = setup("[agents.assistant]\nmax_steps = 1\n").await;
     let sid = server.session(json!({"tools": [weather_tool()]})).await;
-    fake.push(Reply::tool_calls(&[("call_1", "get_weather", json!({"city": "Oslo"}))]));
+    fake.push(Reply::tool_calls(&[(
+        "call_1",
+        "get_weather",
+        json!({"city": "Oslo"}),
+    )]));
     let (_, resp) = server
         .http
-        .post(&format!("/sessions/{sid}/turns"), &json!({"messages": [{"role": "user", "content": "Oslo?"}]}))
+        .post(
+            &format!("/sessions/{sid}/turns"),
+            &json!({"messages": [{"role": "user", "content": "Oslo?"}]}),
+        )
         .await;
     assert_eq!(resp["stopReason"], "max_tokens");
     assert_eq!(resp["messages"][1]["role"], "tool");
-    assert!(resp["messages"][1]["content"].as_str().unwrap().contains("step budget"));
+    assert!(resp["messages"][1]["content"]
+        .as_str()
+        .unwrap()
+        .contains("step budget"));
     let (_, info) = server.http.get(&format!("/sessions/{sid}")).await;
-    assert_eq!(info["status"], "idle", "a spent budget leaves nothing pending");
+    assert_eq!(
+        info["status"], "idle",
+        "a spent budget leaves nothing pending"
+    );
     let events = check_log(server.engine().store(), &sid).await;
-    assert!(events.last().unwrap().json.contains("\"stop_reason\":\"max_steps\""));
+    assert!(events
+        .last()
+        .unwrap()
+        .json
+        .contains("\"stop_reason\":\"max_steps\""));
 }
 
 #[tokio::test]
@@ -295,9 +423,19 @@ async fn finish_reasons_map_to_aap_stop_reasons() {
     let (fake, server) = setup(AGENT).await;
     let sid = server.session(json!({})).await;
     let turns = format!("/sessions/{sid}/turns");
-    for (finish, stop) in [("length", "max_tokens"), ("content_filter", "refusal"), ("stop", "end_turn")] {
+    for (finish, stop) in [
+        ("length", "max_tokens"),
+        ("content_filter", "refusal"),
+        ("stop", "end_turn"),
+    ] {
         fake.push(Reply::text("partial").finish(finish));
-        let (_, resp) = server.http.post(&turns, &json!({"messages": [{"role": "user", "content": "x"}]})).await;
+        let (_, resp) = server
+            .http
+            .post(
+                &turns,
+                &json!({"messages": [{"role": "user", "content": "x"}]}),
+            )
+            .await;
         assert_eq!(resp["stopReason"], stop, "finish_reason {finish}");
     }
     check_log(server.engine().store(), &sid).await;
@@ -308,19 +446,38 @@ async fn upstream_failures_end_the_turn_with_error_and_model_error() {
     let (fake, server) = setup(AGENT).await;
     let sid = server.session(json!({})).await;
     let turns = format!("/sessions/{sid}/turns");
-    fake.push(Reply::status(500, json!({"error": {"message": "upstream exploded"}})));
-    let (status, resp) = server.http.post(&turns, &json!({"messages": [{"role": "user", "content": "x"}]})).await;
+    fake.push(Reply::status(
+        500,
+        json!({"error": {"message": "upstream exploded"}}),
+    ));
+    let (status, resp) = server
+        .http
+        .post(
+            &turns,
+            &json!({"messages": [{"role": "user", "content": "x"}]}),
+        )
+        .await;
     assert_eq!(status, 200);
     assert_eq!(resp["stopReason"], "error");
     assert_eq!(resp["error"]["reason"], "model_error");
-    assert!(resp["error"]["message"].as_str().unwrap().contains("upstream exploded"));
+    assert!(resp["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("upstream exploded"));
 
     // A stream that breaks midway, in delta mode: the deltas already sent are retracted in the
     // log, and the stream ends with turn_stop error.
-    fake.push(Reply::text("this will break off somewhere").chunk_chars(3).break_after(4));
+    fake.push(
+        Reply::text("this will break off somewhere")
+            .chunk_chars(3)
+            .break_after(4),
+    );
     let events = server
         .http
-        .post_sse(&turns, &json!({"stream": "delta", "messages": [{"role": "user", "content": "y"}]}))
+        .post_sse(
+            &turns,
+            &json!({"stream": "delta", "messages": [{"role": "user", "content": "y"}]}),
+        )
         .await;
     assert_eq!(events.last().unwrap().event, "turn_stop");
     assert_eq!(events.last().unwrap().data["stopReason"], "error");
@@ -328,12 +485,21 @@ async fn upstream_failures_end_the_turn_with_error_and_model_error() {
     let types: Vec<&str> = log.iter().map(|e| e.body.type_name()).collect();
     assert_eq!(
         types,
-        vec!["user.message", "turn.failed", "user.message", "agent.message", "turn.failed"],
+        vec![
+            "user.message",
+            "turn.failed",
+            "user.message",
+            "agent.message",
+            "turn.failed"
+        ],
         "the second failure retracts its streamed text with an empty agent.message"
     );
     assert!(log[3].json.contains("\"content\":\"\""));
     // Nothing of the failed turns is in history but the user messages.
-    let (_, hist) = server.http.get(&format!("/sessions/{sid}/history?type=full")).await;
+    let (_, hist) = server
+        .http
+        .get(&format!("/sessions/{sid}/history?type=full"))
+        .await;
     assert_eq!(hist["history"]["full"].as_array().unwrap().len(), 2);
 }
 
@@ -347,7 +513,10 @@ async fn a_retryable_failure_is_retried_and_the_turn_succeeds() {
     fake.push(Reply::text("fine now"));
     let (_, resp) = server
         .http
-        .post(&format!("/sessions/{sid}/turns"), &json!({"messages": [{"role": "user", "content": "x"}]}))
+        .post(
+            &format!("/sessions/{sid}/turns"),
+            &json!({"messages": [{"role": "user", "content": "x"}]}),
+        )
         .await;
     assert_eq!(resp["stopReason"], "end_turn");
     assert_eq!(resp["messages"][0]["content"], "fine now");
@@ -365,10 +534,20 @@ async fn a_second_turn_while_one_runs_is_409_with_the_running_turn_id() {
     let http = server.http.clone();
     let t = turns.clone();
     let first = tokio::spawn(async move {
-        http.post(&t, &json!({"messages": [{"role": "user", "content": "first"}]})).await
+        http.post(
+            &t,
+            &json!({"messages": [{"role": "user", "content": "first"}]}),
+        )
+        .await
     });
     fake.wait_requests(1).await;
-    let (status, err) = server.http.post(&turns, &json!({"messages": [{"role": "user", "content": "second"}]})).await;
+    let (status, err) = server
+        .http
+        .post(
+            &turns,
+            &json!({"messages": [{"role": "user", "content": "second"}]}),
+        )
+        .await;
     assert_eq!(status, 409);
     assert_eq!(err["error"]["type"], "session_busy");
     let turn_id = err["error"]["turn_id"].as_str().unwrap().to_string();
@@ -395,7 +574,12 @@ async fn a_client_that_disconnects_does_not_cancel_the_turn() {
         .request_raw(
             "POST",
             &format!("/sessions/{sid}/turns"),
-            Some(serde_json::to_vec(&json!({"stream": "delta", "messages": [{"role": "user", "content": "go"}]})).unwrap()),
+            Some(
+                serde_json::to_vec(
+                    &json!({"stream": "delta", "messages": [{"role": "user", "content": "go"}]}),
+                )
+                .unwrap(),
+            ),
         )
         .await;
     assert_eq!(resp.status(), 200);
@@ -403,8 +587,14 @@ async fn a_client_that_disconnects_does_not_cancel_the_turn() {
     drop(resp); // the client goes away mid-turn
     gate.open();
     server.wait_idle(&sid).await;
-    let (_, hist) = server.http.get(&format!("/sessions/{sid}/history?type=full")).await;
-    assert_eq!(hist["history"]["full"][1], json!({"role": "assistant", "content": "finished anyway"}));
+    let (_, hist) = server
+        .http
+        .get(&format!("/sessions/{sid}/history?type=full"))
+        .await;
+    assert_eq!(
+        hist["history"]["full"][1],
+        json!({"role": "assistant", "content": "finished anyway"})
+    );
     let log = check_log(server.engine().store(), &sid).await;
     assert_eq!(log.last().unwrap().body.type_name(), "turn.completed");
 }
@@ -422,7 +612,10 @@ async fn seed_messages_and_a_seed_system_prompt_reach_the_model() {
     fake.push(Reply::text("Berlin."));
     server
         .http
-        .post(&format!("/sessions/{sid}/turns"), &json!({"messages": [{"role": "user", "content": "And Germany?"}]}))
+        .post(
+            &format!("/sessions/{sid}/turns"),
+            &json!({"messages": [{"role": "user", "content": "And Germany?"}]}),
+        )
         .await;
     assert_eq!(
         fake.requests()[0]["messages"],
@@ -433,7 +626,10 @@ async fn seed_messages_and_a_seed_system_prompt_reach_the_model() {
             {"role": "user", "content": "And Germany?"}
         ])
     );
-    let (_, hist) = server.http.get(&format!("/sessions/{sid}/history?type=compacted")).await;
+    let (_, hist) = server
+        .http
+        .get(&format!("/sessions/{sid}/history?type=compacted"))
+        .await;
     assert_eq!(hist["history"]["compacted"].as_array().unwrap().len(), 5);
     let events = check_log(server.engine().store(), &sid).await;
     assert_eq!(events.len(), 3, "seeds write no events");
@@ -457,6 +653,9 @@ async fn images_in_user_content_are_passed_to_the_model() {
     assert_eq!(status, 200);
     let content = &fake.requests()[0]["messages"][1]["content"];
     assert_eq!(content[1]["type"], "image_url");
-    assert_eq!(content[1]["image_url"]["url"], "data:image/png;base64,iVBORw0KGgo=");
+    assert_eq!(
+        content[1]["image_url"]["url"],
+        "data:image/png;base64,iVBORw0KGgo="
+    );
     check_log(server.engine().store(), &sid).await;
 }

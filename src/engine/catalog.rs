@@ -104,8 +104,7 @@ impl<'a> Catalog<'a> {
                 ))
             };
         }
-        if let Some((tool, session_trust)) = self.server.iter().find(|(t, _)| t.spec.name == name)
-        {
+        if let Some((tool, session_trust)) = self.server.iter().find(|(t, _)| t.spec.name == name) {
             return match tool.verdict {
                 Verdict::Trust if *session_trust => Route::Inline,
                 Verdict::Deny => Route::Refuse(format!("Tool {name} is denied by policy.")),
@@ -121,9 +120,9 @@ impl<'a> Catalog<'a> {
             Some(t) if t.verdict == Verdict::Deny => {
                 Route::Refuse(format!("Tool {name} is denied by policy."))
             }
-            Some(t) if self.agent.tool_globs.is_match(&t.spec.name) => Route::Refuse(format!(
-                "Tool {name} is not enabled for this session."
-            )),
+            Some(t) if self.agent.tool_globs.is_match(&t.spec.name) => {
+                Route::Refuse(format!("Tool {name} is not enabled for this session."))
+            }
             _ => Route::Refuse(format!("Unknown tool {name}.")),
         }
     }

@@ -104,7 +104,12 @@ fn user_content(content: &Value) -> Option<Content> {
         Value::Array(items) => {
             let blocks: Vec<Block> = items
                 .iter()
-                .filter(|b| !matches!(b.get("type").and_then(Value::as_str), Some("tool_result" | "tool_permission")))
+                .filter(|b| {
+                    !matches!(
+                        b.get("type").and_then(Value::as_str),
+                        Some("tool_result" | "tool_permission")
+                    )
+                })
                 .filter_map(|b| serde_json::from_value(b.clone()).ok())
                 .collect();
             (!blocks.is_empty()).then_some(Content::Blocks(blocks))
@@ -117,7 +122,8 @@ fn user_content(content: &Value) -> Option<Content> {
 pub fn to_content(v: &Value) -> Content {
     match v {
         Value::String(s) => Content::Text(s.clone()),
-        other => serde_json::from_value(other.clone()).unwrap_or_else(|_| Content::Text(other.to_string())),
+        other => serde_json::from_value(other.clone())
+            .unwrap_or_else(|_| Content::Text(other.to_string())),
     }
 }
 

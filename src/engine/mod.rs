@@ -223,11 +223,18 @@ impl Engine {
     /// An agent's exposed server tools (`GET /meta`).
     pub fn exposed_tools(&self, agent: &AgentConfig) -> Vec<ServerTool> {
         let host = self.inner.tools.tools();
-        catalog::exposed(agent, &host).into_iter().cloned().collect()
+        catalog::exposed(agent, &host)
+            .into_iter()
+            .cloned()
+            .collect()
     }
 
     fn check_open(&self) -> Result<(), EngineError> {
-        if self.inner.shutting_down.load(std::sync::atomic::Ordering::Acquire) {
+        if self
+            .inner
+            .shutting_down
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
             return Err(EngineError::ShuttingDown);
         }
         Ok(())
@@ -250,23 +257,27 @@ impl Engine {
                         agent_names(config)
                     ))
                 })?;
-                (agent, Some(choice.tools.unwrap_or_default()), choice.options)
+                // AAP: `agent.tools` omitted means every exposed server tool is disabled.
+                (
+                    agent,
+                    Some(choice.tools.unwrap_or_default()),
+                    choice.options,
+                )
             }
             None => (config.default_agent(), None, BTreeMap::new()),
         };
-        let record = SessionRecord {
+        let mut record = SessionRecord {
             agent: agent.name.clone(),
-            tools,
+            tools: None,
             options: BTreeMap::new(),
             client_tools: Vec::new(),
             seed: new.seed,
         };
-        let mut record = record;
         self.apply_update(
             agent,
             &mut record,
             SessionUpdate {
-                tools: None,
+                tools,
                 options: Some(options),
                 client_tools: Some(new.client_tools),
             },
@@ -336,7 +347,9 @@ impl Engine {
             let mut seen = std::collections::HashSet::new();
             for t in client_tools {
                 if t.name.is_empty() {
-                    return Err(EngineError::Invalid("a client tool has an empty name".into()));
+                    return Err(EngineError::Invalid(
+                        "a client tool has an empty name".into(),
+                    ));
                 }
                 if !seen.insert(t.name.as_str()) {
                     return Err(EngineError::Invalid(format!(
@@ -388,7 +401,11 @@ impl Engine {
             record,
             events,
         ));
-        let mut map = self.inner.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = self
+            .inner
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         // Another request may have loaded it meanwhile: keep the first.
         Ok(Some(map.entry(id.to_string()).or_insert(session).clone()))
     }
@@ -403,7 +420,11 @@ impl Engine {
     }
 
     /// A session this owner may see.
-    pub async fn session(&self, owner: Option<&str>, id: &str) -> Result<Arc<Session>, EngineError> {
+    pub async fn session(
+        &self,
+        owner: Option<&str>,
+        id: &str,
+    ) -> Result<Arc<Session>, EngineError> {
         let not_found = || EngineError::NotFound {
             what: "session",
             id: id.to_string(),
@@ -426,7 +447,11 @@ impl Engine {
         let rows = self
             .inner
             .store
-            .list_sessions(owner.map(String::from), after.map(String::from), PAGE_SIZE + 1)
+            .list_sessions(
+                owner.map(String::from),
+                after.map(String::from),
+                PAGE_SIZE + 1,
+            )
             .await?;
         let more = rows.len() > PAGE_SIZE;
         let mut out = Vec::with_capacity(rows.len().min(PAGE_SIZE));
@@ -435,7 +460,11 @@ impl Engine {
                 out.push(view(&s));
             }
         }
-        let next = if more { out.last().map(|v| v.id.clone()) } else { None };
+        let next = if more {
+            out.last().map(|v| v.id.clone())
+        } else {
+            None
+        };
         Ok((out, next))
     }
 
@@ -466,14 +495,20 @@ impl Engine {
         match tokio::fs::remove_dir_all(&workspace).await {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => tracing::warn!(session = %id, error = %e, "could not remove the session's workspace"),
+            Err(e) => {
+                tracing::warn!(session = %id, error = %e, "could not remove the session's workspace")
+            }
         }
         Ok(())
     }
 
     /// Start a turn: validate the request against the session's state, apply its overrides and
     /// run the turn on its own task.
-    pub fn start_turn(&self, session: &Arc<Session>, req: TurnRequest) -> Result<TurnHandle, EngineError> {
+    pub fn start_turn(
+        &self,
+        session: &Arc<Session>,
+        req: TurnRequest,
+    ) -> Result<TurnHandle, EngineError> {
         self.check_open()?;
         let config = &self.inner.config;
         let (control, answering) = {
@@ -520,6 +555,7 @@ impl Engine {
             sink: Some(tx),
             interactive: req.interactive,
         };
+        crate::metrics::inc(&crate::metrics::TURNS_STARTED);
         self.inner.tracker.spawn(turn::run(self.inner.clone(), job));
         Ok(TurnHandle {
             turn_id: control.turn_id.clone(),
@@ -547,7 +583,10 @@ impl Engine {
             }
         }
         self.inner.tracker.close();
-        if tokio::time::timeout(grace, self.inner.tracker.wait()).await.is_err() {
+        if tokio::time::timeout(grace, self.inner.tracker.wait())
+            .await
+            .is_err()
+        {
             tracing::warn!("some turns did not end within the shutdown grace period");
         }
         if let Err(e) = self.inner.store.flush().await {

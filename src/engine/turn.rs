@@ -171,6 +171,14 @@ impl Turn {
                 permissions,
             } => self.resume(answering, results, permissions).await,
         }
+        // A turn that has begun is durably known before the model is called: if the process
+        // dies from here on, the next start closes it as `worker_lost` instead of losing it.
+        if let Err(e) = self.inner.store.flush().await {
+            return Err(End::Failed(
+                FailReason::InternalError,
+                format!("the log could not be written: {e}"),
+            ));
+        }
 
         let record = self.session.record();
         let config = self.inner.config.clone();
@@ -179,7 +187,10 @@ impl Turn {
             .ok_or_else(|| {
                 End::Failed(
                     FailReason::InternalError,
-                    format!("the session's agent {:?} is no longer configured", record.agent),
+                    format!(
+                        "the session's agent {:?} is no longer configured",
+                        record.agent
+                    ),
                 )
             })?
             .clone();
@@ -261,7 +272,8 @@ impl Turn {
             }
             self.run_tools(inline).await;
             if !stop_on.is_empty() {
-                self.open.retain(|id| !stop_on.iter().any(|p| &p.call_id == id));
+                self.open
+                    .retain(|id| !stop_on.iter().any(|p| &p.call_id == id));
                 self.stop_on = stop_on;
                 return Ok(StopReason::ToolUse);
             }
@@ -283,7 +295,8 @@ impl Turn {
                                "content": r.content, "is_error": r.is_error}));
         }
         for p in &permissions {
-            let mut b = json!({"type": "tool_permission", "tool_use_id": p.call_id, "granted": p.granted});
+            let mut b =
+                json!({"type": "tool_permission", "tool_use_id": p.call_id, "granted": p.granted});
             if let Some(reason) = &p.reason {
                 b["reason"] = Value::String(reason.clone());
             }
@@ -296,8 +309,10 @@ impl Turn {
         });
         self.open = answering.iter().map(|p| p.call_id.clone()).collect();
 
-        let mut results: HashMap<String, ClientResult> =
-            results.into_iter().map(|r| (r.call_id.clone(), r)).collect();
+        let mut results: HashMap<String, ClientResult> = results
+            .into_iter()
+            .map(|r| (r.call_id.clone(), r))
+            .collect();
         let mut permissions: HashMap<String, Permission> = permissions
             .into_iter()
             .map(|p| (p.call_id.clone(), p))
@@ -327,7 +342,9 @@ impl Turn {
                 }
                 let route = config
                     .agent(&record.agent)
-                    .map(|agent| Catalog::new(agent, &host_tools, &record, true).route_granted(&p.name))
+                    .map(|agent| {
+                        Catalog::new(agent, &host_tools, &record, true).route_granted(&p.name)
+                    })
                     .unwrap_or_else(|| Route::Refuse("The session's agent is gone.".into()));
                 match route {
                     Route::Refuse(msg) => self.emit_result(&p.call_id, ToolOutput::error(msg)),
@@ -352,6 +369,7 @@ impl Turn {
             .map(|call| {
                 let host = host.clone();
                 async move {
+                    crate::metrics::inc(&crate::metrics::TOOL_CALLS);
                     let out = host.call(ctx, &call.name, call.input).await;
                     (call.id, out)
                 }
@@ -401,6 +419,7 @@ impl Turn {
         let mut attempt = 0;
         loop {
             self.model_called = true;
+            crate::metrics::inc(&crate::metrics::MODEL_CALLS);
             let mut deltas = Deltas {
                 session: &self.session,
                 sink: self.sink.as_ref(),
@@ -453,22 +472,29 @@ impl Turn {
                         }
                     }
                     End::Stopped => EventBody::TurnCancelled { usage },
-                    End::Failed(reason, message) => {
-                        EventBody::TurnFailed {
-                            reason,
-                            usage,
-                            message: Some(message),
-                        }
-                    }
+                    End::Failed(reason, message) => EventBody::TurnFailed {
+                        reason,
+                        usage,
+                        message: Some(message),
+                    },
                 }
             }
         };
+        crate::metrics::inc(match terminal {
+            EventBody::TurnCompleted { .. } => &crate::metrics::TURNS_COMPLETED,
+            EventBody::TurnCancelled { .. } => &crate::metrics::TURNS_CANCELLED,
+            _ => &crate::metrics::TURNS_FAILED,
+        });
         let stop_on = std::mem::take(&mut self.stop_on);
         let ev = {
             let mut st = self.session.lock();
-            let ev = self
-                .session
-                .append_locked(&mut st, &self.inner.store, &self.turn_id, terminal, false);
+            let ev = self.session.append_locked(
+                &mut st,
+                &self.inner.store,
+                &self.turn_id,
+                terminal,
+                false,
+            );
             st.pending = stop_on;
             ev
         };
@@ -477,7 +503,11 @@ impl Turn {
         }
         {
             let mut st = self.session.lock();
-            if st.running.as_ref().is_some_and(|r| r.turn_id == *self.turn_id) {
+            if st
+                .running
+                .as_ref()
+                .is_some_and(|r| r.turn_id == *self.turn_id)
+            {
                 st.running = None;
             }
         }

@@ -40,17 +40,21 @@ impl Keys {
         if self.digests.is_empty() {
             return Ok(None);
         }
-        let unauthorized = |msg: &str| {
-            ApiError::new(http::StatusCode::UNAUTHORIZED, "unauthorized", msg)
-        };
+        let unauthorized =
+            |msg: &str| ApiError::new(http::StatusCode::UNAUTHORIZED, "unauthorized", msg);
         let header = req
             .headers()
             .get(http::header::AUTHORIZATION)
-            .ok_or_else(|| unauthorized("this server needs an API key: send Authorization: Bearer <key>"))?;
+            .ok_or_else(|| {
+                unauthorized("this server needs an API key: send Authorization: Bearer <key>")
+            })?;
         let key = header
             .to_str()
             .ok()
-            .and_then(|h| h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer ")))
+            .and_then(|h| {
+                h.strip_prefix("Bearer ")
+                    .or_else(|| h.strip_prefix("bearer "))
+            })
             .map(str::trim)
             .ok_or_else(|| unauthorized("the Authorization header must be Bearer <key>"))?;
         let d = sha256(key);

@@ -54,7 +54,10 @@ pub fn resolve(method: &Method, path: &str) -> Result<Route, ApiError> {
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     let m = method.clone();
     let (route, allowed): (Option<Route>, &'static str) = match segs.as_slice() {
-        ["healthz"] => (matches!(m, Method::GET | Method::HEAD).then_some(Route::Healthz), "GET"),
+        ["healthz"] => (
+            matches!(m, Method::GET | Method::HEAD).then_some(Route::Healthz),
+            "GET",
+        ),
         ["metrics"] => ((m == Method::GET).then_some(Route::Metrics), "GET"),
         ["meta"] => ((m == Method::GET).then_some(Route::Meta), "GET"),
         ["sessions"] => (
@@ -73,12 +76,14 @@ pub fn resolve(method: &Method, path: &str) -> Result<Route, ApiError> {
             },
             "GET, DELETE",
         ),
-        ["sessions", id, "history"] => {
-            ((m == Method::GET).then(|| Route::History(id.to_string())), "GET")
-        }
-        ["sessions", id, "turns"] => {
-            ((m == Method::POST).then(|| Route::Turns(id.to_string())), "POST")
-        }
+        ["sessions", id, "history"] => (
+            (m == Method::GET).then(|| Route::History(id.to_string())),
+            "GET",
+        ),
+        ["sessions", id, "turns"] => (
+            (m == Method::POST).then(|| Route::Turns(id.to_string())),
+            "POST",
+        ),
         _ => {
             return Err(ApiError::not_found(format!(
                 "no route {method} {path}; see the README for the API"
@@ -116,9 +121,17 @@ pub async fn handle(app: Arc<App>, req: Request) -> Response {
     resp
 }
 
-async fn dispatch(app: &App, route: Route, caller: Caller, req: Request) -> Result<Response, ApiError> {
+async fn dispatch(
+    app: &App,
+    route: Route,
+    caller: Caller,
+    req: Request,
+) -> Result<Response, ApiError> {
     match route {
-        Route::Healthz => Ok(json_response(StatusCode::OK, &serde_json::json!({"status": "ok"}))),
+        Route::Healthz => Ok(json_response(
+            StatusCode::OK,
+            &serde_json::json!({"status": "ok"}),
+        )),
         Route::Metrics => Ok(text_response(
             StatusCode::OK,
             "text/plain; version=0.0.4",
@@ -145,7 +158,13 @@ mod tests {
             resolve(&Method::POST, "/sessions/sess_1/turns").unwrap(),
             Route::Turns("sess_1".into())
         );
-        assert_eq!(resolve(&Method::PUT, "/sessions").unwrap_err().status, StatusCode::METHOD_NOT_ALLOWED);
-        assert_eq!(resolve(&Method::GET, "/nope").unwrap_err().status, StatusCode::NOT_FOUND);
+        assert_eq!(
+            resolve(&Method::PUT, "/sessions").unwrap_err().status,
+            StatusCode::METHOD_NOT_ALLOWED
+        );
+        assert_eq!(
+            resolve(&Method::GET, "/nope").unwrap_err().status,
+            StatusCode::NOT_FOUND
+        );
     }
 }

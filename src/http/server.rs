@@ -13,7 +13,12 @@ use super::routes::{handle, App};
 
 /// Serve until `shutdown` is cancelled, then stop accepting and give open connections `grace`
 /// to finish (streams of running turns end when their turns end).
-pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: CancellationToken, grace: Duration) {
+pub async fn serve(
+    listener: TcpListener,
+    app: Arc<App>,
+    shutdown: CancellationToken,
+    grace: Duration,
+) {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     loop {
         let (stream, peer) = tokio::select! {
@@ -47,7 +52,10 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: CancellationT
         });
     }
     drop(listener);
-    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
+    if tokio::time::timeout(grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
         tracing::warn!("some connections were still open after the shutdown grace period");
     }
 }

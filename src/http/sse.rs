@@ -76,7 +76,10 @@ pub fn response() -> (SseWriter, Response) {
     let mut resp = http::Response::new(body.boxed_unsync());
     *resp.status_mut() = StatusCode::OK;
     let h = resp.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
     (SseWriter { tx }, resp)

@@ -137,7 +137,13 @@ pub struct Event {
 
 impl Event {
     /// Build an event and serialize it once.
-    pub fn new(seq: u64, id: String, turn_id: String, created_at: String, body: EventBody) -> Event {
+    pub fn new(
+        seq: u64,
+        id: String,
+        turn_id: String,
+        created_at: String,
+        body: EventBody,
+    ) -> Event {
         let json = serialize(&id, &turn_id, &created_at, &body);
         Event {
             seq,
@@ -154,7 +160,9 @@ impl Event {
         let mut v: Map<String, Value> = serde_json::from_str(json)?;
         let take = |v: &mut Map<String, Value>, k: &str| match v.remove(k) {
             Some(Value::String(s)) => Ok(s),
-            _ => Err(serde::de::Error::custom(format!("stored event without {k}"))),
+            _ => Err(serde::de::Error::custom(format!(
+                "stored event without {k}"
+            ))),
         };
         let id = take(&mut v, "id")?;
         let turn_id = take(&mut v, "turn_id")?;

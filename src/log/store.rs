@@ -235,7 +235,11 @@ impl Store {
     }
 
     /// The `seq` of the event with this id in this session.
-    pub async fn seq_of(&self, session_id: &str, event_id: &str) -> Result<Option<u64>, StoreError> {
+    pub async fn seq_of(
+        &self,
+        session_id: &str,
+        event_id: &str,
+    ) -> Result<Option<u64>, StoreError> {
         let (sid, eid) = (session_id.to_string(), event_id.to_string());
         self.read(move |c| {
             Ok(c.query_row(

@@ -65,8 +65,12 @@ pub trait ToolHost: Send + Sync + 'static {
     fn tools(&self) -> Arc<Vec<ServerTool>>;
 
     /// Run one call. Failures are error outputs, never panics; cancelling is dropping the future.
-    fn call<'a>(&'a self, ctx: &'a CallContext, name: &'a str, input: Value)
-        -> BoxFuture<'a, ToolOutput>;
+    fn call<'a>(
+        &'a self,
+        ctx: &'a CallContext,
+        name: &'a str,
+        input: Value,
+    ) -> BoxFuture<'a, ToolOutput>;
 }
 
 /// A host with no server tools.

@@ -86,7 +86,9 @@ fn parse_call(said: &str, req: &ModelRequest) -> Option<ToolCall> {
     if !req.tools.iter().any(|t| t.name == name) {
         return None;
     }
-    let input: Value = serde_json::from_str(args.trim()).ok().filter(Value::is_object)?;
+    let input: Value = serde_json::from_str(args.trim())
+        .ok()
+        .filter(Value::is_object)?;
     let n = req.messages.len();
     Some(ToolCall {
         id: format!("call_echo_{n}"),
@@ -124,7 +126,11 @@ fn tool_report(messages: &[Message]) -> String {
             Message::Tool {
                 tool_call_id,
                 content,
-            } => Some(format!("Tool {} returned: {}", names(tool_call_id), content.text())),
+            } => Some(format!(
+                "Tool {} returned: {}",
+                names(tool_call_id),
+                content.text()
+            )),
             _ => None,
         })
         .collect::<Vec<_>>()
@@ -196,7 +202,10 @@ mod tests {
                 content: Content::Text("18C".into()),
             },
         ]);
-        assert_eq!(answer(&r2, &mut NoDeltas).text, "Tool get_weather returned: 18C");
+        assert_eq!(
+            answer(&r2, &mut NoDeltas).text,
+            "Tool get_weather returned: 18C"
+        );
     }
 
     #[test]

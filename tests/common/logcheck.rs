@@ -33,14 +33,21 @@ pub fn check_events(events: &[Event]) {
         assert!(ev.id.starts_with("evt_"), "{ctx}: id prefix");
         assert!(ev.id > last_id, "{ctx}: ids must increase");
         last_id = ev.id.clone();
-        assert!(ev.json.contains(&format!("\"id\":\"{}\"", ev.id)), "{ctx}: json has the id");
+        assert!(
+            ev.json.contains(&format!("\"id\":\"{}\"", ev.id)),
+            "{ctx}: json has the id"
+        );
         match &current_turn {
             None => {
                 assert!(
                     matches!(ev.body, EventBody::UserMessage { .. }),
                     "{ctx}: a turn must start with user.message"
                 );
-                assert!(seen_turns.insert(ev.turn_id.clone()), "{ctx}: turn {} appears twice", ev.turn_id);
+                assert!(
+                    seen_turns.insert(ev.turn_id.clone()),
+                    "{ctx}: turn {} appears twice",
+                    ev.turn_id
+                );
                 current_turn = Some(ev.turn_id.clone());
                 // Calls carried from the previous turn must be answered first, in this turn.
             }
@@ -48,11 +55,17 @@ pub fn check_events(events: &[Event]) {
         }
         match &ev.body {
             EventBody::ToolUse { tool_use_id, .. } => {
-                assert!(!open_calls.contains(tool_use_id), "{ctx}: duplicate tool_use");
+                assert!(
+                    !open_calls.contains(tool_use_id),
+                    "{ctx}: duplicate tool_use"
+                );
                 open_calls.push(tool_use_id.clone());
             }
             EventBody::ToolResult { tool_use_id, .. } => {
-                assert!(results.insert(tool_use_id.clone()), "{ctx}: a second result for {tool_use_id}");
+                assert!(
+                    results.insert(tool_use_id.clone()),
+                    "{ctx}: a second result for {tool_use_id}"
+                );
                 if let Some(pos) = open_calls.iter().position(|c| c == tool_use_id) {
                     open_calls.remove(pos);
                 } else if let Some(pos) = carried.iter().position(|c| c == tool_use_id) {
@@ -61,20 +74,37 @@ pub fn check_events(events: &[Event]) {
                     panic!("{ctx}: result for {tool_use_id}, which has no tool_use");
                 }
             }
-            EventBody::AgentThinking { content } => assert!(!content.is_empty(), "{ctx}: empty thinking"),
+            EventBody::AgentThinking { content } => {
+                assert!(!content.is_empty(), "{ctx}: empty thinking")
+            }
             EventBody::TurnCompleted { stop_reason, .. } => {
-                assert!(carried.is_empty(), "{ctx}: calls {carried:?} from the previous turn were never answered");
+                assert!(
+                    carried.is_empty(),
+                    "{ctx}: calls {carried:?} from the previous turn were never answered"
+                );
                 if *stop_reason == turnstile::log::StopReason::ToolUse {
-                    assert!(!open_calls.is_empty(), "{ctx}: stop_reason tool_use with no open call");
+                    assert!(
+                        !open_calls.is_empty(),
+                        "{ctx}: stop_reason tool_use with no open call"
+                    );
                     carried = std::mem::take(&mut open_calls);
                 } else {
-                    assert!(open_calls.is_empty(), "{ctx}: tool uses without results: {open_calls:?}");
+                    assert!(
+                        open_calls.is_empty(),
+                        "{ctx}: tool uses without results: {open_calls:?}"
+                    );
                 }
                 current_turn = None;
             }
             EventBody::TurnFailed { .. } | EventBody::TurnCancelled { .. } => {
-                assert!(open_calls.is_empty(), "{ctx}: tool uses without results: {open_calls:?}");
-                assert!(carried.is_empty(), "{ctx}: carried calls never answered: {carried:?}");
+                assert!(
+                    open_calls.is_empty(),
+                    "{ctx}: tool uses without results: {open_calls:?}"
+                );
+                assert!(
+                    carried.is_empty(),
+                    "{ctx}: carried calls never answered: {carried:?}"
+                );
                 current_turn = None;
             }
             _ => {}

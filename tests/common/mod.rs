@@ -92,7 +92,11 @@ impl TestServer {
 
     /// Wait until the session's current turn has ended (through the engine's live feed).
     pub async fn wait_idle(&self, session_id: &str) {
-        let session = self.engine().session(None, session_id).await.expect("session");
+        let session = self
+            .engine()
+            .session(None, session_id)
+            .await
+            .expect("session");
         let (_, mut rx) = session.subscribe();
         loop {
             if session.running_turn().is_none() {
@@ -168,7 +172,10 @@ impl Http {
             Value::Null
         } else {
             serde_json::from_slice(&bytes).unwrap_or_else(|e| {
-                panic!("{method} {path}: not JSON ({e}): {}", String::from_utf8_lossy(&bytes))
+                panic!(
+                    "{method} {path}: not JSON ({e}): {}",
+                    String::from_utf8_lossy(&bytes)
+                )
             })
         };
         (status, v)
@@ -193,7 +200,8 @@ impl Http {
             .await;
         assert_eq!(resp.status(), 200, "SSE POST {path}");
         assert_eq!(
-            resp.headers()["content-type"], "text/event-stream",
+            resp.headers()["content-type"],
+            "text/event-stream",
             "SSE content type"
         );
         let bytes = resp.into_body().collect().await.expect("body").to_bytes();

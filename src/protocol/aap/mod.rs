@@ -10,8 +10,8 @@ use serde_json::{json, Value};
 
 use crate::config::{AgentConfig, Verdict};
 use crate::engine::{
-    AgentChoice, ClientResult, Feed, NewSession, Permission, SessionUpdate, SessionView,
-    TurnInput, TurnRequest,
+    AgentChoice, ClientResult, Feed, NewSession, Permission, SessionUpdate, SessionView, TurnInput,
+    TurnRequest,
 };
 use crate::http::routes::{App, Caller};
 use crate::http::{body, json_response, query_param, sse, ApiError, Request, Response};
@@ -26,7 +26,10 @@ pub const VERSION: u32 = 3;
 pub fn meta(app: &App) -> Response {
     let config = app.engine.config();
     let agents: Vec<Value> = config.agents.iter().map(|a| agent_info(app, a)).collect();
-    json_response(StatusCode::OK, &json!({"version": VERSION, "agents": agents}))
+    json_response(
+        StatusCode::OK,
+        &json!({"version": VERSION, "agents": agents}),
+    )
 }
 
 fn agent_info(app: &App, agent: &AgentConfig) -> Value {
@@ -88,7 +91,10 @@ fn effective_options(app: &App, agent: &AgentConfig, set: &BTreeMap<String, Stri
     let mut out = serde_json::Map::new();
     for opt in agent_options(app, agent) {
         if let (Some(name), Some(default)) = (opt["name"].as_str(), opt["default"].as_str()) {
-            let v = set.get(name).cloned().unwrap_or_else(|| default.to_string());
+            let v = set
+                .get(name)
+                .cloned()
+                .unwrap_or_else(|| default.to_string());
             out.insert(name.to_string(), Value::String(v));
         }
     }
@@ -102,7 +108,10 @@ fn session_info(app: &App, view: &SessionView) -> Value {
     let (tools, options) = match config.agent(&record.agent) {
         Some(agent) => {
             let tools: Vec<Value> = match &record.tools {
-                Some(grants) => grants.iter().map(|g| json!({"name": g.name, "trust": g.trust})).collect(),
+                Some(grants) => grants
+                    .iter()
+                    .map(|g| json!({"name": g.name, "trust": g.trust}))
+                    .collect(),
                 None => app
                     .engine
                     .exposed_tools(agent)
@@ -134,7 +143,11 @@ fn limit(app: &App) -> u64 {
 }
 
 /// `POST /sessions`.
-pub async fn create_session(app: &App, caller: &Caller, req: Request) -> Result<Response, ApiError> {
+pub async fn create_session(
+    app: &App,
+    caller: &Caller,
+    req: Request,
+) -> Result<Response, ApiError> {
     let body: wire::CreateSession = body::json(req.into_body(), limit(app)).await?;
     let agent = match body.agent {
         None => None,
@@ -181,7 +194,10 @@ fn check_user_blocks(blocks: &[Block]) -> Result<(), ApiError> {
         match b {
             Block::Text { .. } => {}
             Block::Image { url } => {
-                if !(url.starts_with("https://") || url.starts_with("http://") || url.starts_with("data:")) {
+                if !(url.starts_with("https://")
+                    || url.starts_with("http://")
+                    || url.starts_with("data:"))
+                {
                     return Err(ApiError::bad_request(format!(
                         "an image block's url must be an https:// URL or a data: URI, not {:?}",
                         url.chars().take(40).collect::<String>()
@@ -199,7 +215,11 @@ fn check_user_blocks(blocks: &[Block]) -> Result<(), ApiError> {
 }
 
 /// `GET /sessions?after=`.
-pub async fn list_sessions(app: &App, caller: &Caller, req: &Request) -> Result<Response, ApiError> {
+pub async fn list_sessions(
+    app: &App,
+    caller: &Caller,
+    req: &Request,
+) -> Result<Response, ApiError> {
     let after = query_param(req, "after");
     let (views, next) = app
         .engine
@@ -222,12 +242,19 @@ pub async fn get_session(app: &App, caller: &Caller, id: &str) -> Result<Respons
 
 /// `DELETE /sessions/{id}`.
 pub async fn delete_session(app: &App, caller: &Caller, id: &str) -> Result<Response, ApiError> {
-    app.engine.delete_session(caller.owner.as_deref(), id).await?;
+    app.engine
+        .delete_session(caller.owner.as_deref(), id)
+        .await?;
     Ok(crate::http::empty_response(StatusCode::NO_CONTENT))
 }
 
 /// `GET /sessions/{id}/history?type=full|compacted`.
-pub async fn history(app: &App, caller: &Caller, id: &str, req: &Request) -> Result<Response, ApiError> {
+pub async fn history(
+    app: &App,
+    caller: &Caller,
+    id: &str,
+    req: &Request,
+) -> Result<Response, ApiError> {
     let kind = match query_param(req, "type").as_deref() {
         Some("full") => "full",
         Some("compacted") => "compacted",
@@ -236,7 +263,11 @@ pub async fn history(app: &App, caller: &Caller, id: &str, req: &Request) -> Res
                 "type must be \"full\" or \"compacted\", not {other:?}"
             )))
         }
-        None => return Err(ApiError::bad_request("the query parameter type is required: ?type=full or ?type=compacted")),
+        None => {
+            return Err(ApiError::bad_request(
+                "the query parameter type is required: ?type=full or ?type=compacted",
+            ))
+        }
     };
     let session = app.engine.session(caller.owner.as_deref(), id).await?;
     // Nothing is compacted yet: the compacted history is the full one.
@@ -254,7 +285,10 @@ fn turn_input(messages: Vec<wire::TurnMessage>) -> Result<TurnInput, ApiError> {
             "messages is empty: send one user message, or the tool results and permissions the last turn stopped for",
         ));
     }
-    let users = messages.iter().filter(|m| matches!(m, M::User { .. })).count();
+    let users = messages
+        .iter()
+        .filter(|m| matches!(m, M::User { .. }))
+        .count();
     if users > 0 && users != messages.len() {
         return Err(ApiError::bad_request(
             "a turn carries either one user message or tool results and permissions, not both",
@@ -312,7 +346,12 @@ fn turn_input(messages: Vec<wire::TurnMessage>) -> Result<TurnInput, ApiError> {
 }
 
 /// `POST /sessions/{id}/turns`.
-pub async fn turns(app: &App, caller: &Caller, id: &str, req: Request) -> Result<Response, ApiError> {
+pub async fn turns(
+    app: &App,
+    caller: &Caller,
+    id: &str,
+    req: Request,
+) -> Result<Response, ApiError> {
     let session = app.engine.session(caller.owner.as_deref(), id).await?;
     let body: wire::TurnRequest = body::json(req.into_body(), limit(app)).await?;
     let mut update = SessionUpdate {
@@ -349,7 +388,10 @@ pub async fn turns(app: &App, caller: &Caller, id: &str, req: Request) -> Result
         return Err(ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "internal_error",
-            format!("turn {} ended without a terminal event; see the server log", handle.turn_id),
+            format!(
+                "turn {} ended without a terminal event; see the server log",
+                handle.turn_id
+            ),
         ));
     }
     let (writer, response) = sse::response();

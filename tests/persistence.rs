@@ -1,0 +1,272 @@
+//! The log survives restarts: a graceful one, `kill -9` of the real binary, and a turn cut off
+//! mid-way (closed as `worker_lost` on the next start). SIGTERM ends running turns with
+//! `worker_shutdown`, which their clients see.
+
+mod common;
+
+use std::process::Stdio;
+
+use common::{config_text, logcheck::check_log, Http, TestServer};
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use turnstile::log::{EventBody, FailReason, Store};
+use turnstile::testkit::fake_openai::{FakeOpenAi, Gate, Reply};
+
+#[tokio::test]
+async fn sessions_history_and_pending_calls_survive_a_restart() {
+    let fake = FakeOpenAi::start().await;
+    let cfg = config_text(&fake, "");
+    let server = TestServer::start(&cfg).await;
+    let tool = json!({"name": "get_weather", "description": "", "parameters": {"type": "object"}});
+    let sid = server.session(json!({"tools": [tool]})).await;
+    fake.push(Reply::text("first answer"));
+    server
+        .http
+        .post(
+            &format!("/sessions/{sid}/turns"),
+            &json!({"messages": [{"role": "user", "content": "one"}]}),
+        )
+        .await;
+    fake.push(Reply::tool_calls(&[(
+        "call_7",
+        "get_weather",
+        json!({"city": "Rome"}),
+    )]));
+    let (_, resp) = server
+        .http
+        .post(
+            &format!("/sessions/{sid}/turns"),
+            &json!({"messages": [{"role": "user", "content": "two"}]}),
+        )
+        .await;
+    assert_eq!(resp["stopReason"], "tool_use");
+    let (_, before) = server
+        .http
+        .get(&format!("/sessions/{sid}/history?type=full"))
+        .await;
+    let dir = server.stop().await;
+
+    let server = TestServer::start_in(dir, &cfg).await;
+    let (_, after) = server
+        .http
+        .get(&format!("/sessions/{sid}/history?type=full"))
+        .await;
+    assert_eq!(after, before);
+    let (_, info) = server.http.get(&format!("/sessions/{sid}")).await;
+    assert_eq!(info["status"], "awaiting_client", "{info}");
+    assert_eq!(info["pending"][0]["toolCallId"], "call_7");
+    assert_eq!(info["tools"][0]["name"], "get_weather");
+    fake.push(Reply::text("Rome is 25C"));
+    let (status, resp) = server
+        .http
+        .post(
+            &format!("/sessions/{sid}/turns"),
+            &json!({"messages": [{"role": "tool", "toolCallId": "call_7", "content": "25C"}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{resp}");
+    assert_eq!(resp["messages"][0]["content"], "Rome is 25C");
+    let (_, list) = server.http.get("/sessions").await;
+    assert_eq!(list["sessions"][0]["sessionId"], sid.as_str());
+    check_log(server.engine().store(), &sid).await;
+}
+
+/// The real binary, started on a free port.
+struct Proc {
+    child: Child,
+    http: Http,
+}
+
+async fn spawn(dir: &std::path::Path) -> Proc {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .args(["serve", "--config"])
+        .arg(dir.join("tools.toml"))
+        .args(["--listen", "127.0.0.1:0"])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn turnstile");
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = loop {
+        let line = lines
+            .next_line()
+            .await
+            .expect("stderr")
+            .expect("turnstile exited before listening");
+        if let Some(rest) = line.split("listening on http://").nth(1) {
+            break rest
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .parse()
+                .expect("addr");
+        }
+    };
+    // Keep draining the log so the child never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Proc {
+        child,
+        http: Http::new(addr),
+    }
+}
+
+fn kill9(p: &Proc) {
+    let pid = p.child.id().expect("pid");
+    let status = std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+async fn stored(dir: &std::path::Path, sid: &str) -> Vec<turnstile::log::Event> {
+    let store = Store::open(&dir.join("data"), false).unwrap();
+    store.events(sid, 0, 1 << 20).await.unwrap()
+}
+
+#[tokio::test]
+async fn a_completed_turn_survives_kill_9_and_an_unfinished_one_is_closed_as_worker_lost() {
+    let fake = FakeOpenAi::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("tools.toml"), config_text(&fake, "")).unwrap();
+
+    let mut p = spawn(dir.path()).await;
+    let (status, created) = p.http.post("/sessions", &json!({})).await;
+    assert_eq!(status, 201);
+    let sid = created["sessionId"].as_str().unwrap().to_string();
+    fake.push(Reply::text("durable answer"));
+    let (_, resp) = p
+        .http
+        .post(
+            &format!("/sessions/{sid}/turns"),
+            &json!({"messages": [{"role": "user", "content": "keep this"}]}),
+        )
+        .await;
+    assert_eq!(resp["stopReason"], "end_turn");
+    // A second turn is mid-flight (its upstream reply held) when the process is killed.
+    let gate = Gate::new();
+    fake.push(Reply::text("never finished").hold(gate.clone()));
+    let http = p.http.clone();
+    let path = format!("/sessions/{sid}/turns");
+    let cut = tokio::spawn(async move {
+        http.request_raw(
+            "POST",
+            &path,
+            Some(
+                br#"{"stream":"delta","messages":[{"role":"user","content":"cut off"}]}"#.to_vec(),
+            ),
+        )
+        .await
+    });
+    fake.wait_requests(2).await;
+    kill9(&p);
+    let _ = p.child.wait().await;
+    let _ = cut.await;
+
+    let p = spawn(dir.path()).await;
+    let (_, hist) = p
+        .http
+        .get(&format!("/sessions/{sid}/history?type=full"))
+        .await;
+    let full = hist["history"]["full"].as_array().unwrap();
+    assert_eq!(full[0], json!({"role": "user", "content": "keep this"}));
+    assert_eq!(
+        full[1],
+        json!({"role": "assistant", "content": "durable answer"})
+    );
+    // The cut-off turn began (its user message is durable before the model is called), so
+    // the restart closed it as worker_lost.
+    let events = stored(dir.path(), &sid).await;
+    common::logcheck::check_events(&events);
+    let types: Vec<&str> = events.iter().map(|e| e.body.type_name()).collect();
+    assert_eq!(
+        types,
+        [
+            "user.message",
+            "agent.message",
+            "turn.completed",
+            "user.message",
+            "turn.failed"
+        ]
+    );
+    assert!(
+        matches!(
+            events[4].body,
+            EventBody::TurnFailed {
+                reason: FailReason::WorkerLost,
+                usage: None,
+                ..
+            }
+        ),
+        "{:?}",
+        events[4].body
+    );
+    assert_eq!(
+        full.len(),
+        3,
+        "the cut-off user message is history; nothing else of its turn"
+    );
+    // The session takes new turns.
+    fake.push(Reply::text("back again"));
+    let (status, resp) = p
+        .http
+        .post(
+            &format!("/sessions/{sid}/turns"),
+            &json!({"messages": [{"role": "user", "content": "again"}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{resp}");
+    assert_eq!(resp["messages"][0]["content"], "back again");
+    gate.open();
+}
+
+#[tokio::test]
+async fn sigterm_ends_a_running_turn_with_worker_shutdown_and_exits_0() {
+    let fake = FakeOpenAi::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("tools.toml"), config_text(&fake, "")).unwrap();
+    let mut p = spawn(dir.path()).await;
+    let (_, created) = p.http.post("/sessions", &json!({})).await;
+    let sid = created["sessionId"].as_str().unwrap().to_string();
+    let gate = Gate::new();
+    fake.push(
+        Reply::text("streaming when the server stops")
+            .chunk_chars(4)
+            .hold(gate.clone()),
+    );
+    let http = p.http.clone();
+    let path = format!("/sessions/{sid}/turns");
+    let stream = tokio::spawn(async move {
+        http.post_sse(
+            &path,
+            &json!({"stream": "delta", "messages": [{"role": "user", "content": "go"}]}),
+        )
+        .await
+    });
+    fake.wait_requests(1).await;
+    let pid = p.child.id().unwrap();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    let events = stream.await.unwrap();
+    let last = events.last().unwrap();
+    assert_eq!(last.event, "turn_stop");
+    assert_eq!(last.data["stopReason"], "error");
+    assert_eq!(last.data["error"]["reason"], "worker_shutdown");
+    let status = p.child.wait().await.unwrap();
+    assert!(status.success(), "exit status {status:?}");
+    let events = stored(dir.path(), &sid).await;
+    common::logcheck::check_events(&events);
+    assert!(matches!(
+        events.last().unwrap().body,
+        EventBody::TurnFailed {
+            reason: FailReason::WorkerShutdown,
+            ..
+        }
+    ));
+    gate.open();
+}
