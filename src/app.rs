@@ -14,7 +14,8 @@ use crate::engine::Engine;
 use crate::http::auth::Keys;
 use crate::http::routes::App;
 use crate::log::Store;
-use crate::tools::{NoTools, ToolHost};
+use crate::mcp::McpHost;
+use crate::tools::ToolHost;
 use crate::upstream::{echo::Echo, openai::OpenAi, Provider};
 
 /// How long running turns and open connections get to finish on shutdown.
@@ -33,6 +34,8 @@ pub enum StartError {
     Store(#[from] crate::log::StoreError),
     #[error(transparent)]
     Engine(#[from] crate::engine::EngineError),
+    #[error(transparent)]
+    Federation(#[from] crate::mcp::FederationError),
 }
 
 /// Options that are not in the config file.
@@ -114,7 +117,17 @@ pub async fn start(
     addr: SocketAddr,
     opts: StartOptions,
 ) -> Result<Running, StartError> {
-    start_with(config, addr, opts, None, Arc::new(NoTools)).await
+    start_with(config, addr, opts, None, None).await
+}
+
+/// Start the tool host: every MCP server of the config (and the builtin tools). Servers that
+/// fail to start are logged and keep retrying in the background.
+pub async fn tool_host(config: &Arc<Config>) -> Result<Arc<McpHost>, StartError> {
+    let (host, report) = McpHost::start(config.clone(), Vec::new()).await?;
+    for (server, why) in &report.failed {
+        tracing::warn!(%server, error = %why, "MCP server is not available yet; retrying in the background");
+    }
+    Ok(host)
 }
 
 /// Start serving with a given provider (tests, benchmarks) and tool host.
@@ -123,7 +136,7 @@ pub async fn start_with(
     addr: SocketAddr,
     opts: StartOptions,
     provider_override: Option<Arc<dyn Provider>>,
-    tools: Arc<dyn ToolHost>,
+    tools: Option<Arc<dyn ToolHost>>,
 ) -> Result<Running, StartError> {
     let keys = keys(&config, addr, &opts)?;
     let provider = match provider_override {
@@ -132,7 +145,12 @@ pub async fn start_with(
     };
     let store = Store::open(&config.server.data_dir, false)?;
     let public_meta = config.server.public_meta;
-    let engine = Engine::open(Arc::new(config), store, provider, tools).await?;
+    let config = Arc::new(config);
+    let tools: Arc<dyn ToolHost> = match tools {
+        Some(t) => t,
+        None => tool_host(&config).await?,
+    };
+    let engine = Engine::open(config, store, provider, tools).await?;
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|source| StartError::Listen { addr, source })?;

@@ -17,6 +17,7 @@ pub mod engine;
 pub mod http;
 pub mod ids;
 pub mod log;
+pub mod mcp;
 pub mod message;
 pub mod metrics;
 pub mod protocol;

@@ -58,7 +58,7 @@ fn config_path(flag: Option<PathBuf>) -> PathBuf {
 
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=warn"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -168,15 +168,39 @@ async fn check(path: PathBuf) -> Result<ExitCode, String> {
     if let Err(e) = app::provider(&config) {
         return Err(e.to_string());
     }
-    if config.mcp_servers.is_empty() {
-        println!("tools: deliver_file and MCP servers are not federated by this build yet; no server tools");
-    } else {
-        let names: Vec<&str> = config.mcp_servers.iter().map(|s| s.name.as_str()).collect();
-        return Err(format!(
-            "{}: [mcp_servers] ({}) are configured, but this build cannot start MCP servers yet",
-            path.display(),
-            names.join(", ")
-        ));
+    let config = std::sync::Arc::new(config);
+    let (host, report) = turnstile::mcp::McpHost::start(config.clone(), Vec::new())
+        .await
+        .map_err(|e| e.to_string())?;
+    let tools = host.listing();
+    let width = tools.iter().map(|t| t.spec.name.len()).max().unwrap_or(4).max(4);
+    println!();
+    println!("{:<width$}  {:<7}  {:<24}  SERVER", "TOOL", "VERDICT", "RULE");
+    for t in tools.iter() {
+        let verdict = serde_json::to_value(t.verdict).ok();
+        let verdict = verdict.as_ref().and_then(|v| v.as_str()).unwrap_or("?");
+        println!("{:<width$}  {:<7}  {:<24}  {}", t.spec.name, verdict, t.rule, t.server);
+    }
+    if tools.is_empty() {
+        println!("(no server tools)");
+    }
+    let names: Vec<&str> = tools.iter().map(|t| t.spec.name.as_str()).collect();
+    for (list, rule) in turnstile::mcp::policy::unmatched(&config.policy, &names) {
+        println!(
+            "warning: {}:{}: policy.{list} pattern {:?} matches no tool",
+            config.path.display(),
+            rule.line,
+            rule.pattern
+        );
+    }
+    let mut failed = false;
+    for (server, why) in &report.failed {
+        eprintln!("error: MCP server {server}: {why}");
+        failed = true;
+    }
+    turnstile::tools::ToolHost::shutdown(&*host).await;
+    if failed {
+        return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
 }

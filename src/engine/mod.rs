@@ -220,6 +220,11 @@ impl Engine {
         self.inner.tools.tools()
     }
 
+    /// Moves whenever the tool host's tool set changes.
+    pub fn tools_changed(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.tools.generation()
+    }
+
     /// An agent's exposed server tools (`GET /meta`).
     pub fn exposed_tools(&self, agent: &AgentConfig) -> Vec<ServerTool> {
         let host = self.inner.tools.tools();
@@ -491,6 +496,7 @@ impl Engine {
             .remove(id);
         self.inner.store.delete_session(id);
         self.inner.store.flush().await?;
+        self.inner.tools.session_closed(id).await;
         let workspace = self.inner.config.server.sandboxes.join(id);
         match tokio::fs::remove_dir_all(&workspace).await {
             Ok(()) => {}
@@ -589,6 +595,7 @@ impl Engine {
         {
             tracing::warn!("some turns did not end within the shutdown grace period");
         }
+        self.inner.tools.shutdown().await;
         if let Err(e) = self.inner.store.flush().await {
             tracing::error!(error = %e, "final flush of the store failed");
         }

@@ -363,6 +363,7 @@ impl Turn {
         let host = self.inner.tools.clone();
         let ctx = CallContext {
             session_id: self.session.id.to_string(),
+            workspace: self.inner.config.server.sandboxes.join(&*self.session.id),
         };
         let ctx = &ctx;
         let mut done = futures_util::stream::iter(calls)

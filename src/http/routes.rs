@@ -8,7 +8,7 @@ use http::{Method, StatusCode};
 use super::auth::Keys;
 use super::{json_response, text_response, ApiError, Request, Response};
 use crate::engine::Engine;
-use crate::protocol::aap;
+use crate::protocol::{aap, operator};
 
 /// What a handler gets: the engine, the keys and the caller's identity.
 pub struct App {
@@ -35,6 +35,7 @@ pub enum Route {
     DeleteSession(String),
     History(String),
     Turns(String),
+    Tools,
 }
 
 impl Route {
@@ -60,6 +61,7 @@ pub fn resolve(method: &Method, path: &str) -> Result<Route, ApiError> {
         ),
         ["metrics"] => ((m == Method::GET).then_some(Route::Metrics), "GET"),
         ["meta"] => ((m == Method::GET).then_some(Route::Meta), "GET"),
+        ["tools"] => ((m == Method::GET).then_some(Route::Tools), "GET"),
         ["sessions"] => (
             match m {
                 Method::GET => Some(Route::ListSessions),
@@ -138,6 +140,7 @@ async fn dispatch(
             crate::metrics::render(),
         )),
         Route::Meta => Ok(aap::meta(app)),
+        Route::Tools => Ok(operator::tools(app)),
         Route::ListSessions => aap::list_sessions(app, &caller, &req).await,
         Route::CreateSession => aap::create_session(app, &caller, req).await,
         Route::GetSession(id) => aap::get_session(app, &caller, &id).await,

@@ -2,3 +2,4 @@
 //! its own wire format. A protocol module never imports another protocol's module.
 
 pub mod aap;
+pub mod operator;

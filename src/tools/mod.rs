@@ -57,6 +57,8 @@ impl ToolOutput {
 #[derive(Debug, Clone)]
 pub struct CallContext {
     pub session_id: String,
+    /// The session's workspace folder (`sandboxes/<session id>/`).
+    pub workspace: std::path::PathBuf,
 }
 
 /// The server-side tools of this process.
@@ -71,6 +73,21 @@ pub trait ToolHost: Send + Sync + 'static {
         name: &'a str,
         input: Value,
     ) -> BoxFuture<'a, ToolOutput>;
+
+    /// A session is gone: release what was kept for it (session-scoped servers).
+    fn session_closed<'a>(&'a self, _session_id: &'a str) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
+
+    /// A counter that moves whenever the tool set changes (a server's list_changed).
+    fn generation(&self) -> tokio::sync::watch::Receiver<u64> {
+        tokio::sync::watch::channel(0).1
+    }
+
+    /// The process is stopping: stop everything (no child may outlive it).
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
 }
 
 /// A host with no server tools.

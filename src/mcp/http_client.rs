@@ -1,0 +1,990 @@
+//! rmcp's streamable-HTTP client, over our own hyper client.
+//!
+//! rmcp ships this client only on top of reqwest, which would bring a second HTTP and TLS stack
+//! into the build. [`HyperMcpClient`] implements rmcp's
+//! [`StreamableHttpClient`] with the hyper, hyper-util and hyper-rustls the crate already uses;
+//! rmcp's transport worker keeps doing the protocol part (the handshake, sessions, the GET stream,
+//! reconnection and session recovery).
+//!
+//! What the trait asks of a client, per request:
+//! * POST a JSON-RPC message with `Accept: application/json, text/event-stream`, the session id
+//!   (`Mcp-Session-Id`) once there is one, and the custom headers (rmcp adds
+//!   `MCP-Protocol-Version` to them after the handshake); the answer is 202/204 (accepted), a
+//!   JSON message, or an SSE stream of messages, plus the session id the server assigned;
+//! * GET the server's own SSE stream (`Last-Event-ID` to resume); 405 means the server has none;
+//! * DELETE the session when the transport closes;
+//! * map statuses to rmcp's errors: 401/403 with a challenge, 404 on a session (expired),
+//!   429/5xx (status with `Retry-After`), other failures with a bounded body prefix;
+//! * bound what is buffered: a JSON body, an error body, one SSE event
+//!   ([`StreamableHttpResponseLimits`]).
+
+use std::borrow::Cow;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt};
+use http::header::{
+    ACCEPT, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE,
+};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Body as _, Incoming};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use rmcp::model::{ClientJsonRpcMessage, ClientRequest, ErrorData, ServerJsonRpcMessage};
+use rmcp::transport::common::client_side_sse::BoxedSseResponse;
+use rmcp::transport::streamable_http_client::{
+    AuthRequiredError, HttpStatusError, InsufficientScopeError, SseError, StreamableHttpClient,
+    StreamableHttpClientTransportConfig, StreamableHttpError, StreamableHttpPostResponse,
+    StreamableHttpResponseLimits,
+};
+use rmcp::transport::StreamableHttpClientTransport;
+
+const JSON: &str = "application/json";
+const EVENT_STREAM: &str = "text/event-stream";
+const SESSION_ID: &str = "mcp-session-id";
+const LAST_EVENT_ID: &str = "last-event-id";
+/// Headers the client sets itself; a custom header may not replace them (as in rmcp's clients).
+const RESERVED: [&str; 3] = ["accept", SESSION_ID, LAST_EVENT_ID];
+/// How long a TCP connect may take before the request fails, rather than hang on a dead host.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `sse_stream::Sse`, which rmcp does not re-export (and turnstile does not depend on):
+/// named as the `Ok` item of rmcp's public SSE stream alias.
+type Sse = <<BoxedSseResponse as Stream>::Item as OkOf>::Ok;
+trait OkOf {
+    type Ok;
+}
+impl<T, E> OkOf for Result<T, E> {
+    type Ok = T;
+}
+
+type Error = StreamableHttpError<HyperMcpError>;
+
+/// Why a request to a remote MCP server failed below the protocol: rmcp's `Client` errors.
+#[derive(Debug, thiserror::Error)]
+pub enum HyperMcpError {
+    /// The URL or a header does not make a valid request.
+    #[error("invalid request: {0}")]
+    Request(#[from] http::Error),
+    /// Connecting or sending failed (DNS, TCP, TLS, connection closed).
+    #[error("request failed: {0}")]
+    Send(#[from] hyper_util::client::legacy::Error),
+    /// Reading the response body failed.
+    #[error("reading the response failed: {0}")]
+    Body(#[from] hyper::Error),
+    /// The message could not be encoded.
+    #[error("encoding the message failed: {0}")]
+    Encode(#[from] serde_json::Error),
+}
+
+/// An MCP streamable-HTTP client over hyper (http and https), with TCP_NODELAY and a connection pool.
+#[derive(Clone)]
+pub struct HyperMcpClient {
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+}
+
+impl Default for HyperMcpClient {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl HyperMcpClient {
+    /// A client with its own pool; TLS trusts the webpki roots, as the upstream client does.
+    pub fn new() -> HyperMcpClient {
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        http.enforce_http(false);
+        http.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        let https = HttpsConnectorBuilder::new()
+            .with_webpki_roots()
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .build(https);
+        HyperMcpClient { client }
+    }
+
+    /// A request with the headers every call shares: the session, the bearer token and the
+    /// custom headers (which rmcp also uses for `MCP-Protocol-Version`).
+    fn request(
+        method: Method,
+        uri: &str,
+        session_id: Option<&str>,
+        auth_token: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<http::request::Builder, Error> {
+        let mut builder = Request::builder().method(method).uri(uri);
+        if let Some(session_id) = session_id {
+            builder = builder.header(SESSION_ID, session_id);
+        }
+        if let Some(token) = auth_token {
+            let mut value = HeaderValue::try_from(format!("Bearer {token}"))
+                .map_err(|e| Error::Client(HyperMcpError::Request(e.into())))?;
+            value.set_sensitive(true);
+            builder = builder.header(AUTHORIZATION, value);
+        }
+        for (name, value) in custom_headers {
+            if RESERVED
+                .iter()
+                .any(|r| name.as_str().eq_ignore_ascii_case(r))
+            {
+                return Err(Error::ReservedHeaderConflict(name.to_string()));
+            }
+            builder = builder.header(name, value);
+        }
+        Ok(builder)
+    }
+
+    async fn send(
+        &self,
+        builder: http::request::Builder,
+        body: Bytes,
+    ) -> Result<Response<Incoming>, Error> {
+        let request = builder
+            .body(Full::new(body))
+            .map_err(|e| Error::Client(e.into()))?;
+        self.client
+            .request(request)
+            .await
+            .map_err(|e| Error::Client(e.into()))
+    }
+}
+
+impl StreamableHttpClient for HyperMcpClient {
+    type Error = HyperMcpError;
+
+    async fn post_message(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_token: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<StreamableHttpPostResponse, Error> {
+        let limits = StreamableHttpResponseLimits::default();
+        self.post_message_with_response_limits(
+            uri,
+            message,
+            session_id,
+            auth_token,
+            custom_headers,
+            limits,
+        )
+        .await
+    }
+
+    async fn post_message_with_max_sse_event_size(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_token: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        max_sse_event_size: usize,
+    ) -> Result<StreamableHttpPostResponse, Error> {
+        let mut limits = StreamableHttpResponseLimits::default();
+        limits.max_sse_event_size = max_sse_event_size;
+        self.post_message_with_response_limits(
+            uri,
+            message,
+            session_id,
+            auth_token,
+            custom_headers,
+            limits,
+        )
+        .await
+    }
+
+    async fn post_message_with_response_limits(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_token: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        limits: StreamableHttpResponseLimits,
+    ) -> Result<StreamableHttpPostResponse, Error> {
+        let body = serde_json::to_vec(&message).map_err(|e| Error::Client(e.into()))?;
+        let had_session = session_id.is_some();
+        let builder = Self::request(
+            Method::POST,
+            &uri,
+            session_id.as_deref(),
+            auth_token,
+            custom_headers,
+        )?
+        .header(CONTENT_TYPE, JSON)
+        .header(ACCEPT, format!("{JSON}, {EVENT_STREAM}"));
+        let response = self.send(builder, body.into()).await?;
+
+        let status = response.status();
+        if let Some(error) = auth_error(&response) {
+            return Err(error);
+        }
+        if matches!(status, StatusCode::ACCEPTED | StatusCode::NO_CONTENT) {
+            return Ok(StreamableHttpPostResponse::Accepted);
+        }
+        if status == StatusCode::NOT_FOUND && had_session {
+            return Err(Error::SessionExpired);
+        }
+        let headers = response.headers();
+        let content_type = headers.get(CONTENT_TYPE).cloned();
+        let is = |mime: &str| {
+            content_type
+                .as_ref()
+                .is_some_and(|ct| media_type_is(ct, mime))
+        };
+        let (is_json, is_sse) = (is(JSON), is(EVENT_STREAM));
+        let content_length = headers
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        let new_session = headers
+            .get(SESSION_ID)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        // Notifications, responses and errors leave nothing outstanding: any 2xx will do.
+        let awaits_no_response = !matches!(message, ClientJsonRpcMessage::Request(_));
+
+        if !status.is_success() {
+            return post_failure(response, &message, had_session, is_json, limits).await;
+        }
+        if is_sse {
+            let stream = sse_events(response.into_body(), limits.max_sse_event_size);
+            return Ok(StreamableHttpPostResponse::Sse(stream, new_session));
+        }
+        if content_length == Some(0) && awaits_no_response {
+            return Ok(StreamableHttpPostResponse::Accepted);
+        }
+        if !is_json {
+            if awaits_no_response {
+                return Ok(StreamableHttpPostResponse::Accepted);
+            }
+            let ct = content_type.map(|ct| String::from_utf8_lossy(ct.as_bytes()).into_owned());
+            return Err(Error::UnexpectedContentType(ct));
+        }
+        let body = read_bounded(response.into_body(), limits.max_json_response_size).await?;
+        match serde_json::from_slice::<ServerJsonRpcMessage>(&body) {
+            Ok(reply) => Ok(StreamableHttpPostResponse::Json(reply, new_session)),
+            Err(_) if awaits_no_response => Ok(StreamableHttpPostResponse::Accepted),
+            Err(e) => Err(Error::UnexpectedServerResponse(Cow::Owned(format!(
+                "could not parse JSON response as ServerJsonRpcMessage: {e}: {}",
+                preview(&body, 256)
+            )))),
+        }
+    }
+
+    async fn delete_session(
+        &self,
+        uri: Arc<str>,
+        session_id: Arc<str>,
+        auth_token: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<(), Error> {
+        let builder = Self::request(
+            Method::DELETE,
+            &uri,
+            Some(&session_id),
+            auth_token,
+            custom_headers,
+        )?;
+        let status = self.send(builder, Bytes::new()).await?.status();
+        // 405: the server keeps sessions until they expire; nothing to do.
+        if status.is_success() || status == StatusCode::METHOD_NOT_ALLOWED {
+            Ok(())
+        } else {
+            Err(Error::UnexpectedServerResponse(Cow::Owned(format!(
+                "delete_session returned {status}"
+            ))))
+        }
+    }
+
+    async fn get_stream(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        auth_token: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<BoxedSseResponse, Error> {
+        let max = StreamableHttpResponseLimits::default().max_sse_event_size;
+        self.get_stream_with_max_sse_event_size(
+            uri,
+            session_id,
+            last_event_id,
+            auth_token,
+            custom_headers,
+            max,
+        )
+        .await
+    }
+
+    async fn get_stream_with_max_sse_event_size(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        auth_token: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        max_sse_event_size: usize,
+    ) -> Result<BoxedSseResponse, Error> {
+        let mut builder = Self::request(
+            Method::GET,
+            &uri,
+            session_id.as_deref(),
+            auth_token,
+            custom_headers,
+        )?
+        .header(ACCEPT, format!("{EVENT_STREAM}, {JSON}"));
+        if let Some(id) = last_event_id {
+            builder = builder.header(LAST_EVENT_ID, id);
+        }
+        let response = self.send(builder, Bytes::new()).await?;
+        let status = response.status();
+        if status == StatusCode::METHOD_NOT_ALLOWED {
+            return Err(Error::ServerDoesNotSupportSse);
+        }
+        if let Some(error) = auth_error(&response).or_else(|| status_error(&response)) {
+            return Err(error);
+        }
+        if !status.is_success() {
+            return Err(Error::UnexpectedServerResponse(Cow::Owned(format!(
+                "get_stream returned {status}"
+            ))));
+        }
+        // rmcp's clients also let a JSON content type through here (and parse it as SSE).
+        match response.headers().get(CONTENT_TYPE) {
+            Some(ct) if media_type_is(ct, EVENT_STREAM) || media_type_is(ct, JSON) => {
+                Ok(sse_events(response.into_body(), max_sse_event_size))
+            }
+            ct => {
+                Err(Error::UnexpectedContentType(ct.map(|ct| {
+                    String::from_utf8_lossy(ct.as_bytes()).into_owned()
+                })))
+            }
+        }
+    }
+}
+
+/// Connect to a remote server: the transport rmcp's `ServiceExt::serve` takes.
+///
+/// `headers` go out with every request (an `Authorization` among them included); the transport
+/// is spawned on the current tokio runtime, so this must run inside one.
+pub fn transport(
+    url: &str,
+    headers: HashMap<HeaderName, HeaderValue>,
+) -> StreamableHttpClientTransport<HyperMcpClient> {
+    let config = StreamableHttpClientTransportConfig::with_uri(url).custom_headers(headers);
+    StreamableHttpClientTransport::with_client(HyperMcpClient::new(), config)
+}
+
+/// Whether a `Content-Type` names `mime`, ignoring case and parameters such as `charset`.
+fn media_type_is(value: &HeaderValue, mime: &str) -> bool {
+    let essence = value
+        .as_bytes()
+        .split(|b| *b == b';')
+        .next()
+        .unwrap_or_default();
+    std::str::from_utf8(essence).is_ok_and(|e| e.trim().eq_ignore_ascii_case(mime))
+}
+
+/// A 401 or 403 carrying a `WWW-Authenticate` challenge, as the error rmcp's auth layer expects.
+fn auth_error(response: &Response<Incoming>) -> Option<Error> {
+    let status = response.status();
+    if !matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) {
+        return None;
+    }
+    let challenge = response.headers().get(WWW_AUTHENTICATE)?;
+    let Ok(challenge) = challenge.to_str() else {
+        return Some(Error::UnexpectedServerResponse(Cow::Borrowed(
+            "invalid www-authenticate header value",
+        )));
+    };
+    Some(if status == StatusCode::UNAUTHORIZED {
+        Error::AuthRequired(AuthRequiredError::new(challenge.to_owned()))
+    } else {
+        let scope = challenge_scope(challenge);
+        Error::InsufficientScope(InsufficientScopeError::new(challenge.to_owned(), scope))
+    })
+}
+
+/// The `scope=` parameter of a challenge, quoted or not.
+fn challenge_scope(challenge: &str) -> Option<String> {
+    let start = challenge.to_ascii_lowercase().find("scope=")? + "scope=".len();
+    let rest = &challenge[start..];
+    let scope = match rest.strip_prefix('"') {
+        Some(quoted) => &quoted[..quoted.find('"')?],
+        None => rest
+            .split(|c: char| c == ',' || c == ';' || c.is_whitespace())
+            .next()
+            .unwrap_or_default(),
+    };
+    (!scope.is_empty()).then(|| scope.to_owned())
+}
+
+/// 429 and 5xx: the status and `Retry-After`, so callers can decide about retrying.
+fn status_error(response: &Response<Incoming>) -> Option<Error> {
+    let status = response.status();
+    if status != StatusCode::TOO_MANY_REQUESTS && !status.is_server_error() {
+        return None;
+    }
+    Some(Error::HttpStatus(HttpStatusError::new(
+        status.as_u16(),
+        retry_after(response.headers()),
+    )))
+}
+
+fn retry_after(headers: &HeaderMap) -> Option<String> {
+    headers.get(RETRY_AFTER)?.to_str().ok().map(str::to_owned)
+}
+
+/// A non-2xx answer to a POST: a JSON-RPC error in the body is the answer to the request;
+/// otherwise an error with the status and (for diagnostics) a bounded prefix of the body.
+async fn post_failure(
+    response: Response<Incoming>,
+    message: &ClientJsonRpcMessage,
+    had_session: bool,
+    is_json: bool,
+    limits: StreamableHttpResponseLimits,
+) -> Result<StreamableHttpPostResponse, Error> {
+    let status = response.status();
+    // A 429, or a 5xx without a JSON body, is worth only its status: the body stays unread.
+    let status_failure = match status_error(&response) {
+        Some(error) if !is_json || status == StatusCode::TOO_MANY_REQUESTS => return Err(error),
+        other => other,
+    };
+    let session = response
+        .headers()
+        .get(SESSION_ID)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let is_auth = matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN);
+    let body = if is_json && !is_auth {
+        match read_bounded(response.into_body(), limits.max_json_response_size).await {
+            Ok(body) => {
+                if let Ok(error @ ServerJsonRpcMessage::Error(_)) = serde_json::from_slice(&body) {
+                    return Ok(discover_rejection(message, had_session, status, &body)
+                        .unwrap_or(StreamableHttpPostResponse::Json(error, session)));
+                }
+                body
+            }
+            Err(e @ Error::ResponseBodyTooLarge { .. }) => return Err(status_failure.unwrap_or(e)),
+            Err(_) => b"<failed to read response body>".to_vec(),
+        }
+    } else {
+        read_prefix(response.into_body(), limits.max_error_response_size).await
+    };
+    if let Some(rejection) = discover_rejection(message, had_session, status, &body) {
+        return Ok(rejection);
+    }
+    if let Some(error) = status_failure {
+        return Err(error);
+    }
+    Err(Error::UnexpectedServerResponse(Cow::Owned(format!(
+        "HTTP {status}: {}",
+        preview(&body, limits.max_error_response_size)
+    ))))
+}
+
+/// A sessionless `server/discover` refused with a 4xx (other than 401/403) means a server
+/// from before discovery: answer it as a JSON-RPC error with the request's id, so rmcp's
+/// lifecycle can fall back to `initialize` (as rmcp's own clients do).
+fn discover_rejection(
+    message: &ClientJsonRpcMessage,
+    had_session: bool,
+    status: StatusCode,
+    body: &[u8],
+) -> Option<StreamableHttpPostResponse> {
+    let ClientJsonRpcMessage::Request(request) = message else {
+        return None;
+    };
+    if had_session
+        || !status.is_client_error()
+        || matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN)
+        || !matches!(request.request, ClientRequest::DiscoverRequest(_))
+    {
+        return None;
+    }
+    let error = match serde_json::from_slice::<ServerJsonRpcMessage>(body) {
+        Ok(ServerJsonRpcMessage::Error(error)) => error.error,
+        _ => ErrorData::invalid_request(
+            format!(
+                "server/discover rejected with HTTP {status}: {}",
+                preview(body, body.len())
+            ),
+            None,
+        ),
+    };
+    let reply = ServerJsonRpcMessage::error(error, Some(request.id.clone()));
+    Some(StreamableHttpPostResponse::Json(reply, None))
+}
+
+/// The whole body, failing once it passes `max` bytes (never truncating: it is parsed whole).
+async fn read_bounded(mut body: Incoming, max: usize) -> Result<Vec<u8>, Error> {
+    if body.size_hint().lower() > max as u64 {
+        return Err(Error::ResponseBodyTooLarge { max_size: max });
+    }
+    let mut out = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| Error::Client(e.into()))?;
+        if let Ok(data) = frame.into_data() {
+            if data.len() > max - out.len() {
+                return Err(Error::ResponseBodyTooLarge { max_size: max });
+            }
+            out.extend_from_slice(&data);
+        }
+    }
+    Ok(out)
+}
+
+/// At most `max` bytes of the body, for a diagnostic; the rest is never read.
+async fn read_prefix(mut body: Incoming, max: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    while out.len() < max {
+        match body.frame().await {
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    out.extend_from_slice(&data[..data.len().min(max - out.len())]);
+                }
+            }
+            Some(Err(_)) => {
+                out.extend_from_slice(b"<failed to read response body>");
+                break;
+            }
+            None => break,
+        }
+    }
+    out.truncate(max);
+    out
+}
+
+/// At most `max` bytes of `body` as text, cut at a character boundary.
+fn preview(body: &[u8], max: usize) -> String {
+    if body.is_empty() {
+        return "<empty>".to_owned();
+    }
+    let mut text = String::from_utf8_lossy(&body[..body.len().min(max)]).into_owned();
+    if text.ends_with(char::REPLACEMENT_CHARACTER) && body.len() > max {
+        text.pop();
+    }
+    text
+}
+
+/// An SSE event larger than the transport's limit: the stream stops with this error.
+#[derive(Debug, thiserror::Error)]
+#[error("SSE event exceeded the maximum size of {0} bytes")]
+struct EventTooLarge(usize);
+
+/// The events of an SSE body, each at most `max_event_size` raw bytes (comments excluded).
+fn sse_events(body: Incoming, max_event_size: usize) -> BoxedSseResponse {
+    let parser = SseParser::new(max_event_size);
+    futures_util::stream::unfold(Some((body, parser)), |state| async move {
+        let (mut body, mut parser) = state?;
+        loop {
+            if let Some(event) = parser.ready.pop_front() {
+                return Some((Ok(event), Some((body, parser))));
+            }
+            let data = match body.frame().await? {
+                Ok(frame) => match frame.into_data() {
+                    Ok(data) => data,
+                    Err(_) => continue, // trailers
+                },
+                Err(e) => return Some((Err(SseError::Body(Box::new(e))), None)),
+            };
+            if let Err(e) = parser.feed(&data) {
+                return Some((Err(e), None));
+            }
+        }
+    })
+    .boxed()
+}
+
+/// The WHATWG event-stream format, fed chunk by chunk. Like `sse_stream` (which rmcp's clients
+/// use), an event is emitted when any field was set, so rmcp sees `id`/`retry`-only events; an
+/// event cut off by the end of the body is dropped. Unlike it, unknown fields, lines without a
+/// colon and repeated fields follow the spec (ignored / last wins) instead of failing the stream.
+struct SseParser {
+    ready: VecDeque<Sse>,
+    event: Option<Sse>,
+    line: Vec<u8>,
+    /// Raw bytes of the current event's finished lines (comments excluded), newlines included.
+    event_size: usize,
+    max_event_size: usize,
+    after_cr: bool,
+    at_start: bool,
+}
+
+impl SseParser {
+    fn new(max_event_size: usize) -> SseParser {
+        SseParser {
+            ready: VecDeque::new(),
+            event: None,
+            line: Vec::new(),
+            event_size: 0,
+            max_event_size,
+            after_cr: false,
+            at_start: true,
+        }
+    }
+
+    fn feed(&mut self, mut chunk: &[u8]) -> Result<(), SseError> {
+        if self.after_cr && chunk.first() == Some(&b'\n') {
+            chunk = &chunk[1..];
+        }
+        self.after_cr = false;
+        while !chunk.is_empty() {
+            let end = chunk.iter().position(|b| matches!(b, b'\r' | b'\n'));
+            let part = &chunk[..end.unwrap_or(chunk.len())];
+            if self.event_size + self.line.len() + part.len() > self.max_event_size {
+                let error = EventTooLarge(self.max_event_size);
+                return Err(SseError::Body(Box::new(error)));
+            }
+            self.line.extend_from_slice(part);
+            let Some(end) = end else { break };
+            let cr = chunk[end] == b'\r';
+            chunk = &chunk[end + 1..];
+            if cr {
+                match chunk.first() {
+                    Some(b'\n') => chunk = &chunk[1..],
+                    None => self.after_cr = true,
+                    Some(_) => {}
+                }
+            }
+            let line = std::mem::take(&mut self.line);
+            self.line_done(&line)?;
+            self.line = line;
+            self.line.clear();
+        }
+        Ok(())
+    }
+
+    fn line_done(&mut self, mut line: &[u8]) -> Result<(), SseError> {
+        if std::mem::take(&mut self.at_start) {
+            line = line.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(line);
+        }
+        if line.is_empty() {
+            self.event_size = 0;
+            self.ready.extend(self.event.take());
+            return Ok(());
+        }
+        if line[0] == b':' {
+            return Ok(()); // a comment (keep-alive)
+        }
+        self.event_size += line.len() + 1;
+        let (name, value) = match line.iter().position(|b| *b == b':') {
+            Some(colon) => (&line[..colon], &line[colon + 1..]),
+            None => (line, &[][..]),
+        };
+        let value = value.strip_prefix(b" ").unwrap_or(value);
+        let text = || std::str::from_utf8(value).map_err(SseError::Utf8Parse);
+        match name {
+            b"data" => {
+                let text = text()?;
+                let event = self.event.get_or_insert_with(Sse::default);
+                match &mut event.data {
+                    Some(data) => {
+                        data.push('\n');
+                        data.push_str(text);
+                    }
+                    None => event.data = Some(text.to_owned()),
+                }
+            }
+            b"event" => self.event.get_or_insert_with(Sse::default).event = Some(text()?.into()),
+            b"id" if !value.contains(&0) => {
+                self.event.get_or_insert_with(Sse::default).id = Some(text()?.into());
+            }
+            b"retry" => {
+                if let Ok(ms) = text()?.parse::<u64>() {
+                    self.event.get_or_insert_with(Sse::default).retry = Some(ms);
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use hyper::server::conn::http1;
+    use hyper::service::service_fn;
+    use hyper_util::rt::TokioIo;
+    use rmcp::model::CallToolRequestParams;
+    use rmcp::ServiceExt;
+    use serde_json::{json, Value};
+
+    use super::*;
+
+    /// One request as the fake server saw it.
+    #[derive(Debug, Clone)]
+    struct Seen {
+        method: Method,
+        headers: HeaderMap,
+        /// The JSON-RPC method of a POST.
+        rpc: Option<String>,
+    }
+
+    /// A streamable-HTTP MCP server just good enough for the client: `initialize` answered
+    /// with JSON and a session id, `tools/list` with an SSE stream, `tools/call` with JSON,
+    /// notifications with 202, GET with 405 (no server stream), DELETE with 200. With `fail`,
+    /// every POST gets a 500.
+    struct Fake {
+        url: String,
+        seen: Arc<Mutex<Vec<Seen>>>,
+    }
+
+    impl Fake {
+        async fn start(fail: bool) -> Fake {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let log = seen.clone();
+            tokio::spawn(async move {
+                loop {
+                    let (stream, _) = listener.accept().await.unwrap();
+                    let log = log.clone();
+                    let service = service_fn(move |req| answer(req, log.clone(), fail));
+                    tokio::spawn(
+                        http1::Builder::new().serve_connection(TokioIo::new(stream), service),
+                    );
+                }
+            });
+            Fake { url, seen }
+        }
+
+        fn seen(&self) -> Vec<Seen> {
+            self.seen.lock().unwrap().clone()
+        }
+    }
+
+    async fn answer(
+        req: Request<Incoming>,
+        log: Arc<Mutex<Vec<Seen>>>,
+        fail: bool,
+    ) -> Result<Response<Full<Bytes>>, hyper::Error> {
+        let (parts, body) = req.into_parts();
+        let body = body.collect().await?.to_bytes();
+        let rpc: Option<Value> = serde_json::from_slice(&body).ok();
+        let method = rpc
+            .as_ref()
+            .and_then(|m| m["method"].as_str())
+            .map(str::to_owned);
+        log.lock().unwrap().push(Seen {
+            method: parts.method.clone(),
+            headers: parts.headers,
+            rpc: method.clone(),
+        });
+        let reply = |status: u16, ct: Option<&str>, body: String| {
+            let mut r = Response::builder().status(status);
+            if let Some(ct) = ct {
+                r = r.header(CONTENT_TYPE, ct);
+            }
+            Ok(r.body(Full::new(Bytes::from(body))).unwrap())
+        };
+        match parts.method {
+            Method::GET => return reply(405, None, String::new()),
+            Method::DELETE => return reply(200, None, String::new()),
+            _ if fail => return reply(500, Some("text/plain"), "boom".into()),
+            _ => {}
+        }
+        let rpc = rpc.unwrap_or_default();
+        let result = |result: Value| json!({"jsonrpc": "2.0", "id": rpc["id"], "result": result});
+        match method.as_deref().unwrap_or_default() {
+            "initialize" => {
+                // What servers deployed today answer, whatever the client proposes (rmcp 3.11
+                // proposes 2026-07-28; echoing that would add its Mcp-Method/Mcp-Name headers).
+                let init = result(json!({
+                    "protocolVersion": "2025-06-18",
+                    "capabilities": {"tools": {"listChanged": true}},
+                    "serverInfo": {"name": "fake", "version": "1.0.0"}
+                }));
+                let mut r = reply(200, Some(JSON), init.to_string())?;
+                r.headers_mut()
+                    .insert(SESSION_ID, HeaderValue::from_static("sess-1"));
+                Ok(r)
+            }
+            "tools/list" => {
+                let tools = result(json!({"tools": [
+                    {"name": "echo", "description": "Echo", "inputSchema": {"type": "object"}},
+                    {"name": "add", "inputSchema": {"type": "object", "properties": {"a": {"type": "number"}}}}
+                ]}));
+                // A keep-alive comment, then the response split over CRLF-terminated lines.
+                let sse = format!(": keep-alive\r\nevent: message\r\ndata: {tools}\r\n\r\n");
+                reply(200, Some("text/event-stream; charset=utf-8"), sse)
+            }
+            "tools/call" => {
+                let args = rpc["params"]["arguments"].to_string();
+                let text = json!({"content": [{"type": "text", "text": args}]});
+                reply(200, Some(JSON), result(text).to_string())
+            }
+            _ => reply(202, None, String::new()),
+        }
+    }
+
+    fn bearer() -> HashMap<HeaderName, HeaderValue> {
+        HashMap::from([(AUTHORIZATION, HeaderValue::from_static("Bearer x"))])
+    }
+
+    #[tokio::test]
+    async fn handshake_session_sse_listing_and_custom_headers() {
+        let fake = Fake::start(false).await;
+        let client = ().serve(transport(&fake.url, bearer())).await.expect("handshake");
+        assert_eq!(
+            client
+                .peer_info()
+                .unwrap()
+                .server_info
+                .as_ref()
+                .unwrap()
+                .name,
+            "fake"
+        );
+
+        let tools = client.list_all_tools().await.expect("tools/list");
+        let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
+        assert_eq!(names, ["echo", "add"]);
+
+        let args = json!({"a": 1}).as_object().cloned().unwrap();
+        let called = client
+            .call_tool(CallToolRequestParams::new("add").with_arguments(args))
+            .await
+            .expect("tools/call");
+        assert_eq!(called.content[0].as_text().unwrap().text, r#"{"a":1}"#);
+
+        client.cancel().await.expect("close");
+        let seen = fake.seen();
+        let rpcs: Vec<(&Method, Option<&str>)> =
+            seen.iter().map(|s| (&s.method, s.rpc.as_deref())).collect();
+        let post = |rpc| (&Method::POST, Some(rpc));
+        for expected in [
+            post("initialize"),
+            post("notifications/initialized"),
+            (&Method::GET, None),
+            post("tools/list"),
+            post("tools/call"),
+            (&Method::DELETE, None),
+        ] {
+            assert!(
+                rpcs.contains(&expected),
+                "{expected:?} missing from {rpcs:?}"
+            );
+        }
+        assert_eq!(rpcs[0], post("initialize"));
+        for s in &seen {
+            let header = |name: &str| s.headers.get(name).and_then(|v| v.to_str().ok());
+            assert_eq!(header("authorization"), Some("Bearer x"), "{s:?}");
+            if s.rpc.as_deref() == Some("initialize") {
+                assert_eq!(header("mcp-session-id"), None);
+            } else {
+                assert_eq!(header("mcp-session-id"), Some("sess-1"), "{s:?}");
+                assert_eq!(header("mcp-protocol-version"), Some("2025-06-18"), "{s:?}");
+            }
+            if s.method == Method::POST {
+                assert_eq!(header("content-type"), Some(JSON));
+                let accept = header("accept").unwrap();
+                assert!(
+                    accept.contains(JSON) && accept.contains(EVENT_STREAM),
+                    "{accept}"
+                );
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failing_server_is_an_error() {
+        let fake = Fake::start(true).await;
+        let served = tokio::time::timeout(
+            Duration::from_secs(20),
+            ().serve(transport(&fake.url, HashMap::new())),
+        )
+        .await
+        .expect("the handshake must fail, not hang");
+        let Err(error) = served else {
+            panic!("a 500 must fail the handshake");
+        };
+        let error = error.to_string();
+        assert!(error.contains("HTTP 500"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn reserved_custom_headers_are_refused() {
+        let headers = HashMap::from([(ACCEPT, HeaderValue::from_static("text/plain"))]);
+        let request = HyperMcpClient::request(Method::GET, "http://h/", None, None, headers);
+        let error = request.expect_err("accept is reserved");
+        assert!(matches!(error, Error::ReservedHeaderConflict(_)), "{error}");
+    }
+
+    fn parse(chunks: &[&[u8]], max: usize) -> Result<Vec<Sse>, String> {
+        let mut parser = SseParser::new(max);
+        for chunk in chunks {
+            parser.feed(chunk).map_err(|e| e.to_string())?;
+        }
+        Ok(parser.ready.into_iter().collect())
+    }
+
+    #[test]
+    fn sse_events_across_chunks_and_line_endings() {
+        let events = parse(
+            &[
+                b"\xEF\xBB\xBFdata: a\r",
+                b"\ndata:b\r\r: hi\nid: 7\nretry: 50\nev",
+                b"ent: x\n\n",
+            ],
+            1024,
+        )
+        .unwrap();
+        assert_eq!(events.len(), 2);
+        assert_eq!(events[0].data.as_deref(), Some("a\nb"));
+        assert_eq!(events[1].id.as_deref(), Some("7"));
+        assert_eq!(events[1].retry, Some(50));
+        assert_eq!(events[1].event.as_deref(), Some("x"));
+        assert_eq!(events[1].data, None);
+        // An event cut off by the end of the body is not emitted.
+        assert!(parse(&[b"data: half"], 1024).unwrap().is_empty());
+    }
+
+    #[test]
+    fn sse_event_size_is_bounded() {
+        assert_eq!(parse(&[b"data: 12345\n\n"], 12).unwrap().len(), 1);
+        let error = parse(&[b"data: 12345\ndata: 6\n\n"], 12).unwrap_err();
+        assert!(error.contains("maximum size of 12"), "{error}");
+        // The limit is per event, and comments do not count.
+        assert_eq!(
+            parse(&[b": 0123456789\ndata: 1\n\ndata: 2\n\n"], 12)
+                .unwrap()
+                .len(),
+            2
+        );
+    }
+
+    #[test]
+    fn headers_and_challenges() {
+        assert!(media_type_is(
+            &HeaderValue::from_static("Application/JSON; charset=utf-8"),
+            JSON
+        ));
+        assert!(!media_type_is(
+            &HeaderValue::from_static("application/jsonx"),
+            JSON
+        ));
+        let quoted = r#"Bearer error="insufficient_scope", scope="files:read files:write""#;
+        assert_eq!(
+            challenge_scope(quoted).as_deref(),
+            Some("files:read files:write")
+        );
+        assert_eq!(
+            challenge_scope("Bearer scope=read, x=y").as_deref(),
+            Some("read")
+        );
+        assert_eq!(challenge_scope("Bearer"), None);
+    }
+}

@@ -1,0 +1,92 @@
+//! The operator's policy: a pure function from a federated tool name to a verdict and the rule
+//! that decided it. `deny` beats `ask` beats `trust`; a name no pattern matches gets `default`.
+//! Within a list the first pattern in file order that matches is the deciding rule.
+
+use crate::config::{PolicyConfig, PolicyRule, Verdict};
+
+/// A verdict and the rule that decided it (`"default"` when no pattern matched).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub verdict: Verdict,
+    pub rule: String,
+}
+
+fn first_match<'a>(rules: &'a [PolicyRule], name: &str) -> Option<&'a PolicyRule> {
+    rules.iter().find(|r| r.glob.is_match(name))
+}
+
+/// Decide a tool's verdict.
+pub fn decide(policy: &PolicyConfig, name: &str) -> Decision {
+    for (rules, verdict) in [
+        (&policy.deny, Verdict::Deny),
+        (&policy.ask, Verdict::Ask),
+        (&policy.trust, Verdict::Trust),
+    ] {
+        if let Some(rule) = first_match(rules, name) {
+            return Decision {
+                verdict,
+                rule: rule.pattern.clone(),
+            };
+        }
+    }
+    Decision {
+        verdict: policy.default,
+        rule: "default".to_string(),
+    }
+}
+
+/// Patterns that match none of `names` (reported by `check`: probably a typo).
+pub fn unmatched<'a>(policy: &'a PolicyConfig, names: &[&str]) -> Vec<(&'static str, &'a PolicyRule)> {
+    let lists = [("deny", &policy.deny), ("ask", &policy.ask), ("trust", &policy.trust)];
+    let mut out = Vec::new();
+    for (list, rules) in lists {
+        for rule in rules.iter() {
+            if !names.iter().any(|n| rule.glob.is_match(n)) {
+                out.push((list, rule));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(p: &str) -> PolicyRule {
+        PolicyRule {
+            pattern: p.to_string(),
+            glob: globset::Glob::new(p).unwrap().compile_matcher(),
+            line: 1,
+        }
+    }
+
+    fn policy() -> PolicyConfig {
+        PolicyConfig {
+            trust: vec![rule("mcp__time__*"), rule("mcp__fs__*"), rule("deliver_file")],
+            ask: vec![rule("mcp__fs__write_*")],
+            deny: vec![rule("mcp__fs__move_file")],
+            default: Verdict::Ask,
+        }
+    }
+
+    #[test]
+    fn deny_beats_ask_beats_trust_beats_default() {
+        let p = policy();
+        let d = |n| decide(&p, n);
+        assert_eq!(d("mcp__fs__move_file"), Decision { verdict: Verdict::Deny, rule: "mcp__fs__move_file".into() });
+        assert_eq!(d("mcp__fs__write_file"), Decision { verdict: Verdict::Ask, rule: "mcp__fs__write_*".into() });
+        assert_eq!(d("mcp__fs__read_file"), Decision { verdict: Verdict::Trust, rule: "mcp__fs__*".into() });
+        assert_eq!(d("mcp__time__now"), Decision { verdict: Verdict::Trust, rule: "mcp__time__*".into() });
+        assert_eq!(d("deliver_file"), Decision { verdict: Verdict::Trust, rule: "deliver_file".into() });
+        assert_eq!(d("mcp__shop__buy"), Decision { verdict: Verdict::Ask, rule: "default".into() });
+    }
+
+    #[test]
+    fn unmatched_patterns_are_reported() {
+        let p = policy();
+        let names = ["mcp__time__now", "deliver_file"];
+        let un: Vec<&str> = unmatched(&p, &names).iter().map(|(_, r)| r.pattern.as_str()).collect();
+        assert_eq!(un, vec!["mcp__fs__move_file", "mcp__fs__write_*", "mcp__fs__*"]);
+    }
+}

@@ -1,0 +1,430 @@
+//! One task per MCP server instance owns its connection: spawn (or connect), handshake, list
+//! tools, re-list on `notifications/tools/list_changed`, restart with backoff when it dies, and
+//! shut down. Calls do not go through the task: they use the current peer directly, so they run
+//! in parallel and a slow call never blocks another.
+//!
+//! Child hygiene: a cleared environment (`PATH`, `HOME`, `LANG`, `TMPDIR` and the server's `env`
+//! table, never the upstream's or the API's keys), its own process group (killed whole on
+//! shutdown and restart, so `npx`-style launchers leave no orphans), `kill_on_drop`, and stderr
+//! lines logged with the server's name.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rmcp::model::{CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation, ProtocolVersion};
+use rmcp::service::{MaybeSendFuture, NotificationContext, Peer, RoleClient, ServiceExt};
+use rmcp::transport::TokioChildProcess;
+use rmcp::ClientHandler;
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::content::to_output;
+use crate::config::{McpServerConfig, McpTransport};
+use crate::tools::ToolOutput;
+
+/// A tool as its server lists it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct McpTool {
+    pub name: String,
+    pub description: String,
+    pub input_schema: Value,
+}
+
+/// Where the connection stands.
+#[derive(Clone)]
+pub enum Link {
+    Starting,
+    Ready(Peer<RoleClient>),
+    /// Down, with why; a restart is scheduled.
+    Down(String),
+    Stopped,
+}
+
+/// Variables a child keeps from our environment; everything else is cleared.
+const KEPT_ENV: &[&str] = &["PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ", "USER", "SHELL"];
+
+/// Restart backoff: from this, doubling, capped; reset after sustained uptime.
+const BACKOFF_START: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+const SUSTAINED_UPTIME: Duration = Duration::from_secs(60);
+
+/// Where an instance runs: its working folder and the value of `{workspace}` in its args.
+#[derive(Debug, Clone, Default)]
+pub struct Placement {
+    pub cwd: Option<PathBuf>,
+    pub workspace: Option<PathBuf>,
+}
+
+/// The handle of a running server instance.
+pub struct Supervisor {
+    pub name: String,
+    link: watch::Receiver<Link>,
+    tools: watch::Receiver<Arc<Vec<McpTool>>>,
+    timeout: Duration,
+    shutdown: CancellationToken,
+    done: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The process group of the current child (stdio servers), for a last-resort kill.
+    pgid: Arc<std::sync::atomic::AtomicI32>,
+}
+
+/// Tells the supervisor a server changed its tool list.
+struct Handler {
+    changed: mpsc::UnboundedSender<()>,
+}
+
+impl ClientHandler for Handler {
+    fn on_tool_list_changed(
+        &self,
+        _: NotificationContext<RoleClient>,
+    ) -> impl std::future::Future<Output = ()> + MaybeSendFuture + '_ {
+        let _ = self.changed.send(());
+        std::future::ready(())
+    }
+
+    fn get_info(&self) -> ClientConfig {
+        let mut info = ClientConfig::default();
+        // The initialize-based protocol: list_changed arrives as a plain notification.
+        info.protocol_version = ProtocolVersion::LATEST_WITH_INITIALIZE;
+        info.capabilities = ClientCapabilities::default();
+        info.client_info = Implementation::new("turnstile", env!("CARGO_PKG_VERSION"));
+        info
+    }
+}
+
+impl Supervisor {
+    /// Start supervising a server instance. It connects in the background; see [`Self::ready`].
+    pub fn start(cfg: McpServerConfig, placement: Placement) -> Arc<Supervisor> {
+        let (link_tx, link) = watch::channel(Link::Starting);
+        let (tools_tx, tools) = watch::channel(Arc::new(Vec::new()));
+        let shutdown = CancellationToken::new();
+        let pgid = Arc::new(std::sync::atomic::AtomicI32::new(0));
+        let sup = Arc::new(Supervisor {
+            name: cfg.name.clone(),
+            link,
+            tools,
+            timeout: cfg.timeout,
+            shutdown: shutdown.clone(),
+            done: tokio::sync::Mutex::new(None),
+            pgid: pgid.clone(),
+        });
+        let task = tokio::spawn(run(cfg, placement, link_tx, tools_tx, shutdown, pgid));
+        if let Ok(mut done) = sup.done.try_lock() {
+            *done = Some(task);
+        }
+        sup
+    }
+
+    /// Wait until the first connection attempt has ended: `Ok` when ready, else why not.
+    pub async fn ready(&self, within: Duration) -> Result<(), String> {
+        let mut link = self.link.clone();
+        let wait = async {
+            loop {
+                match &*link.borrow_and_update() {
+                    Link::Ready(_) => return Ok(()),
+                    Link::Down(why) => return Err(why.clone()),
+                    Link::Stopped => return Err("stopped".to_string()),
+                    Link::Starting => {}
+                }
+                if link.changed().await.is_err() {
+                    return Err("stopped".to_string());
+                }
+            }
+        };
+        tokio::time::timeout(within, wait)
+            .await
+            .unwrap_or_else(|_| Err(format!("not ready after {} s", within.as_secs())))
+    }
+
+    /// The tools as the server lists them now.
+    pub fn tools(&self) -> Arc<Vec<McpTool>> {
+        self.tools.borrow().clone()
+    }
+
+    /// A receiver that wakes when the tool list changes.
+    pub fn tools_changed(&self) -> watch::Receiver<Arc<Vec<McpTool>>> {
+        self.tools.clone()
+    }
+
+    /// Call a tool; every failure is an error output. Waits for the server to be up (within the
+    /// call's timeout) if it is restarting.
+    pub async fn call(&self, tool: &str, input: Value) -> ToolOutput {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let mut link = self.link.clone();
+        let peer = loop {
+            let state = link.borrow_and_update().clone();
+            match state {
+                Link::Ready(peer) => break peer,
+                Link::Stopped => {
+                    return ToolOutput::error(format!("MCP server {} is stopped", self.name))
+                }
+                Link::Starting | Link::Down(_) => {
+                    match tokio::time::timeout_at(deadline, link.changed()).await {
+                        Ok(Ok(())) => continue,
+                        _ => {
+                            let why = match &*link.borrow() {
+                                Link::Down(why) => why.clone(),
+                                _ => "it is starting".to_string(),
+                            };
+                            return ToolOutput::error(format!(
+                                "MCP server {} is not available ({why}); the call timed out after {} s",
+                                self.name,
+                                self.timeout.as_secs()
+                            ));
+                        }
+                    }
+                }
+            }
+        };
+        let args = match input {
+            Value::Object(map) => Some(map),
+            Value::Null => None,
+            other => {
+                return ToolOutput::error(format!(
+                    "tool input must be a JSON object, not {other}"
+                ))
+            }
+        };
+        let mut params = CallToolRequestParams::new(tool.to_string());
+        params.arguments = args;
+        match tokio::time::timeout_at(deadline, peer.call_tool(params)).await {
+            Ok(Ok(result)) => to_output(result),
+            Ok(Err(e)) => ToolOutput::error(format!("MCP server {} failed the call: {e}", self.name)),
+            Err(_) => ToolOutput::error(format!(
+                "MCP server {}: tool {tool} did not answer within {} s (timeout_s)",
+                self.name,
+                self.timeout.as_secs()
+            )),
+        }
+    }
+
+    /// Stop the instance: close the connection and end the child's process group.
+    pub async fn stop(&self) {
+        self.shutdown.cancel();
+        if let Some(task) = self.done.lock().await.take() {
+            let _ = task.await;
+        }
+        kill_group(&self.pgid);
+    }
+}
+
+fn kill_group(pgid: &std::sync::atomic::AtomicI32) {
+    let pg = pgid.swap(0, std::sync::atomic::Ordering::SeqCst);
+    if pg > 0 {
+        // SAFETY: killpg only sends a signal; a stale group id fails with ESRCH.
+        unsafe {
+            libc::killpg(pg, libc::SIGKILL);
+        }
+    }
+}
+
+async fn run(
+    cfg: McpServerConfig,
+    placement: Placement,
+    link: watch::Sender<Link>,
+    tools: watch::Sender<Arc<Vec<McpTool>>>,
+    shutdown: CancellationToken,
+    pgid: Arc<std::sync::atomic::AtomicI32>,
+) {
+    let mut backoff = BACKOFF_START;
+    while !shutdown.is_cancelled() {
+        let started = Instant::now();
+        let (changed_tx, mut changed_rx) = mpsc::unbounded_channel();
+        let connected = tokio::select! {
+            r = tokio::time::timeout(cfg.startup_timeout, connect(&cfg, &placement, Handler { changed: changed_tx }, &pgid)) => match r {
+                Ok(r) => r,
+                Err(_) => Err(format!("no handshake within {} s (startup_timeout_s)", cfg.startup_timeout.as_secs())),
+            },
+            _ = shutdown.cancelled() => break,
+        };
+        match connected {
+            Ok(service) => {
+                let peer = service.peer().clone();
+                match tokio::time::timeout(cfg.startup_timeout, list(&peer)).await {
+                    Ok(Ok(listed)) => {
+                        tools.send_replace(Arc::new(listed));
+                        link.send_replace(Link::Ready(peer.clone()));
+                        tracing::info!(server = %cfg.name, tools = tools.borrow().len(), "MCP server ready");
+                        let mut cancel = Some(service.cancellation_token());
+                        let waiting = service.waiting();
+                        tokio::pin!(waiting);
+                        loop {
+                            tokio::select! {
+                                _ = shutdown.cancelled() => {
+                                    if let Some(c) = cancel.take() { c.cancel(); }
+                                    let _ = waiting.as_mut().await;
+                                    break;
+                                }
+                                _ = waiting.as_mut() => break,
+                                Some(()) = changed_rx.recv() => {
+                                    while changed_rx.try_recv().is_ok() {}
+                                    match list(&peer).await {
+                                        Ok(listed) => {
+                                            tracing::info!(server = %cfg.name, tools = listed.len(), "MCP server changed its tools");
+                                            tools.send_replace(Arc::new(listed));
+                                        }
+                                        Err(e) => tracing::warn!(server = %cfg.name, error = %e, "re-listing tools failed"),
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    Ok(Err(e)) => {
+                        link.send_replace(Link::Down(format!("listing tools failed: {e}")));
+                    }
+                    Err(_) => {
+                        link.send_replace(Link::Down("listing tools timed out".into()));
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(server = %cfg.name, error = %e, "MCP server failed to start");
+                link.send_replace(Link::Down(e));
+            }
+        }
+        kill_group(&pgid);
+        if shutdown.is_cancelled() {
+            break;
+        }
+        if !matches!(&*link.borrow(), Link::Down(_)) {
+            link.send_replace(Link::Down("the server exited; restarting".into()));
+            tracing::warn!(server = %cfg.name, "MCP server exited; restarting");
+        }
+        if started.elapsed() >= SUSTAINED_UPTIME {
+            backoff = BACKOFF_START;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = shutdown.cancelled() => break,
+        }
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+    link.send_replace(Link::Stopped);
+}
+
+async fn list(peer: &Peer<RoleClient>) -> Result<Vec<McpTool>, String> {
+    let tools = peer.list_all_tools().await.map_err(|e| e.to_string())?;
+    Ok(tools
+        .into_iter()
+        .map(|t| McpTool {
+            name: t.name.to_string(),
+            description: t.description.map(|d| d.to_string()).unwrap_or_default(),
+            input_schema: Value::Object((*t.input_schema).clone()),
+        })
+        .collect())
+}
+
+type Service = rmcp::service::RunningService<RoleClient, Handler>;
+
+async fn connect(
+    cfg: &McpServerConfig,
+    placement: &Placement,
+    handler: Handler,
+    pgid: &std::sync::atomic::AtomicI32,
+) -> Result<Service, String> {
+    match &cfg.transport {
+        McpTransport::Stdio {
+            command,
+            args,
+            env,
+            cwd,
+        } => {
+            let mut cmd = tokio::process::Command::new(command);
+            let workspace = placement.workspace.as_ref().map(|w| w.display().to_string());
+            cmd.args(args.iter().map(|a| match &workspace {
+                Some(w) => a.replace("{workspace}", w),
+                None => a.clone(),
+            }));
+            cmd.env_clear();
+            for k in KEPT_ENV {
+                if let Ok(v) = std::env::var(k) {
+                    cmd.env(k, v);
+                }
+            }
+            cmd.envs(env);
+            if let Some(dir) = placement.cwd.as_ref().or(cwd.as_ref()) {
+                cmd.current_dir(dir);
+            }
+            cmd.kill_on_drop(true);
+            #[cfg(unix)]
+            cmd.process_group(0);
+            let (proc, stderr) = TokioChildProcess::builder(cmd)
+                .stderr(Stdio::piped())
+                .spawn()
+                .map_err(|e| format!("cannot start {command:?}: {e}"))?;
+            if let Some(pid) = proc.id() {
+                pgid.store(pid as i32, std::sync::atomic::Ordering::SeqCst);
+            }
+            if let Some(stderr) = stderr {
+                let name = cfg.name.clone();
+                tokio::spawn(async move {
+                    let mut lines = BufReader::new(stderr).lines();
+                    while let Ok(Some(line)) = lines.next_line().await {
+                        tracing::info!(target: "turnstile::mcp::stderr", server = %name, "{line}");
+                    }
+                });
+            }
+            handler
+                .serve(proc)
+                .await
+                .map_err(|e| format!("handshake failed: {e}"))
+        }
+        McpTransport::Http { url, headers } => {
+            let headers = expand_headers(headers)?;
+            handler
+                .serve(super::http_client::transport(url, headers))
+                .await
+                .map_err(|e| format!("cannot connect to {url}: {e}"))
+        }
+    }
+}
+
+/// Header values with `${VAR}` replaced from the environment; a missing variable is an error.
+fn expand_headers(
+    headers: &BTreeMap<String, String>,
+) -> Result<std::collections::HashMap<http::HeaderName, http::HeaderValue>, String> {
+    let mut out = std::collections::HashMap::new();
+    for (k, v) in headers {
+        let value = expand(v).map_err(|var| {
+            format!("header {k} uses ${{{var}}}, which is not set in turnstile's environment")
+        })?;
+        let name = http::HeaderName::try_from(k.as_str()).map_err(|e| format!("header {k}: {e}"))?;
+        let value = http::HeaderValue::try_from(value).map_err(|e| format!("header {k}: {e}"))?;
+        out.insert(name, value);
+    }
+    Ok(out)
+}
+
+/// `${VAR}` expansion; the name of the first missing variable on failure.
+pub fn expand(s: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let Some(end) = after.find('}') else {
+            out.push_str(&rest[start..]);
+            return Ok(out);
+        };
+        let var = &after[..end];
+        out.push_str(&std::env::var(var).map_err(|_| var.to_string())?);
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn env_expansion() {
+        std::env::set_var("TURNSTILE_TEST_TOKEN", "s3cret");
+        assert_eq!(super::expand("Bearer ${TURNSTILE_TEST_TOKEN}").unwrap(), "Bearer s3cret");
+        assert_eq!(super::expand("plain").unwrap(), "plain");
+        assert_eq!(super::expand("${TURNSTILE_NOPE_X}").unwrap_err(), "TURNSTILE_NOPE_X");
+    }
+}
