@@ -173,13 +173,24 @@ async fn check(path: PathBuf) -> Result<ExitCode, String> {
         .await
         .map_err(|e| e.to_string())?;
     let tools = host.listing();
-    let width = tools.iter().map(|t| t.spec.name.len()).max().unwrap_or(4).max(4);
+    let width = tools
+        .iter()
+        .map(|t| t.spec.name.len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
     println!();
-    println!("{:<width$}  {:<7}  {:<24}  SERVER", "TOOL", "VERDICT", "RULE");
+    println!(
+        "{:<width$}  {:<7}  {:<24}  SERVER",
+        "TOOL", "VERDICT", "RULE"
+    );
     for t in tools.iter() {
         let verdict = serde_json::to_value(t.verdict).ok();
         let verdict = verdict.as_ref().and_then(|v| v.as_str()).unwrap_or("?");
-        println!("{:<width$}  {:<7}  {:<24}  {}", t.spec.name, verdict, t.rule, t.server);
+        println!(
+            "{:<width$}  {:<7}  {:<24}  {}",
+            t.spec.name, verdict, t.rule, t.server
+        );
     }
     if tools.is_empty() {
         println!("(no server tools)");

@@ -47,14 +47,30 @@ fn text(s: impl Into<String>) -> Value {
 
 fn block(item: &Value) -> Option<Value> {
     let kind = item.get("type").and_then(Value::as_str)?;
-    let s = |k: &str| item.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
+    let s = |k: &str| {
+        item.get(k)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
     Some(match kind {
         "text" => text(s("text")),
-        "image" => json!({"type": "image", "url": format!("data:{};base64,{}", s("mimeType"), s("data"))}),
-        "audio" => text(format!("[audio: {}, {} bytes of base64]", s("mimeType"), s("data").len())),
+        "image" => {
+            json!({"type": "image", "url": format!("data:{};base64,{}", s("mimeType"), s("data"))})
+        }
+        "audio" => text(format!(
+            "[audio: {}, {} bytes of base64]",
+            s("mimeType"),
+            s("data").len()
+        )),
         "resource" => {
             let r = item.get("resource")?;
-            let rs = |k: &str| r.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
+            let rs = |k: &str| {
+                r.get(k)
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string()
+            };
             match r.get("text").and_then(Value::as_str) {
                 Some(t) => text(t),
                 None => text(format!(
@@ -80,7 +96,9 @@ mod tests {
 
     #[test]
     fn one_text_is_a_string_and_is_error_is_kept() {
-        let out = to_output(result(json!({"content": [{"type": "text", "text": "5"}], "isError": true})));
+        let out = to_output(result(
+            json!({"content": [{"type": "text", "text": "5"}], "isError": true}),
+        ));
         assert_eq!(out.content, json!("5"));
         assert!(out.is_error);
     }

@@ -68,7 +68,10 @@ pub struct FederationError(pub String);
 impl McpHost {
     /// Start every configured server and wait (bounded by each one's startup timeout) for the
     /// first attempt, so the first `/meta` already lists their tools.
-    pub async fn start(config: Arc<Config>, builtins: Vec<ServerTool>) -> Result<(Arc<McpHost>, StartReport), FederationError> {
+    pub async fn start(
+        config: Arc<Config>,
+        builtins: Vec<ServerTool>,
+    ) -> Result<(Arc<McpHost>, StartReport), FederationError> {
         let mut shared = HashMap::new();
         let mut probes = Vec::new();
         for (i, cfg) in config.mcp_servers.iter().enumerate() {
@@ -98,7 +101,9 @@ impl McpHost {
             });
         for (i, r) in futures_util::future::join_all(waits).await {
             if let Err(why) = r {
-                report.failed.push((config.mcp_servers[i].name.clone(), why));
+                report
+                    .failed
+                    .push((config.mcp_servers[i].name.clone(), why));
             }
         }
         let mut probed = HashMap::new();
@@ -162,7 +167,10 @@ impl McpHost {
                         second: (cfg.name.clone(), t.name.clone()),
                     };
                     if strict {
-                        return Err(FederationError(format!("{}: {c}", self.config.path.display())));
+                        return Err(FederationError(format!(
+                            "{}: {c}",
+                            self.config.path.display()
+                        )));
                     }
                     tracing::error!("{c}; the second tool is left out");
                     continue;
@@ -186,7 +194,10 @@ impl McpHost {
         }
         for b in &self.builtins {
             if owners.contains_key(&b.spec.name) {
-                return Err(FederationError(format!("the builtin tool {} collides with an MCP tool", b.spec.name)));
+                return Err(FederationError(format!(
+                    "the builtin tool {} collides with an MCP tool",
+                    b.spec.name
+                )));
             }
             let mut b = b.clone();
             let decision = policy::decide(&self.config.policy, &b.spec.name);
@@ -240,7 +251,10 @@ impl McpHost {
                 .filter(|(_, (_, used))| used.elapsed() >= SESSION_IDLE)
                 .map(|(k, _)| k.clone())
                 .collect();
-            keys.into_iter().filter_map(|k| map.remove(&k)).map(|(s, _)| s).collect()
+            keys.into_iter()
+                .filter_map(|k| map.remove(&k))
+                .map(|(s, _)| s)
+                .collect()
         };
         for s in idle {
             s.stop().await;
@@ -249,12 +263,19 @@ impl McpHost {
 
     /// Every federated tool as `check` and `GET /tools` show it.
     pub fn listing(&self) -> Arc<Vec<ServerTool>> {
-        self.federation.read().unwrap_or_else(|p| p.into_inner()).tools.clone()
+        self.federation
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .tools
+            .clone()
     }
 
     /// The session-scoped instances running now (for tests and metrics).
     pub fn session_instances(&self) -> usize {
-        self.sessions.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
     }
 }
 
@@ -263,14 +284,24 @@ impl ToolHost for McpHost {
         self.listing()
     }
 
-    fn call<'a>(&'a self, ctx: &'a CallContext, name: &'a str, input: Value) -> BoxFuture<'a, ToolOutput> {
+    fn call<'a>(
+        &'a self,
+        ctx: &'a CallContext,
+        name: &'a str,
+        input: Value,
+    ) -> BoxFuture<'a, ToolOutput> {
         Box::pin(async move {
             let Some((idx, tool)) = self.route(name) else {
                 return ToolOutput::error(format!("Unknown tool {name}."));
             };
             match self.shared.get(&idx) {
                 Some(s) => s.call(&tool, input).await,
-                None => self.session_instance(idx, ctx).await.call(&tool, input).await,
+                None => {
+                    self.session_instance(idx, ctx)
+                        .await
+                        .call(&tool, input)
+                        .await
+                }
             }
         })
     }
@@ -283,8 +314,15 @@ impl ToolHost for McpHost {
         Box::pin(async move {
             let gone: Vec<Arc<Supervisor>> = {
                 let mut map = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
-                let keys: Vec<_> = map.keys().filter(|(s, _)| s == session_id).cloned().collect();
-                keys.into_iter().filter_map(|k| map.remove(&k)).map(|(s, _)| s).collect()
+                let keys: Vec<_> = map
+                    .keys()
+                    .filter(|(s, _)| s == session_id)
+                    .cloned()
+                    .collect();
+                keys.into_iter()
+                    .filter_map(|k| map.remove(&k))
+                    .map(|(s, _)| s)
+                    .collect()
             };
             for s in gone {
                 s.stop().await;

@@ -12,7 +12,13 @@ pub const MAX_LEN: usize = 64;
 
 fn sanitize(s: &str) -> String {
     s.chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect()
 }
 
@@ -23,7 +29,10 @@ pub fn federated(server: &str, tool: &str) -> String {
         return full;
     }
     let hash = digest(&SHA256, format!("{server}\0{tool}").as_bytes());
-    let suffix: String = hash.as_ref()[..4].iter().map(|b| format!("{b:02x}")).collect();
+    let suffix: String = hash.as_ref()[..4]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
     // `full` is ASCII after sanitizing, so any byte index is a char boundary.
     format!("{}_{suffix}", &full[..MAX_LEN - suffix.len() - 1])
 }
@@ -47,7 +56,9 @@ impl std::fmt::Display for Collision {
 }
 
 /// The first collision among `(server, tool)` pairs, if any.
-pub fn find_collision<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Option<Collision> {
+pub fn find_collision<'a>(
+    pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Option<Collision> {
     let mut seen: std::collections::HashMap<String, (String, String)> = Default::default();
     for (server, tool) in pairs {
         let name = federated(server, tool);
@@ -74,7 +85,10 @@ mod tests {
 
     #[test]
     fn names_are_prefixed_and_sanitized() {
-        assert_eq!(federated("time", "get_current_time"), "mcp__time__get_current_time");
+        assert_eq!(
+            federated("time", "get_current_time"),
+            "mcp__time__get_current_time"
+        );
         assert_eq!(federated("fs", "read.file/v2"), "mcp__fs__read_file_v2");
         assert_eq!(federated("shop", "lookup order"), "mcp__shop__lookup_order");
     }
@@ -95,7 +109,10 @@ mod tests {
         let c = find_collision([("fs", "read.file"), ("fs", "read_file")]).expect("collision");
         assert_eq!(c.name, "mcp__fs__read_file");
         let msg = c.to_string();
-        assert!(msg.contains("read.file") && msg.contains("read_file"), "{msg}");
+        assert!(
+            msg.contains("read.file") && msg.contains("read_file"),
+            "{msg}"
+        );
         assert!(find_collision([("a", "x"), ("b", "x"), ("a", "x")]).is_none());
     }
 }

@@ -36,8 +36,15 @@ pub fn decide(policy: &PolicyConfig, name: &str) -> Decision {
 }
 
 /// Patterns that match none of `names` (reported by `check`: probably a typo).
-pub fn unmatched<'a>(policy: &'a PolicyConfig, names: &[&str]) -> Vec<(&'static str, &'a PolicyRule)> {
-    let lists = [("deny", &policy.deny), ("ask", &policy.ask), ("trust", &policy.trust)];
+pub fn unmatched<'a>(
+    policy: &'a PolicyConfig,
+    names: &[&str],
+) -> Vec<(&'static str, &'a PolicyRule)> {
+    let lists = [
+        ("deny", &policy.deny),
+        ("ask", &policy.ask),
+        ("trust", &policy.trust),
+    ];
     let mut out = Vec::new();
     for (list, rules) in lists {
         for rule in rules.iter() {
@@ -63,7 +70,11 @@ mod tests {
 
     fn policy() -> PolicyConfig {
         PolicyConfig {
-            trust: vec![rule("mcp__time__*"), rule("mcp__fs__*"), rule("deliver_file")],
+            trust: vec![
+                rule("mcp__time__*"),
+                rule("mcp__fs__*"),
+                rule("deliver_file"),
+            ],
             ask: vec![rule("mcp__fs__write_*")],
             deny: vec![rule("mcp__fs__move_file")],
             default: Verdict::Ask,
@@ -74,19 +85,61 @@ mod tests {
     fn deny_beats_ask_beats_trust_beats_default() {
         let p = policy();
         let d = |n| decide(&p, n);
-        assert_eq!(d("mcp__fs__move_file"), Decision { verdict: Verdict::Deny, rule: "mcp__fs__move_file".into() });
-        assert_eq!(d("mcp__fs__write_file"), Decision { verdict: Verdict::Ask, rule: "mcp__fs__write_*".into() });
-        assert_eq!(d("mcp__fs__read_file"), Decision { verdict: Verdict::Trust, rule: "mcp__fs__*".into() });
-        assert_eq!(d("mcp__time__now"), Decision { verdict: Verdict::Trust, rule: "mcp__time__*".into() });
-        assert_eq!(d("deliver_file"), Decision { verdict: Verdict::Trust, rule: "deliver_file".into() });
-        assert_eq!(d("mcp__shop__buy"), Decision { verdict: Verdict::Ask, rule: "default".into() });
+        assert_eq!(
+            d("mcp__fs__move_file"),
+            Decision {
+                verdict: Verdict::Deny,
+                rule: "mcp__fs__move_file".into()
+            }
+        );
+        assert_eq!(
+            d("mcp__fs__write_file"),
+            Decision {
+                verdict: Verdict::Ask,
+                rule: "mcp__fs__write_*".into()
+            }
+        );
+        assert_eq!(
+            d("mcp__fs__read_file"),
+            Decision {
+                verdict: Verdict::Trust,
+                rule: "mcp__fs__*".into()
+            }
+        );
+        assert_eq!(
+            d("mcp__time__now"),
+            Decision {
+                verdict: Verdict::Trust,
+                rule: "mcp__time__*".into()
+            }
+        );
+        assert_eq!(
+            d("deliver_file"),
+            Decision {
+                verdict: Verdict::Trust,
+                rule: "deliver_file".into()
+            }
+        );
+        assert_eq!(
+            d("mcp__shop__buy"),
+            Decision {
+                verdict: Verdict::Ask,
+                rule: "default".into()
+            }
+        );
     }
 
     #[test]
     fn unmatched_patterns_are_reported() {
         let p = policy();
         let names = ["mcp__time__now", "deliver_file"];
-        let un: Vec<&str> = unmatched(&p, &names).iter().map(|(_, r)| r.pattern.as_str()).collect();
-        assert_eq!(un, vec!["mcp__fs__move_file", "mcp__fs__write_*", "mcp__fs__*"]);
+        let un: Vec<&str> = unmatched(&p, &names)
+            .iter()
+            .map(|(_, r)| r.pattern.as_str())
+            .collect();
+        assert_eq!(
+            un,
+            vec!["mcp__fs__move_file", "mcp__fs__write_*", "mcp__fs__*"]
+        );
     }
 }

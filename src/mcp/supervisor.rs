@@ -14,7 +14,9 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rmcp::model::{CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation, ProtocolVersion};
+use rmcp::model::{
+    CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation, ProtocolVersion,
+};
 use rmcp::service::{MaybeSendFuture, NotificationContext, Peer, RoleClient, ServiceExt};
 use rmcp::transport::TokioChildProcess;
 use rmcp::ClientHandler;
@@ -46,7 +48,9 @@ pub enum Link {
 }
 
 /// Variables a child keeps from our environment; everything else is cleared.
-const KEPT_ENV: &[&str] = &["PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ", "USER", "SHELL"];
+const KEPT_ENV: &[&str] = &[
+    "PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ", "USER", "SHELL",
+];
 
 /// Restart backoff: from this, doubling, capped; reset after sustained uptime.
 const BACKOFF_START: Duration = Duration::from_millis(100);
@@ -184,16 +188,16 @@ impl Supervisor {
             Value::Object(map) => Some(map),
             Value::Null => None,
             other => {
-                return ToolOutput::error(format!(
-                    "tool input must be a JSON object, not {other}"
-                ))
+                return ToolOutput::error(format!("tool input must be a JSON object, not {other}"))
             }
         };
         let mut params = CallToolRequestParams::new(tool.to_string());
         params.arguments = args;
         match tokio::time::timeout_at(deadline, peer.call_tool(params)).await {
             Ok(Ok(result)) => to_output(result),
-            Ok(Err(e)) => ToolOutput::error(format!("MCP server {} failed the call: {e}", self.name)),
+            Ok(Err(e)) => {
+                ToolOutput::error(format!("MCP server {} failed the call: {e}", self.name))
+            }
             Err(_) => ToolOutput::error(format!(
                 "MCP server {}: tool {tool} did not answer within {} s (timeout_s)",
                 self.name,
@@ -334,7 +338,10 @@ async fn connect(
             cwd,
         } => {
             let mut cmd = tokio::process::Command::new(command);
-            let workspace = placement.workspace.as_ref().map(|w| w.display().to_string());
+            let workspace = placement
+                .workspace
+                .as_ref()
+                .map(|w| w.display().to_string());
             cmd.args(args.iter().map(|a| match &workspace {
                 Some(w) => a.replace("{workspace}", w),
                 None => a.clone(),
@@ -392,7 +399,8 @@ fn expand_headers(
         let value = expand(v).map_err(|var| {
             format!("header {k} uses ${{{var}}}, which is not set in turnstile's environment")
         })?;
-        let name = http::HeaderName::try_from(k.as_str()).map_err(|e| format!("header {k}: {e}"))?;
+        let name =
+            http::HeaderName::try_from(k.as_str()).map_err(|e| format!("header {k}: {e}"))?;
         let value = http::HeaderValue::try_from(value).map_err(|e| format!("header {k}: {e}"))?;
         out.insert(name, value);
     }
@@ -423,8 +431,14 @@ mod tests {
     #[test]
     fn env_expansion() {
         std::env::set_var("TURNSTILE_TEST_TOKEN", "s3cret");
-        assert_eq!(super::expand("Bearer ${TURNSTILE_TEST_TOKEN}").unwrap(), "Bearer s3cret");
+        assert_eq!(
+            super::expand("Bearer ${TURNSTILE_TEST_TOKEN}").unwrap(),
+            "Bearer s3cret"
+        );
         assert_eq!(super::expand("plain").unwrap(), "plain");
-        assert_eq!(super::expand("${TURNSTILE_NOPE_X}").unwrap_err(), "TURNSTILE_NOPE_X");
+        assert_eq!(
+            super::expand("${TURNSTILE_NOPE_X}").unwrap_err(),
+            "TURNSTILE_NOPE_X"
+        );
     }
 }

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod logcheck;
+pub mod mcp;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
