@@ -26,7 +26,10 @@ use crate::tools::{ServerTool, ToolHost};
 use crate::upstream::Provider;
 use crate::{clock, ids};
 
-pub use session::{Feed, Pending, PendingKind, Session, SessionRecord, StopCause, ToolGrant};
+pub use session::{
+    DeltaKind, Feed, Pending, PendingKind, PlanDecision, Session, SessionRecord, StopCause,
+    ToolGrant,
+};
 pub use turn::{ClientResult, Permission, TurnInput};
 
 /// What can go wrong asking the engine for something. Mapped to HTTP once, at the edge.
@@ -82,6 +85,23 @@ pub struct TurnRequest {
     pub update: SessionUpdate,
     /// Whether a client is attached that can run client tools and answer permissions.
     pub interactive: bool,
+    /// Wait behind a running turn instead of failing with `Busy`.
+    pub queue: bool,
+    /// Plan mode (runs API): the first model call proposes a plan and waits for approval.
+    pub plan: bool,
+}
+
+impl TurnRequest {
+    /// A plain AAP turn: interactive, not queued, no plan.
+    pub fn interactive(input: TurnInput, update: SessionUpdate) -> TurnRequest {
+        TurnRequest {
+            input,
+            update,
+            interactive: true,
+            queue: false,
+            plan: false,
+        }
+    }
 }
 
 /// A started turn: its id and what it sends as it runs (stored events and deltas). The turn goes
@@ -98,6 +118,8 @@ pub enum Status {
     Idle,
     Running,
     AwaitingClient,
+    /// A run in plan mode waits for its plan to be confirmed or rejected.
+    PlanPendingApproval,
 }
 
 /// A consistent view of a session.
@@ -109,6 +131,9 @@ pub struct SessionView {
     pub status: Status,
     pub running_turn: Option<String>,
     pub pending: Vec<Pending>,
+    /// Turns waiting behind the running one.
+    pub queued: Vec<String>,
+    pub pending_plan: Option<String>,
 }
 
 pub(crate) struct Inner {
@@ -119,6 +144,13 @@ pub(crate) struct Inner {
     sessions: Mutex<HashMap<String, Arc<Session>>>,
     tracker: TaskTracker,
     shutting_down: std::sync::atomic::AtomicBool,
+}
+
+impl Inner {
+    pub(crate) fn spawn_turn(self: &Arc<Inner>, job: turn::TurnJob) {
+        crate::metrics::inc(&crate::metrics::TURNS_STARTED);
+        self.tracker.spawn(turn::run(self.clone(), job));
+    }
 }
 
 /// The engine; cheap to clone.
@@ -509,50 +541,40 @@ impl Engine {
     }
 
     /// Start a turn: validate the request against the session's state, apply its overrides and
-    /// run the turn on its own task.
-    pub fn start_turn(
-        &self,
-        session: &Arc<Session>,
-        req: TurnRequest,
-    ) -> Result<TurnHandle, EngineError> {
+    /// run the turn on its own task (or queue it behind the running one, when asked to).
+    pub fn start_turn(&self, session: &Arc<Session>, req: TurnRequest) -> Result<TurnHandle, EngineError> {
         self.check_open()?;
         let config = &self.inner.config;
-        let (control, answering) = {
-            let mut st = session.lock();
-            if st.deleted {
-                return Err(EngineError::NotFound {
-                    what: "session",
-                    id: session.id.to_string(),
-                });
-            }
-            if let Some(r) = &st.running {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut st = session.lock();
+        if st.deleted {
+            return Err(EngineError::NotFound {
+                what: "session",
+                id: session.id.to_string(),
+            });
+        }
+        if let Some(r) = &st.running {
+            if !req.queue {
                 return Err(EngineError::Busy {
                     turn_id: r.turn_id.clone(),
                 });
             }
-            let answering = check_answers(&st.pending, &req.input)?;
-            let agent = config.agent(&st.record.agent).ok_or_else(|| {
-                EngineError::Conflict(format!(
-                    "the session's agent {:?} is no longer configured",
-                    st.record.agent
-                ))
-            })?;
-            let mut record = st.record.clone();
-            let changed = !is_empty_update(&req.update);
-            self.apply_update(agent, &mut record, req.update)?;
-            if let TurnInput::Resume { .. } = &req.input {
-                st.pending.clear();
-            }
-            st.record = record;
-            let control = session::TurnControl::new(ids::new("turn"));
-            st.running = Some(control.clone());
-            drop(st);
-            if changed {
-                self.persist(session);
-            }
-            (control, answering)
-        };
-        let (tx, rx) = mpsc::unbounded_channel();
+        }
+        let answering = check_answers(&st.pending, &req.input)?;
+        let agent = config.agent(&st.record.agent).ok_or_else(|| {
+            EngineError::Conflict(format!(
+                "the session's agent {:?} is no longer configured",
+                st.record.agent
+            ))
+        })?;
+        let mut record = st.record.clone();
+        let changed = !is_empty_update(&req.update);
+        self.apply_update(agent, &mut record, req.update)?;
+        if let TurnInput::Resume { .. } = &req.input {
+            st.pending.clear();
+        }
+        st.record = record;
+        let control = session::TurnControl::new(ids::new("turn"));
         let job = turn::TurnJob {
             session: session.clone(),
             control: control.clone(),
@@ -560,13 +582,118 @@ impl Engine {
             answering,
             sink: Some(tx),
             interactive: req.interactive,
+            plan: req.plan,
         };
-        crate::metrics::inc(&crate::metrics::TURNS_STARTED);
-        self.inner.tracker.spawn(turn::run(self.inner.clone(), job));
+        let run_now = if st.running.is_some() {
+            st.queue.push_back(turn::Queued {
+                control: control.clone(),
+                job,
+            });
+            None
+        } else {
+            st.running = Some(control.clone());
+            Some(job)
+        };
+        drop(st);
+        if changed {
+            self.persist(session);
+        }
+        if let Some(job) = run_now {
+            self.inner.spawn_turn(job);
+        }
         Ok(TurnHandle {
             turn_id: control.turn_id.clone(),
             feed: rx,
         })
+    }
+
+    /// Cancel one turn (running or queued) or, with no id, the running turn and every queued
+    /// one. Idempotent: a turn that already ended is left alone. The ids it stopped.
+    pub fn cancel(&self, session: &Arc<Session>, turn_id: Option<&str>) -> Vec<String> {
+        let mut stopped = Vec::new();
+        let next = {
+            let mut st = session.lock();
+            let wanted = |id: &str| turn_id.is_none_or(|t| t == id);
+            for q in st.queue.iter() {
+                if wanted(&q.control.turn_id) && !q.control.token.is_cancelled() {
+                    q.control.stop(StopCause::Cancelled);
+                    stopped.push(q.control.turn_id.clone());
+                }
+            }
+            if let Some(r) = &st.running {
+                if wanted(&r.turn_id) && !r.token.is_cancelled() {
+                    r.stop(StopCause::Cancelled);
+                    stopped.push(r.turn_id.clone());
+                }
+            }
+            // Nothing running: cancelled queued turns are logged right away.
+            turn::next_queued(session, &mut st, &self.inner.store)
+        };
+        if let Some(job) = next {
+            self.inner.spawn_turn(job);
+        }
+        stopped
+    }
+
+    /// Confirm or reject the plan a run waits on (409 when none waits).
+    pub fn decide_plan(&self, session: &Session, decision: PlanDecision) -> Result<(), EngineError> {
+        let mut st = session.lock();
+        let sender = st.plan.as_mut().and_then(|p| p.decide.take());
+        match sender {
+            Some(tx) => {
+                st.plan = None;
+                let _ = tx.send(decision);
+                Ok(())
+            }
+            None => Err(EngineError::Conflict(
+                "no plan is waiting for approval in this session; start a run with \"plan\": true first".into(),
+            )),
+        }
+    }
+
+    /// A session's events after `after` (an event id; `None` from the start), at most `limit`,
+    /// and whether more follow. Reads the store, then the current turn's events not yet in it.
+    pub async fn events_after(
+        &self,
+        session: &Session,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<(Vec<Arc<crate::log::Event>>, bool), EngineError> {
+        let after_seq = match after {
+            None => 0,
+            Some(id) => self.seq_of(session, id).await?,
+        };
+        let (tail, _) = session.subscribe();
+        let mut out: Vec<Arc<crate::log::Event>> = self
+            .inner
+            .store
+            .events(&session.id, after_seq, limit + 1)
+            .await?
+            .into_iter()
+            .map(Arc::new)
+            .collect();
+        let last = out.last().map_or(after_seq, |e| e.seq);
+        if out.len() <= limit {
+            out.extend(tail.into_iter().filter(|e| e.seq > last));
+        }
+        let more = out.len() > limit;
+        out.truncate(limit);
+        Ok((out, more))
+    }
+
+    /// The position of an event id in a session's log; an unknown id is an error, never a
+    /// silent restart from the beginning.
+    pub async fn seq_of(&self, session: &Session, event_id: &str) -> Result<u64, EngineError> {
+        if let Some(ev) = session.subscribe().0.iter().find(|e| e.id == event_id) {
+            return Ok(ev.seq);
+        }
+        match self.inner.store.seq_of(&session.id, event_id).await? {
+            Some(seq) => Ok(seq),
+            None => Err(EngineError::Invalid(format!(
+                "event {event_id} is not in session {}'s log; pass the id of an event you received, or omit the cursor to start from the beginning",
+                session.id
+            ))),
+        }
     }
 
     /// Stop accepting turns, end running ones with `worker_shutdown`, wait for them (at most
@@ -709,7 +836,9 @@ fn check_answers(pending: &[Pending], input: &TurnInput) -> Result<Vec<Pending>,
 fn view(session: &Session) -> SessionView {
     let st = session.lock();
     let running_turn = st.running.as_ref().map(|r| r.turn_id.clone());
-    let status = if running_turn.is_some() {
+    let status = if st.plan.is_some() {
+        Status::PlanPendingApproval
+    } else if running_turn.is_some() {
         Status::Running
     } else if !st.pending.is_empty() {
         Status::AwaitingClient
@@ -723,5 +852,7 @@ fn view(session: &Session) -> SessionView {
         status,
         running_turn,
         pending: st.pending.clone(),
+        queued: st.queue.iter().map(|q| q.control.turn_id.clone()).collect(),
+        pending_plan: st.plan.as_ref().map(|p| p.plan.clone()),
     }
 }

@@ -39,12 +39,68 @@ pub struct SessionRecord {
     pub seed: Vec<Message>,
 }
 
-/// A live item: a stored event, or a fragment of streamed text (never stored).
+/// Which text a delta extends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeltaKind {
+    Message,
+    Thinking,
+}
+
+impl DeltaKind {
+    /// The spec 003 event type of a delta of this kind.
+    pub fn type_name(self) -> &'static str {
+        match self {
+            DeltaKind::Message => "agent.message.delta",
+            DeltaKind::Thinking => "agent.thinking.delta",
+        }
+    }
+}
+
+/// A live item: a stored event, or streamed text (never stored).
 #[derive(Debug, Clone)]
 pub enum Feed {
     Event(Arc<Event>),
-    TextDelta { turn_id: Arc<str>, text: String },
-    ThinkingDelta { turn_id: Arc<str>, text: String },
+    /// A fragment exactly as the upstream streamed it: sent only to the watcher of the turn
+    /// (AAP `delta` mode), never to session subscribers.
+    Fragment { kind: DeltaKind, text: String },
+    /// A coalesced delta (at most 200 characters, or what 50 ms gathered), for subscribers.
+    Delta {
+        turn_id: Arc<str>,
+        kind: DeltaKind,
+        text: Arc<str>,
+    },
+}
+
+/// Deltas are pushed when this many characters are buffered...
+pub const DELTA_CHARS: usize = 200;
+/// ...or this long after the first buffered fragment, whichever comes first.
+pub const DELTA_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Gathers a turn's streamed fragments into deltas (spec 003).
+#[derive(Debug)]
+pub(crate) struct Coalescer {
+    turn_id: Arc<str>,
+    kind: DeltaKind,
+    buf: String,
+    chars: usize,
+    /// When the buffer must be pushed (50 ms after its first fragment).
+    pub deadline: Option<tokio::time::Instant>,
+}
+
+/// A proposed plan waiting for the client's decision (runs API plan mode).
+#[derive(Debug)]
+pub(crate) struct PlanWait {
+    pub plan: String,
+    pub decide: Option<tokio::sync::oneshot::Sender<PlanDecision>>,
+}
+
+/// The client's decision on a proposed plan.
+#[derive(Debug, Clone)]
+pub enum PlanDecision {
+    /// Go on, with the plan replaced by `edits` when given.
+    Confirm { edits: Option<String> },
+    /// Propose another plan; the reason is given to the model.
+    Reject { reason: Option<String> },
 }
 
 /// Who must act on a pending tool call.
@@ -119,8 +175,12 @@ pub(crate) struct State {
     pub history: Projector,
     pub pending: Vec<Pending>,
     pub running: Option<Arc<TurnControl>>,
+    /// Turns waiting for the running one to end, in order.
+    pub queue: std::collections::VecDeque<super::turn::Queued>,
     /// The events of the current (or last) turn, for subscribers that join mid-turn.
     pub tail: Vec<Arc<Event>>,
+    pub coalescer: Option<Coalescer>,
+    pub plan: Option<PlanWait>,
     pub deleted: bool,
 }
 
@@ -167,7 +227,10 @@ impl Session {
                 history,
                 pending,
                 running: None,
+                queue: Default::default(),
                 tail: last_turn,
+                coalescer: None,
+                plan: None,
                 deleted: false,
             }),
             feed: broadcast::channel(FEED_CAPACITY).0,
@@ -203,6 +266,8 @@ impl Session {
         if st.deleted {
             return None;
         }
+        // Deltas gathered so far go out before any other event.
+        self.flush_deltas(st);
         st.next_seq += 1;
         if matches!(body, EventBody::UserMessage { .. }) {
             st.tail.clear();
@@ -226,6 +291,82 @@ impl Session {
     /// Send an item to live subscribers.
     pub fn publish(&self, item: Feed) {
         let _ = self.feed.send(item);
+    }
+
+    /// Add a streamed fragment to the turn's coalescer, pushing a delta at every 200 characters.
+    pub(crate) fn push_fragment(&self, turn_id: &Arc<str>, kind: DeltaKind, fragment: &str) {
+        let mut st = self.lock();
+        if st.coalescer.as_ref().is_some_and(|c| c.kind != kind || c.turn_id != *turn_id) {
+            self.flush_deltas(&mut st);
+        }
+        let c = st.coalescer.get_or_insert_with(|| Coalescer {
+            turn_id: turn_id.clone(),
+            kind,
+            buf: String::new(),
+            chars: 0,
+            deadline: None,
+        });
+        c.kind = kind;
+        let mut full = Vec::new();
+        for ch in fragment.chars() {
+            c.buf.push(ch);
+            c.chars += 1;
+            if c.chars == DELTA_CHARS {
+                full.push(std::mem::take(&mut c.buf));
+                c.chars = 0;
+                c.deadline = None;
+            }
+        }
+        if !c.buf.is_empty() && c.deadline.is_none() {
+            c.deadline = Some(tokio::time::Instant::now() + DELTA_WAIT);
+        }
+        let turn_id = c.turn_id.clone();
+        drop(st);
+        for text in full {
+            self.publish(Feed::Delta {
+                turn_id: turn_id.clone(),
+                kind,
+                text: text.into(),
+            });
+        }
+    }
+
+    /// Push what the coalescer holds (called before every stored event, and by the timer).
+    pub(crate) fn flush_deltas(&self, st: &mut State) {
+        if let Some(c) = st.coalescer.as_mut() {
+            c.deadline = None;
+            c.chars = 0;
+            if !c.buf.is_empty() {
+                let text = std::mem::take(&mut c.buf);
+                let _ = self.feed.send(Feed::Delta {
+                    turn_id: c.turn_id.clone(),
+                    kind: c.kind,
+                    text: text.into(),
+                });
+            }
+        }
+    }
+
+    /// Push the buffer if its 50 ms are up; when the next push is due otherwise.
+    pub(crate) fn flush_due(&self) -> Option<tokio::time::Instant> {
+        let mut st = self.lock();
+        let deadline = st.coalescer.as_ref().and_then(|c| c.deadline)?;
+        if deadline <= tokio::time::Instant::now() {
+            self.flush_deltas(&mut st);
+            None
+        } else {
+            Some(deadline)
+        }
+    }
+
+    /// The plan waiting for approval, if any.
+    pub fn pending_plan(&self) -> Option<String> {
+        self.lock().plan.as_ref().map(|p| p.plan.clone())
+    }
+
+    /// The turns waiting behind the running one.
+    pub fn queued_turns(&self) -> Vec<String> {
+        self.lock().queue.iter().map(|q| q.control.turn_id.clone()).collect()
     }
 
     /// Subscribe to live items, with the events of the current turn so far (taken atomically,

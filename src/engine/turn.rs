@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::catalog::{Catalog, Route};
-use super::session::{Feed, Pending, PendingKind, Session, StopCause, TurnControl};
+use super::session::{DeltaKind, Feed, Pending, PendingKind, Session, StopCause, TurnControl};
 use super::Inner;
 use crate::log::{Event, EventBody, FailReason, FileRef, StopReason};
 use crate::message::{Message, ToolCall, Usage};
@@ -65,6 +65,51 @@ pub(crate) struct TurnJob {
     pub answering: Vec<Pending>,
     pub sink: Option<mpsc::UnboundedSender<Feed>>,
     pub interactive: bool,
+    /// Plan mode (runs API): propose a plan without tools and wait for its approval first.
+    pub plan: bool,
+}
+
+/// A turn waiting for the running one to end.
+pub(crate) struct Queued {
+    pub control: Arc<TurnControl>,
+    pub job: TurnJob,
+}
+
+/// The `user.message` a turn input is logged as.
+pub(crate) fn user_message(input: &TurnInput) -> EventBody {
+    match input {
+        TurnInput::User {
+            content,
+            files,
+            skills,
+        } => EventBody::UserMessage {
+            content: content.clone(),
+            files: files.clone(),
+            skills: skills.clone(),
+        },
+        TurnInput::Resume {
+            results,
+            permissions,
+        } => {
+            let mut blocks = Vec::with_capacity(results.len() + permissions.len());
+            for r in results {
+                blocks.push(json!({"type": "tool_result", "tool_use_id": r.call_id,
+                                   "content": r.content, "is_error": r.is_error}));
+            }
+            for p in permissions {
+                let mut b = json!({"type": "tool_permission", "tool_use_id": p.call_id, "granted": p.granted});
+                if let Some(reason) = &p.reason {
+                    b["reason"] = Value::String(reason.clone());
+                }
+                blocks.push(b);
+            }
+            EventBody::UserMessage {
+                content: Value::Array(blocks),
+                files: vec![],
+                skills: vec![],
+            }
+        }
+    }
 }
 
 /// How a turn ended early.
@@ -87,6 +132,8 @@ struct Turn {
     open: Vec<String>,
     /// The calls the turn stops on, when it stops with `tool_use`.
     stop_on: Vec<Pending>,
+    /// Instructions for the model that are not history (plan mode), after the history.
+    extra: Vec<Message>,
 }
 
 pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
@@ -97,6 +144,7 @@ pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
         answering,
         sink,
         interactive,
+        plan,
     } = job;
     let agent_name = session.record().agent;
     let timeout = inner
@@ -115,15 +163,33 @@ pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
         said: false,
         open: Vec::new(),
         stop_on: Vec::new(),
+        extra: Vec::new(),
+    };
+    // Pushes coalesced deltas whose 50 ms are up while the turn waits on the upstream.
+    let flusher = {
+        let session = turn.session.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(super::session::DELTA_WAIT / 5);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                match session.flush_due() {
+                    Some(deadline) => tokio::time::sleep_until(deadline).await,
+                    None => {
+                        tick.tick().await;
+                    }
+                }
+            }
+        })
     };
     let result = tokio::select! {
-        r = turn.body(input, answering) => r,
+        r = turn.body(input, answering, plan) => r,
         _ = control.token.cancelled() => Err(End::Stopped),
         _ = tokio::time::sleep(timeout) => Err(End::Failed(
             FailReason::Timeout,
             format!("the turn ran longer than turn_timeout_s ({} s)", timeout.as_secs()),
         )),
     };
+    flusher.abort();
     turn.finish(result, &control).await;
 }
 
@@ -153,23 +219,19 @@ impl Turn {
         });
     }
 
-    async fn body(&mut self, input: TurnInput, answering: Vec<Pending>) -> Result<StopReason, End> {
-        match input {
-            TurnInput::User {
-                content,
-                files,
-                skills,
-            } => {
-                self.emit(EventBody::UserMessage {
-                    content,
-                    files,
-                    skills,
-                });
-            }
-            TurnInput::Resume {
-                results,
-                permissions,
-            } => self.resume(answering, results, permissions).await,
+    async fn body(
+        &mut self,
+        input: TurnInput,
+        answering: Vec<Pending>,
+        plan: bool,
+    ) -> Result<StopReason, End> {
+        self.emit(user_message(&input));
+        if let TurnInput::Resume {
+            results,
+            permissions,
+        } = input
+        {
+            self.resume(answering, results, permissions).await;
         }
         // A turn that has begun is durably known before the model is called: if the process
         // dies from here on, the next start closes it as `worker_lost` instead of losing it.
@@ -194,7 +256,12 @@ impl Turn {
                 )
             })?
             .clone();
-        for step in 1..=agent.max_steps {
+        let mut step = 0;
+        if plan {
+            step = self.plan(&agent).await?;
+        }
+        while step < agent.max_steps {
+            step += 1;
             let record = self.session.record();
             let host_tools = self.inner.tools.tools();
             let catalog = Catalog::new(&agent, &host_tools, &record, self.interactive);
@@ -278,35 +345,76 @@ impl Turn {
                 return Ok(StopReason::ToolUse);
             }
         }
-        // max_steps >= 1 and every step returns or continues after tools: the last step returns.
+        // Only reached when plan mode spent the whole budget.
         Ok(StopReason::MaxSteps)
     }
 
-    /// Log what the client answered, then the result of every call the last turn stopped on.
+    /// Plan mode: ask for a plan with no tools offered, log it (`agent.message`, `plan: true`),
+    /// and wait for the client: confirmed, the plan (or its edit) goes into the context; rejected,
+    /// the reason does and another plan is asked for. Returns the model calls spent.
+    async fn plan(&mut self, agent: &crate::config::AgentConfig) -> Result<u32, End> {
+        let mut steps = 0;
+        self.extra = vec![Message::User {
+            content: crate::message::Content::Text(
+                "Before doing anything, propose a short, numbered plan for this goal. Do not call tools yet; the plan will be reviewed first.".into(),
+            ),
+        }];
+        loop {
+            if steps >= agent.max_steps {
+                return Err(End::Failed(
+                    FailReason::EmptyOutput,
+                    "the step budget was spent on plans that were not approved".into(),
+                ));
+            }
+            steps += 1;
+            let record = self.session.record();
+            let req = self.request(agent, &record, Vec::new(), false);
+            let out = self.call_model(&req, false).await?;
+            self.usage.add(out.usage);
+            if out.text.trim().is_empty() {
+                return Err(End::Failed(FailReason::EmptyOutput, "the model proposed no plan".into()));
+            }
+            self.emit(EventBody::AgentMessage {
+                content: out.text.clone(),
+                plan: true,
+            });
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            self.session.lock().plan = Some(super::session::PlanWait {
+                plan: out.text.clone(),
+                decide: Some(tx),
+            });
+            let decision = rx.await.map_err(|_| End::Stopped)?;
+            self.session.lock().plan = None;
+            match decision {
+                super::session::PlanDecision::Confirm { edits } => {
+                    let plan = edits.unwrap_or(out.text);
+                    self.extra = vec![Message::User {
+                        content: crate::message::Content::Text(format!(
+                            "The plan is approved. Carry it out now, using tools as needed.\n\nPlan:\n{plan}"
+                        )),
+                    }];
+                    return Ok(steps);
+                }
+                super::session::PlanDecision::Reject { reason } => {
+                    let why = reason.map(|r| format!(": {r}")).unwrap_or_default();
+                    self.extra.push(Message::User {
+                        content: crate::message::Content::Text(format!(
+                            "The plan was rejected{why}. Propose a new plan; do not call tools yet."
+                        )),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Log the result of every call the last turn stopped on: the client's results, the
+    /// denials, and the granted calls run here.
     async fn resume(
         &mut self,
         answering: Vec<Pending>,
         results: Vec<ClientResult>,
         permissions: Vec<Permission>,
     ) {
-        let mut blocks = Vec::with_capacity(results.len() + permissions.len());
-        for r in &results {
-            blocks.push(json!({"type": "tool_result", "tool_use_id": r.call_id,
-                               "content": r.content, "is_error": r.is_error}));
-        }
-        for p in &permissions {
-            let mut b =
-                json!({"type": "tool_permission", "tool_use_id": p.call_id, "granted": p.granted});
-            if let Some(reason) = &p.reason {
-                b["reason"] = Value::String(reason.clone());
-            }
-            blocks.push(b);
-        }
-        self.emit(EventBody::UserMessage {
-            content: Value::Array(blocks),
-            files: vec![],
-            skills: vec![],
-        });
         self.open = answering.iter().map(|p| p.call_id.clone()).collect();
 
         let mut results: HashMap<String, ClientResult> = results
@@ -398,6 +506,7 @@ impl Turn {
                 other => messages.push(other),
             }
         }
+        messages.extend(self.extra.iter().cloned());
         let upstream = &self.inner.config.upstream;
         ModelRequest {
             model: record
@@ -502,23 +611,61 @@ impl Turn {
         if let Err(e) = self.inner.store.flush().await {
             tracing::error!(turn = %self.turn_id, error = %e, "the turn's events could not be made durable");
         }
-        {
+        // Under one lock: the terminal event reaches subscribers before anything of the next
+        // turn, and the next queued turn takes the session.
+        let next = {
             let mut st = self.session.lock();
-            if st
-                .running
-                .as_ref()
-                .is_some_and(|r| r.turn_id == *self.turn_id)
-            {
+            if st.running.as_ref().is_some_and(|r| r.turn_id == *self.turn_id) {
                 st.running = None;
             }
-        }
-        if let Some(ev) = ev {
-            self.session.publish(Feed::Event(ev.clone()));
-            if let Some(sink) = &self.sink {
-                let _ = sink.send(Feed::Event(ev));
+            st.coalescer = None;
+            st.plan = None;
+            if let Some(ev) = &ev {
+                self.session.publish(Feed::Event(ev.clone()));
             }
+            next_queued(&self.session, &mut st, &self.inner.store)
+        };
+        if let (Some(ev), Some(sink)) = (ev, &self.sink) {
+            let _ = sink.send(Feed::Event(ev));
+        }
+        if let Some(job) = next {
+            self.inner.spawn_turn(job);
         }
     }
+}
+
+/// Take the next queued turn for the session (with its lock held). Queued turns cancelled
+/// while they waited are logged now, `user.message` then `turn.cancelled` with no usage, and
+/// never reach the model.
+pub(crate) fn next_queued(
+    session: &Session,
+    st: &mut super::session::State,
+    store: &crate::log::Store,
+) -> Option<TurnJob> {
+    if st.running.is_some() {
+        return None;
+    }
+    while let Some(q) = st.queue.pop_front() {
+        if q.control.token.is_cancelled() {
+            let turn_id = q.control.turn_id.clone();
+            let mut sent = Vec::new();
+            for body in [user_message(&q.job.input), EventBody::TurnCancelled { usage: None }] {
+                if let Some(ev) = session.append_locked(st, store, &turn_id, body, true) {
+                    sent.push(ev);
+                }
+            }
+            if let Some(sink) = &q.job.sink {
+                for ev in sent {
+                    let _ = sink.send(Feed::Event(ev));
+                }
+            }
+            crate::metrics::inc(&crate::metrics::TURNS_CANCELLED);
+            continue;
+        }
+        st.running = Some(q.control.clone());
+        return Some(q.job);
+    }
+    None
 }
 
 /// Forwards streamed fragments to the turn's watcher and the session's live subscribers.
@@ -531,32 +678,28 @@ struct Deltas<'a> {
 }
 
 impl Deltas<'_> {
-    fn send(&self, item: Feed) {
+    fn send(&self, kind: DeltaKind, fragment: &str) {
         if let Some(sink) = self.sink {
-            let _ = sink.send(item.clone());
+            let _ = sink.send(Feed::Fragment {
+                kind,
+                text: fragment.to_string(),
+            });
         }
-        self.session.publish(item);
+        self.session.push_fragment(self.turn_id, kind, fragment);
     }
 }
 
 impl DeltaSink for Deltas<'_> {
     fn text(&mut self, fragment: &str) {
-        if fragment.is_empty() {
-            return;
+        if !fragment.is_empty() {
+            self.streamed_text = true;
+            self.send(DeltaKind::Message, fragment);
         }
-        self.streamed_text = true;
-        self.send(Feed::TextDelta {
-            turn_id: self.turn_id.clone(),
-            text: fragment.to_string(),
-        });
     }
 
     fn thinking(&mut self, fragment: &str) {
         if self.thinking && !fragment.is_empty() {
-            self.send(Feed::ThinkingDelta {
-                turn_id: self.turn_id.clone(),
-                text: fragment.to_string(),
-            });
+            self.send(DeltaKind::Thinking, fragment);
         }
     }
 }

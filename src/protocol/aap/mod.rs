@@ -369,14 +369,9 @@ pub async fn turns(
         update.options = agent.options;
     }
     let input = turn_input(body.messages)?;
-    let mut handle = app.engine.start_turn(
-        &session,
-        TurnRequest {
-            input,
-            update,
-            interactive: true,
-        },
-    )?;
+    let mut handle = app
+        .engine
+        .start_turn(&session, TurnRequest::interactive(input, update))?;
     let mode = body.stream;
     let mut renderer = TurnRenderer::default();
     if mode == StreamMode::None {

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use super::wire::StreamMode;
 use crate::engine::history::Projector;
-use crate::engine::Feed;
+use crate::engine::{DeltaKind, Feed};
 use crate::log::{Event, EventBody, StopReason};
 
 /// The AAP `stopReason` of a terminal event, and an error object for failures.
@@ -74,13 +74,11 @@ impl TurnRenderer {
     /// The SSE events (name, data) for one feed item in `delta` or `message` mode.
     pub fn sse(&mut self, mode: StreamMode, item: &Feed) -> Option<(&'static str, String)> {
         let (name, data) = match item {
-            Feed::TextDelta { text, .. } if mode == StreamMode::Delta => {
-                ("text_delta", json!({ "delta": text }))
-            }
-            Feed::ThinkingDelta { text, .. } if mode == StreamMode::Delta => {
-                ("thinking_delta", json!({ "delta": text }))
-            }
-            Feed::TextDelta { .. } | Feed::ThinkingDelta { .. } => return None,
+            Feed::Fragment { kind, text } if mode == StreamMode::Delta => match kind {
+                DeltaKind::Message => ("text_delta", json!({ "delta": text })),
+                DeltaKind::Thinking => ("thinking_delta", json!({ "delta": text })),
+            },
+            Feed::Fragment { .. } | Feed::Delta { .. } => return None,
             Feed::Event(ev) => {
                 self.note(ev);
                 match &ev.body {
