@@ -50,6 +50,7 @@ pub struct Running {
     pub addr: SocketAddr,
     pub engine: Engine,
     shutdown: CancellationToken,
+    streams: CancellationToken,
     server: JoinHandle<()>,
 }
 
@@ -59,6 +60,8 @@ impl Running {
     pub async fn stop(self) {
         self.shutdown.cancel();
         self.engine.shutdown(SHUTDOWN_GRACE).await;
+        // Turns have ended and subscribers have their terminal events: close the streams.
+        self.streams.cancel();
         let _ = self.server.await;
     }
 }
@@ -157,10 +160,12 @@ pub async fn start_with(
     let addr = listener
         .local_addr()
         .map_err(|source| StartError::Listen { addr, source })?;
+    let streams = CancellationToken::new();
     let app = Arc::new(App {
         engine: engine.clone(),
         keys,
         public_meta,
+        streams: streams.clone(),
     });
     let shutdown = CancellationToken::new();
     let server = tokio::spawn(crate::http::server::serve(
@@ -173,6 +178,7 @@ pub async fn start_with(
         addr,
         engine,
         shutdown,
+        streams,
         server,
     })
 }

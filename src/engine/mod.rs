@@ -8,6 +8,7 @@
 //!   subscribe to a session's live feed with [`Session::subscribe`].
 
 pub mod catalog;
+pub mod follow;
 pub mod history;
 pub mod session;
 pub mod turn;
@@ -89,9 +90,16 @@ pub struct TurnRequest {
     pub queue: bool,
     /// Plan mode (runs API): the first model call proposes a plan and waits for approval.
     pub plan: bool,
+    /// Overrides the agent's `max_steps` for this turn (`POST /run`).
+    pub max_steps: Option<u32>,
 }
 
 impl TurnRequest {
+    pub fn with_max_steps(mut self, max_steps: Option<u32>) -> TurnRequest {
+        self.max_steps = max_steps;
+        self
+    }
+
     /// A plain AAP turn: interactive, not queued, no plan.
     pub fn interactive(input: TurnInput, update: SessionUpdate) -> TurnRequest {
         TurnRequest {
@@ -100,6 +108,7 @@ impl TurnRequest {
             interactive: true,
             queue: false,
             plan: false,
+            max_steps: None,
         }
     }
 }
@@ -542,7 +551,11 @@ impl Engine {
 
     /// Start a turn: validate the request against the session's state, apply its overrides and
     /// run the turn on its own task (or queue it behind the running one, when asked to).
-    pub fn start_turn(&self, session: &Arc<Session>, req: TurnRequest) -> Result<TurnHandle, EngineError> {
+    pub fn start_turn(
+        &self,
+        session: &Arc<Session>,
+        req: TurnRequest,
+    ) -> Result<TurnHandle, EngineError> {
         self.check_open()?;
         let config = &self.inner.config;
         let (tx, rx) = mpsc::unbounded_channel();
@@ -583,6 +596,7 @@ impl Engine {
             sink: Some(tx),
             interactive: req.interactive,
             plan: req.plan,
+            max_steps: req.max_steps,
         };
         let run_now = if st.running.is_some() {
             st.queue.push_back(turn::Queued {
@@ -636,7 +650,11 @@ impl Engine {
     }
 
     /// Confirm or reject the plan a run waits on (409 when none waits).
-    pub fn decide_plan(&self, session: &Session, decision: PlanDecision) -> Result<(), EngineError> {
+    pub fn decide_plan(
+        &self,
+        session: &Session,
+        decision: PlanDecision,
+    ) -> Result<(), EngineError> {
         let mut st = session.lock();
         let sender = st.plan.as_mut().and_then(|p| p.decide.take());
         match sender {
@@ -652,7 +670,7 @@ impl Engine {
     }
 
     /// A session's events after `after` (an event id; `None` from the start), at most `limit`,
-    /// and whether more follow. Reads the store, then the current turn's events not yet in it.
+    /// and whether more follow.
     pub async fn events_after(
         &self,
         session: &Session,
@@ -663,6 +681,17 @@ impl Engine {
             None => 0,
             Some(id) => self.seq_of(session, id).await?,
         };
+        self.events_after_seq(session, after_seq, limit).await
+    }
+
+    /// A session's events with `seq > after_seq`: the store's, then the current turn's events
+    /// the store does not hold yet.
+    pub async fn events_after_seq(
+        &self,
+        session: &Session,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<(Vec<Arc<crate::log::Event>>, bool), EngineError> {
         let (tail, _) = session.subscribe();
         let mut out: Vec<Arc<crate::log::Event>> = self
             .inner

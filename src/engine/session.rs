@@ -62,7 +62,10 @@ pub enum Feed {
     Event(Arc<Event>),
     /// A fragment exactly as the upstream streamed it: sent only to the watcher of the turn
     /// (AAP `delta` mode), never to session subscribers.
-    Fragment { kind: DeltaKind, text: String },
+    Fragment {
+        kind: DeltaKind,
+        text: String,
+    },
     /// A coalesced delta (at most 200 characters, or what 50 ms gathered), for subscribers.
     Delta {
         turn_id: Arc<str>,
@@ -296,7 +299,11 @@ impl Session {
     /// Add a streamed fragment to the turn's coalescer, pushing a delta at every 200 characters.
     pub(crate) fn push_fragment(&self, turn_id: &Arc<str>, kind: DeltaKind, fragment: &str) {
         let mut st = self.lock();
-        if st.coalescer.as_ref().is_some_and(|c| c.kind != kind || c.turn_id != *turn_id) {
+        if st
+            .coalescer
+            .as_ref()
+            .is_some_and(|c| c.kind != kind || c.turn_id != *turn_id)
+        {
             self.flush_deltas(&mut st);
         }
         let c = st.coalescer.get_or_insert_with(|| Coalescer {
@@ -366,7 +373,11 @@ impl Session {
 
     /// The turns waiting behind the running one.
     pub fn queued_turns(&self) -> Vec<String> {
-        self.lock().queue.iter().map(|q| q.control.turn_id.clone()).collect()
+        self.lock()
+            .queue
+            .iter()
+            .map(|q| q.control.turn_id.clone())
+            .collect()
     }
 
     /// Subscribe to live items, with the events of the current turn so far (taken atomically,

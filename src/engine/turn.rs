@@ -67,6 +67,7 @@ pub(crate) struct TurnJob {
     pub interactive: bool,
     /// Plan mode (runs API): propose a plan without tools and wait for its approval first.
     pub plan: bool,
+    pub max_steps: Option<u32>,
 }
 
 /// A turn waiting for the running one to end.
@@ -145,6 +146,7 @@ pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
         sink,
         interactive,
         plan,
+        max_steps,
     } = job;
     let agent_name = session.record().agent;
     let timeout = inner
@@ -182,7 +184,7 @@ pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
         })
     };
     let result = tokio::select! {
-        r = turn.body(input, answering, plan) => r,
+        r = turn.body(input, answering, plan, max_steps) => r,
         _ = control.token.cancelled() => Err(End::Stopped),
         _ = tokio::time::sleep(timeout) => Err(End::Failed(
             FailReason::Timeout,
@@ -224,6 +226,7 @@ impl Turn {
         input: TurnInput,
         answering: Vec<Pending>,
         plan: bool,
+        max_steps: Option<u32>,
     ) -> Result<StopReason, End> {
         self.emit(user_message(&input));
         if let TurnInput::Resume {
@@ -256,6 +259,10 @@ impl Turn {
                 )
             })?
             .clone();
+        let mut agent = agent;
+        if let Some(m) = max_steps {
+            agent.max_steps = m;
+        }
         let mut step = 0;
         if plan {
             step = self.plan(&agent).await?;
@@ -372,7 +379,10 @@ impl Turn {
             let out = self.call_model(&req, false).await?;
             self.usage.add(out.usage);
             if out.text.trim().is_empty() {
-                return Err(End::Failed(FailReason::EmptyOutput, "the model proposed no plan".into()));
+                return Err(End::Failed(
+                    FailReason::EmptyOutput,
+                    "the model proposed no plan".into(),
+                ));
             }
             self.emit(EventBody::AgentMessage {
                 content: out.text.clone(),
@@ -615,7 +625,11 @@ impl Turn {
         // turn, and the next queued turn takes the session.
         let next = {
             let mut st = self.session.lock();
-            if st.running.as_ref().is_some_and(|r| r.turn_id == *self.turn_id) {
+            if st
+                .running
+                .as_ref()
+                .is_some_and(|r| r.turn_id == *self.turn_id)
+            {
                 st.running = None;
             }
             st.coalescer = None;
@@ -649,7 +663,10 @@ pub(crate) fn next_queued(
         if q.control.token.is_cancelled() {
             let turn_id = q.control.turn_id.clone();
             let mut sent = Vec::new();
-            for body in [user_message(&q.job.input), EventBody::TurnCancelled { usage: None }] {
+            for body in [
+                user_message(&q.job.input),
+                EventBody::TurnCancelled { usage: None },
+            ] {
                 if let Some(ev) = session.append_locked(st, store, &turn_id, body, true) {
                     sent.push(ev);
                 }

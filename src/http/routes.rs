@@ -8,7 +8,7 @@ use http::{Method, StatusCode};
 use super::auth::Keys;
 use super::{json_response, text_response, ApiError, Request, Response};
 use crate::engine::Engine;
-use crate::protocol::{aap, operator};
+use crate::protocol::{aap, events, operator, runs};
 
 /// What a handler gets: the engine, the keys and the caller's identity.
 pub struct App {
@@ -16,6 +16,8 @@ pub struct App {
     pub keys: Keys,
     /// Whether `GET /meta` is served without a key.
     pub public_meta: bool,
+    /// Cancelled at shutdown, after running turns have ended: ends every open event stream.
+    pub streams: tokio_util::sync::CancellationToken,
 }
 
 /// Who is calling: the owner id of their key (`None` without keys).
@@ -36,6 +38,16 @@ pub enum Route {
     History(String),
     Turns(String),
     Tools,
+    Messages(String),
+    EventHistory(String),
+    EventStream(String),
+    Cancel(String),
+    Run,
+    SessionRun(String),
+    RunEvents(String),
+    PlanConfirm(String),
+    PlanReject(String),
+    Interrupt(String),
 }
 
 impl Route {
@@ -86,6 +98,43 @@ pub fn resolve(method: &Method, path: &str) -> Result<Route, ApiError> {
             (m == Method::POST).then(|| Route::Turns(id.to_string())),
             "POST",
         ),
+        ["sessions", id, "messages"] => (
+            (m == Method::POST).then(|| Route::Messages(id.to_string())),
+            "POST",
+        ),
+        ["sessions", id, "events", "history"] => (
+            (m == Method::GET).then(|| Route::EventHistory(id.to_string())),
+            "GET",
+        ),
+        ["sessions", id, "events", "stream"] => (
+            (m == Method::GET).then(|| Route::EventStream(id.to_string())),
+            "GET",
+        ),
+        ["sessions", id, "events"] => (
+            (m == Method::GET).then(|| Route::RunEvents(id.to_string())),
+            "GET",
+        ),
+        ["sessions", id, "cancel"] => (
+            (m == Method::POST).then(|| Route::Cancel(id.to_string())),
+            "POST",
+        ),
+        ["sessions", id, "run"] => (
+            (m == Method::POST).then(|| Route::SessionRun(id.to_string())),
+            "POST",
+        ),
+        ["sessions", id, "plan", "confirm"] => (
+            (m == Method::POST).then(|| Route::PlanConfirm(id.to_string())),
+            "POST",
+        ),
+        ["sessions", id, "plan", "reject"] => (
+            (m == Method::POST).then(|| Route::PlanReject(id.to_string())),
+            "POST",
+        ),
+        ["sessions", id, "interrupt"] => (
+            (m == Method::POST).then(|| Route::Interrupt(id.to_string())),
+            "POST",
+        ),
+        ["run"] => ((m == Method::POST).then_some(Route::Run), "POST"),
         _ => {
             return Err(ApiError::not_found(format!(
                 "no route {method} {path}; see the README for the API"
@@ -147,6 +196,16 @@ async fn dispatch(
         Route::DeleteSession(id) => aap::delete_session(app, &caller, &id).await,
         Route::History(id) => aap::history(app, &caller, &id, &req).await,
         Route::Turns(id) => aap::turns(app, &caller, &id, req).await,
+        Route::Messages(id) => events::send_message(app, &caller, &id, req).await,
+        Route::EventHistory(id) => events::history(app, &caller, &id, &req).await,
+        Route::EventStream(id) => events::stream(app, &caller, &id, &req).await,
+        Route::Cancel(id) => events::cancel(app, &caller, &id, req).await,
+        Route::Run => runs::run(app, &caller, req).await,
+        Route::SessionRun(id) => runs::session_run(app, &caller, &id, req).await,
+        Route::RunEvents(id) => runs::events(app, &caller, &id).await,
+        Route::PlanConfirm(id) => runs::confirm(app, &caller, &id, req).await,
+        Route::PlanReject(id) => runs::reject(app, &caller, &id, req).await,
+        Route::Interrupt(id) => runs::interrupt(app, &caller, &id).await,
     }
 }
 

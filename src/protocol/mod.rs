@@ -2,4 +2,6 @@
 //! its own wire format. A protocol module never imports another protocol's module.
 
 pub mod aap;
+pub mod events;
 pub mod operator;
+pub mod runs;

@@ -135,6 +135,12 @@ fn session_info(app: &App, view: &SessionView) -> Value {
     if let Some(turn) = &view.running_turn {
         info["turn_id"] = json!(turn);
     }
+    if !view.queued.is_empty() {
+        info["queued"] = json!(view.queued);
+    }
+    if let Some(plan) = &view.pending_plan {
+        info["pending_plan"] = json!(plan);
+    }
     info
 }
 

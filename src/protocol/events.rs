@@ -1,0 +1,199 @@
+//! The event log API (spec 003): send messages, read the history, follow the stream, cancel.
+//!
+//! Every event goes out as the exact bytes it was stored with. The stream sends `id:`, `event:`
+//! and `data:` for stored events, and `event:`/`data:` (no id) for coalesced deltas.
+
+use http::StatusCode;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::engine::follow::Follow;
+use crate::engine::{Feed, SessionUpdate, TurnInput, TurnRequest};
+use crate::http::routes::{App, Caller};
+use crate::http::{body, json_response, query_param, sse, ApiError, Request, Response};
+use crate::message::Content;
+
+/// Events per page of `events/history` by default, and at most.
+const DEFAULT_LIMIT: usize = 100;
+const MAX_LIMIT: usize = 1000;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SendMessage {
+    content: Content,
+    #[serde(default)]
+    files: Vec<String>,
+    #[serde(default)]
+    skills: Vec<Value>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct Cancel {
+    turn_id: Option<String>,
+}
+
+/// `POST /sessions/{id}/messages`: queue a turn; `202 {"turn_id"}`.
+pub async fn send_message(
+    app: &App,
+    caller: &Caller,
+    id: &str,
+    req: Request,
+) -> Result<Response, ApiError> {
+    let session = app.engine.session(caller.owner.as_deref(), id).await?;
+    let limit = app.engine.config().server.max_body_bytes;
+    let msg: SendMessage = body::json(req.into_body(), limit).await?;
+    if msg.content.is_empty() {
+        return Err(ApiError::bad_request(
+            "content is empty: send the message's text or content blocks",
+        ));
+    }
+    if !msg.files.is_empty() {
+        return Err(ApiError::bad_request(
+            "files are not supported by this server yet: send the content inline",
+        ));
+    }
+    for s in &msg.skills {
+        if !s.is_object() {
+            return Err(ApiError::bad_request(
+                "each skill is an object such as {\"id\", \"name\"}",
+            ));
+        }
+    }
+    let handle = app.engine.start_turn(
+        &session,
+        TurnRequest {
+            input: TurnInput::User {
+                content: serde_json::to_value(&msg.content).unwrap_or(Value::Null),
+                files: vec![],
+                skills: msg.skills,
+            },
+            update: SessionUpdate::default(),
+            interactive: false,
+            queue: true,
+            plan: false,
+            max_steps: None,
+        },
+    )?;
+    Ok(json_response(
+        StatusCode::ACCEPTED,
+        &json!({ "turn_id": handle.turn_id }),
+    ))
+}
+
+/// `GET /sessions/{id}/events/history?after=&limit=`.
+pub async fn history(
+    app: &App,
+    caller: &Caller,
+    id: &str,
+    req: &Request,
+) -> Result<Response, ApiError> {
+    let session = app.engine.session(caller.owner.as_deref(), id).await?;
+    let limit = match query_param(req, "limit") {
+        None => DEFAULT_LIMIT,
+        Some(l) => match l.parse::<usize>() {
+            Ok(n) if (1..=MAX_LIMIT).contains(&n) => n,
+            _ => {
+                return Err(ApiError::bad_request(format!(
+                    "limit must be a whole number from 1 to {MAX_LIMIT}, not {l:?}"
+                )))
+            }
+        },
+    };
+    let after = query_param(req, "after").filter(|a| !a.is_empty());
+    let (events, more) = app
+        .engine
+        .events_after(&session, after.as_deref(), limit)
+        .await?;
+    // The stored bytes, as they are: the same event is byte-identical here and in the stream.
+    let mut out =
+        String::with_capacity(64 + events.iter().map(|e| e.json.len() + 1).sum::<usize>());
+    out.push_str("{\"events\":[");
+    for (i, ev) in events.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&ev.json);
+    }
+    out.push_str("],\"has_more\":");
+    out.push_str(if more { "true" } else { "false" });
+    out.push('}');
+    Ok(crate::http::text_response(
+        StatusCode::OK,
+        "application/json",
+        out,
+    ))
+}
+
+/// `GET /sessions/{id}/events/stream`: replay after `Last-Event-ID` (or `?after=`), then live.
+pub async fn stream(
+    app: &App,
+    caller: &Caller,
+    id: &str,
+    req: &Request,
+) -> Result<Response, ApiError> {
+    let session = app.engine.session(caller.owner.as_deref(), id).await?;
+    let cursor = req
+        .headers()
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+        .or_else(|| query_param(req, "after"))
+        .filter(|c| !c.is_empty());
+    let after_seq = match &cursor {
+        Some(c) => app.engine.seq_of(&session, c).await?,
+        None => 0,
+    };
+    let mut follow = Follow::new(&app.engine, session, after_seq).await?;
+    let (writer, response) = sse::response();
+    let stop = app.streams.clone();
+    tokio::spawn(async move {
+        loop {
+            let item = tokio::select! {
+                item = follow.next() => item,
+                _ = writer.closed() => return,
+                _ = stop.cancelled() => return,
+            };
+            let Some(item) = item else { return };
+            let sent = match &item {
+                Feed::Event(ev) => {
+                    writer
+                        .event(ev.body.type_name(), &ev.json, Some(&ev.id))
+                        .await
+                }
+                Feed::Delta {
+                    turn_id,
+                    kind,
+                    text,
+                } => {
+                    let data = json!({"type": kind.type_name(), "turn_id": &**turn_id, "content": &**text});
+                    writer
+                        .event(kind.type_name(), &data.to_string(), None)
+                        .await
+                }
+                Feed::Fragment { .. } => Ok(()),
+            };
+            if sent.is_err() {
+                return;
+            }
+        }
+    });
+    Ok(response)
+}
+
+/// `POST /sessions/{id}/cancel` (`{"turn_id"}` optional): `200 {"cancelled": [turn ids]}`.
+pub async fn cancel(
+    app: &App,
+    caller: &Caller,
+    id: &str,
+    req: Request,
+) -> Result<Response, ApiError> {
+    let session = app.engine.session(caller.owner.as_deref(), id).await?;
+    let limit = app.engine.config().server.max_body_bytes;
+    let c: Cancel = body::json(req.into_body(), limit).await?;
+    let cancelled = app.engine.cancel(&session, c.turn_id.as_deref());
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({ "cancelled": cancelled }),
+    ))
+}

@@ -1,0 +1,397 @@
+//! The runs API (spec 002): a stateless `POST /run`, session runs with their SSE progress
+//! stream, plan approval, interrupt.
+//!
+//! A run is a turn. Its stream is a rendering of the session's log: `message`, `partial_message
+//! {text, step}`, `tool_call {name, step}`, `tool_result {name, success}`, `plan_proposed
+//! {plan}`, `error {message}` and `done {finish_reason, total_steps}`. `GET /sessions/{id}/events`
+//! replays the current run (or, when none runs, the most recent one) from its first event and
+//! then follows live, so "POST the run, then subscribe" misses nothing; deltas are live only.
+//!
+//! Finish reasons: `NoMoreToolCalls` (the model finished), `MaxStepsReached` (`max_steps`
+//! model calls and it still wanted tools), `MaxTokens`, `Refusal`, `Error` (the turn failed; an
+//! `error` event says why), `Cancelled`. Statuses: `finished`, `failed`, `cancelled`.
+
+use std::collections::HashMap;
+
+use http::StatusCode;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::engine::follow::Follow;
+use crate::engine::history::Projector;
+use crate::engine::{
+    DeltaKind, Feed, NewSession, PlanDecision, SessionUpdate, TurnInput, TurnRequest,
+};
+use crate::http::routes::{App, Caller};
+use crate::http::{body, json_response, sse, ApiError, Request, Response};
+use crate::log::{EventBody, StopReason};
+use crate::message::Message;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StatelessRun {
+    goal: String,
+    system_prompt: Option<String>,
+    max_steps: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SessionRun {
+    goal: String,
+    #[serde(default)]
+    plan: bool,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct Confirm {
+    edits: Option<String>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct Reject {
+    reason: Option<String>,
+}
+
+fn limit(app: &App) -> u64 {
+    app.engine.config().server.max_body_bytes
+}
+
+/// The finish reason and status of a terminal event.
+fn finish(body: &EventBody) -> (&'static str, &'static str) {
+    match body {
+        EventBody::TurnCompleted { stop_reason, .. } => (
+            match stop_reason {
+                StopReason::EndTurn | StopReason::ToolUse => "NoMoreToolCalls",
+                StopReason::MaxSteps => "MaxStepsReached",
+                StopReason::MaxTokens => "MaxTokens",
+                StopReason::Refusal => "Refusal",
+            },
+            "finished",
+        ),
+        EventBody::TurnCancelled { .. } => ("Cancelled", "cancelled"),
+        _ => ("Error", "failed"),
+    }
+}
+
+/// Turns a run's events into run-stream events, counting model steps.
+#[derive(Default)]
+pub struct RunRenderer {
+    step: u32,
+    /// Whether the current step has shown anything yet (a new step starts after tool results).
+    in_step: bool,
+    names: HashMap<String, String>,
+}
+
+impl RunRenderer {
+    fn enter_step(&mut self) {
+        if !self.in_step {
+            self.step += 1;
+            self.in_step = true;
+        }
+    }
+
+    /// The run-stream events (name, data) for one feed item.
+    pub fn render(&mut self, item: &Feed) -> Vec<(&'static str, Value)> {
+        match item {
+            Feed::Delta {
+                kind: DeltaKind::Message,
+                text,
+                ..
+            } => {
+                self.enter_step();
+                vec![(
+                    "partial_message",
+                    json!({"text": &**text, "step": self.step}),
+                )]
+            }
+            Feed::Delta { .. } | Feed::Fragment { .. } => {
+                self.enter_step();
+                vec![]
+            }
+            Feed::Event(ev) => match &ev.body {
+                EventBody::UserMessage { .. } => {
+                    *self = RunRenderer::default();
+                    vec![]
+                }
+                EventBody::AgentThinking { .. } => {
+                    self.enter_step();
+                    vec![]
+                }
+                EventBody::AgentMessage { content, plan } => {
+                    self.enter_step();
+                    if *plan {
+                        // The next model call (after the decision) is a new step.
+                        self.in_step = false;
+                        vec![("plan_proposed", json!({ "plan": content }))]
+                    } else if content.is_empty() {
+                        vec![]
+                    } else {
+                        vec![(
+                            "message",
+                            json!({"role": "assistant", "content": [{"type": "text", "text": content}]}),
+                        )]
+                    }
+                }
+                EventBody::ToolUse {
+                    tool_use_id, name, ..
+                } => {
+                    self.enter_step();
+                    self.names.insert(tool_use_id.clone(), name.clone());
+                    vec![("tool_call", json!({"name": name, "step": self.step}))]
+                }
+                EventBody::ToolResult {
+                    tool_use_id,
+                    is_error,
+                    ..
+                } => {
+                    self.in_step = false;
+                    let name = self.names.get(tool_use_id).cloned().unwrap_or_default();
+                    vec![("tool_result", json!({"name": name, "success": !is_error}))]
+                }
+                body => {
+                    let (reason, _) = finish(body);
+                    let mut out = Vec::new();
+                    if let EventBody::TurnFailed {
+                        reason: why,
+                        message,
+                        ..
+                    } = body
+                    {
+                        let why = serde_json::to_value(why)
+                            .ok()
+                            .and_then(|v| v.as_str().map(String::from))
+                            .unwrap_or_default();
+                        out.push((
+                            "error",
+                            json!({"message": format!("{why}: {}", message.clone().unwrap_or_default())}),
+                        ));
+                    }
+                    out.push((
+                        "done",
+                        json!({"finish_reason": reason, "total_steps": self.step}),
+                    ));
+                    out
+                }
+            },
+        }
+    }
+}
+
+/// `POST /run`: a one-off run in a session that is deleted afterwards.
+pub async fn run(app: &App, caller: &Caller, req: Request) -> Result<Response, ApiError> {
+    let body: StatelessRun = body::json(req.into_body(), limit(app)).await?;
+    if body.goal.trim().is_empty() {
+        return Err(ApiError::bad_request(
+            "goal is empty: say what the agent should do",
+        ));
+    }
+    if body.max_steps == Some(0) {
+        return Err(ApiError::bad_request("max_steps must be at least 1"));
+    }
+    let seed = body
+        .system_prompt
+        .map(|content| vec![Message::System { content }])
+        .unwrap_or_default();
+    let view = app
+        .engine
+        .create_session(
+            caller.owner.clone(),
+            NewSession {
+                agent: None,
+                seed,
+                client_tools: vec![],
+            },
+        )
+        .await?;
+    let session = app
+        .engine
+        .session(caller.owner.as_deref(), &view.id)
+        .await?;
+    let started = app.engine.start_turn(
+        &session,
+        TurnRequest {
+            input: TurnInput::User {
+                content: Value::String(body.goal),
+                files: vec![],
+                skills: vec![],
+            },
+            update: SessionUpdate::default(),
+            interactive: false,
+            queue: false,
+            plan: false,
+            max_steps: None,
+        }
+        .with_max_steps(body.max_steps),
+    );
+    let result = match started {
+        Ok(mut handle) => {
+            let mut renderer = RunRenderer::default();
+            let mut projector = Projector::default();
+            let mut outcome = None;
+            while let Some(item) = handle.feed.recv().await {
+                renderer.render(&item);
+                if let Feed::Event(ev) = &item {
+                    if ev.body.is_terminal() {
+                        outcome = Some(ev.clone());
+                        break;
+                    }
+                    if !matches!(ev.body, EventBody::UserMessage { .. }) {
+                        projector.apply(&ev.body);
+                    }
+                }
+            }
+            match outcome {
+                Some(ev) => {
+                    let (reason, status) = finish(&ev.body);
+                    let usage = match &ev.body {
+                        EventBody::TurnCompleted { usage, .. }
+                        | EventBody::TurnFailed { usage, .. }
+                        | EventBody::TurnCancelled { usage } => *usage,
+                        _ => None,
+                    }
+                    .unwrap_or_default();
+                    let mut out = json!({
+                        "status": status,
+                        "finish_reason": reason,
+                        "messages": projector.into_messages(),
+                        "usage": {"total_steps": renderer.step, "total_tokens": usage.input_tokens + usage.output_tokens},
+                    });
+                    if let EventBody::TurnFailed {
+                        reason, message, ..
+                    } = &ev.body
+                    {
+                        out["error"] = json!({"reason": reason, "message": message});
+                    }
+                    Ok(json_response(StatusCode::OK, &out))
+                }
+                None => Err(ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal_error",
+                    "the run ended without a terminal event",
+                )),
+            }
+        }
+        Err(e) => Err(e.into()),
+    };
+    let _ = app
+        .engine
+        .delete_session(caller.owner.as_deref(), &view.id)
+        .await;
+    result
+}
+
+/// `POST /sessions/{id}/run {"goal", "plan"?}`: `202 {"turn_id"}`; progress on `/events`.
+pub async fn session_run(
+    app: &App,
+    caller: &Caller,
+    id: &str,
+    req: Request,
+) -> Result<Response, ApiError> {
+    let session = app.engine.session(caller.owner.as_deref(), id).await?;
+    let body: SessionRun = body::json(req.into_body(), limit(app)).await?;
+    if body.goal.trim().is_empty() {
+        return Err(ApiError::bad_request(
+            "goal is empty: say what the agent should do",
+        ));
+    }
+    let handle = app.engine.start_turn(
+        &session,
+        TurnRequest {
+            input: TurnInput::User {
+                content: Value::String(body.goal),
+                files: vec![],
+                skills: vec![],
+            },
+            update: SessionUpdate::default(),
+            interactive: false,
+            queue: true,
+            plan: body.plan,
+            max_steps: None,
+        },
+    )?;
+    Ok(json_response(
+        StatusCode::ACCEPTED,
+        &json!({"turn_id": handle.turn_id, "session_id": &*session.id, "status": "accepted"}),
+    ))
+}
+
+/// `GET /sessions/{id}/events`: the current (or last) run from its first event, then live.
+pub async fn events(app: &App, caller: &Caller, id: &str) -> Result<Response, ApiError> {
+    let session = app.engine.session(caller.owner.as_deref(), id).await?;
+    let start = session
+        .subscribe()
+        .0
+        .first()
+        .map_or(0, |e| e.seq.saturating_sub(1));
+    let mut follow = Follow::new(&app.engine, session, start).await?;
+    let (writer, response) = sse::response();
+    let stop = app.streams.clone();
+    tokio::spawn(async move {
+        let mut renderer = RunRenderer::default();
+        loop {
+            let item = tokio::select! {
+                item = follow.next() => item,
+                _ = writer.closed() => return,
+                _ = stop.cancelled() => return,
+            };
+            let Some(item) = item else { return };
+            for (name, data) in renderer.render(&item) {
+                if writer.event(name, &data.to_string(), None).await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    Ok(response)
+}
+
+/// `POST /sessions/{id}/plan/confirm {"edits"?}`.
+pub async fn confirm(
+    app: &App,
+    caller: &Caller,
+    id: &str,
+    req: Request,
+) -> Result<Response, ApiError> {
+    let session = app.engine.session(caller.owner.as_deref(), id).await?;
+    let body: Confirm = body::json(req.into_body(), limit(app)).await?;
+    app.engine
+        .decide_plan(&session, PlanDecision::Confirm { edits: body.edits })?;
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({"status": "confirmed"}),
+    ))
+}
+
+/// `POST /sessions/{id}/plan/reject {"reason"?}`.
+pub async fn reject(
+    app: &App,
+    caller: &Caller,
+    id: &str,
+    req: Request,
+) -> Result<Response, ApiError> {
+    let session = app.engine.session(caller.owner.as_deref(), id).await?;
+    let body: Reject = body::json(req.into_body(), limit(app)).await?;
+    app.engine.decide_plan(
+        &session,
+        PlanDecision::Reject {
+            reason: body.reason,
+        },
+    )?;
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({"status": "rejected"}),
+    ))
+}
+
+/// `POST /sessions/{id}/interrupt`: the runs API's name for cancelling everything.
+pub async fn interrupt(app: &App, caller: &Caller, id: &str) -> Result<Response, ApiError> {
+    let session = app.engine.session(caller.owner.as_deref(), id).await?;
+    let cancelled = app.engine.cancel(&session, None);
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({ "cancelled": cancelled }),
+    ))
+}
