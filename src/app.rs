@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, ProviderKind};
 use crate::engine::Engine;
+use crate::files::FileStore;
 use crate::http::auth::Keys;
 use crate::http::routes::App;
 use crate::log::Store;
@@ -125,8 +126,11 @@ pub async fn start(
 
 /// Start the tool host: every MCP server of the config (and the builtin tools). Servers that
 /// fail to start are logged and keep retrying in the background.
-pub async fn tool_host(config: &Arc<Config>) -> Result<Arc<McpHost>, StartError> {
-    let (host, report) = McpHost::start(config.clone(), Vec::new()).await?;
+pub async fn tool_host(
+    config: &Arc<Config>,
+    files: Option<FileStore>,
+) -> Result<Arc<McpHost>, StartError> {
+    let (host, report) = McpHost::start(config.clone(), files).await?;
     for (server, why) in &report.failed {
         tracing::warn!(%server, error = %why, "MCP server is not available yet; retrying in the background");
     }
@@ -147,13 +151,24 @@ pub async fn start_with(
         None => provider(&config)?,
     };
     let store = Store::open(&config.server.data_dir, false)?;
+    let files = FileStore::open(
+        &config.server.data_dir,
+        store.clone(),
+        config.files.max_bytes,
+    )
+    .map_err(|e| {
+        StartError::Config(format!(
+            "cannot open the file store in {}: {e}",
+            config.server.data_dir.display()
+        ))
+    })?;
     let public_meta = config.server.public_meta;
     let config = Arc::new(config);
     let tools: Arc<dyn ToolHost> = match tools {
         Some(t) => t,
-        None => tool_host(&config).await?,
+        None => tool_host(&config, Some(files.clone())).await?,
     };
-    let engine = Engine::open(config, store, provider, tools).await?;
+    let engine = Engine::open(config, store, provider, tools, Some(files.clone())).await?;
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|source| StartError::Listen { addr, source })?;
@@ -166,6 +181,7 @@ pub async fn start_with(
         keys,
         public_meta,
         streams: streams.clone(),
+        files,
     });
     let shutdown = CancellationToken::new();
     let server = tokio::spawn(crate::http::server::serve(

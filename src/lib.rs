@@ -14,6 +14,7 @@ pub mod app;
 pub mod clock;
 pub mod config;
 pub mod engine;
+pub mod files;
 pub mod http;
 pub mod ids;
 pub mod log;

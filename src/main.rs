@@ -169,7 +169,7 @@ async fn check(path: PathBuf) -> Result<ExitCode, String> {
         return Err(e.to_string());
     }
     let config = std::sync::Arc::new(config);
-    let (host, report) = turnstile::mcp::McpHost::start(config.clone(), Vec::new())
+    let (host, report) = turnstile::mcp::McpHost::start(config.clone(), None)
         .await
         .map_err(|e| e.to_string())?;
     let tools = host.listing();

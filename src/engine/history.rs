@@ -8,7 +8,7 @@
 
 use serde_json::Value;
 
-use crate::log::EventBody;
+use crate::log::{EventBody, FileRef};
 use crate::message::{Block, Content, Message};
 
 /// Folds events into history messages.
@@ -16,6 +16,16 @@ use crate::message::{Block, Content, Message};
 pub struct Projector {
     messages: Vec<Message>,
     assistant: Vec<Block>,
+    /// Files attached to user messages: (index in `messages`, the files).
+    attachments: Vec<(usize, Vec<FileRef>)>,
+}
+
+/// How an attached file appears in history: one line naming it and where it is.
+pub fn attachment_line(f: &FileRef) -> String {
+    format!(
+        "[Attached file: {} ({}, {} bytes), in the workspace at /workspace/{}]",
+        f.filename, f.mime_type, f.size_bytes, f.filename
+    )
 }
 
 impl Projector {
@@ -24,15 +34,28 @@ impl Projector {
         Projector {
             messages: seed.to_vec(),
             assistant: Vec::new(),
+            attachments: Vec::new(),
         }
     }
 
     pub fn apply(&mut self, ev: &EventBody) {
         match ev {
-            EventBody::UserMessage { content, .. } => {
+            EventBody::UserMessage { content, files, .. } => {
                 self.close_assistant();
-                if let Some(content) = user_content(content) {
-                    self.messages.push(Message::User { content });
+                let content = user_content(content);
+                if files.is_empty() {
+                    if let Some(content) = content {
+                        self.messages.push(Message::User { content });
+                    }
+                } else {
+                    let mut blocks = content.map(|c| c.blocks()).unwrap_or_default();
+                    blocks.extend(files.iter().map(|f| Block::Text {
+                        text: attachment_line(f),
+                    }));
+                    self.attachments.push((self.messages.len(), files.clone()));
+                    self.messages.push(Message::User {
+                        content: Content::Blocks(blocks),
+                    });
                 }
             }
             EventBody::AgentThinking { content } => self.assistant.push(Block::Thinking {
@@ -87,6 +110,42 @@ impl Projector {
             out.push(Message::Assistant {
                 content: Content::from_blocks(self.assistant.clone()),
             });
+        }
+        out
+    }
+
+    /// Every file attached so far.
+    pub fn attached_files(&self) -> Vec<FileRef> {
+        self.attachments
+            .iter()
+            .flat_map(|(_, f)| f.iter().cloned())
+            .collect()
+    }
+
+    /// The history with each attachment line replaced by what `inline` gives for its file (the
+    /// file's content, for the model).
+    pub fn messages_inlined(
+        &self,
+        inline: &dyn Fn(&FileRef) -> Option<Vec<Block>>,
+    ) -> Vec<Message> {
+        let mut out = self.messages();
+        for (idx, files) in &self.attachments {
+            if let Some(Message::User {
+                content: Content::Blocks(blocks),
+            }) = out.get_mut(*idx)
+            {
+                for f in files {
+                    let line = attachment_line(f);
+                    if let Some(pos) = blocks
+                        .iter()
+                        .position(|b| matches!(b, Block::Text { text } if *text == line))
+                    {
+                        if let Some(replacement) = inline(f) {
+                            blocks.splice(pos..=pos, replacement);
+                        }
+                    }
+                }
+            }
         }
         out
     }

@@ -150,6 +150,7 @@ pub(crate) struct Inner {
     pub store: Store,
     pub provider: Arc<dyn Provider>,
     pub tools: Arc<dyn ToolHost>,
+    pub files: Option<crate::files::FileStore>,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
     tracker: TaskTracker,
     shutting_down: std::sync::atomic::AtomicBool,
@@ -178,6 +179,7 @@ impl Engine {
         store: Store,
         provider: Arc<dyn Provider>,
         tools: Arc<dyn ToolHost>,
+        files: Option<crate::files::FileStore>,
     ) -> Result<Engine, EngineError> {
         let engine = Engine {
             inner: Arc::new(Inner {
@@ -185,6 +187,7 @@ impl Engine {
                 store,
                 provider,
                 tools,
+                files,
                 sessions: Mutex::new(HashMap::new()),
                 tracker: TaskTracker::new(),
                 shutting_down: false.into(),
@@ -261,6 +264,11 @@ impl Engine {
         self.inner.tools.tools()
     }
 
+    /// A session's workspace folder: `sandboxes/<session id>/`.
+    pub fn workspace(&self, session_id: &str) -> std::path::PathBuf {
+        self.inner.config.server.sandboxes.join(session_id)
+    }
+
     /// Moves whenever the tool host's tool set changes.
     pub fn tools_changed(&self) -> tokio::sync::watch::Receiver<u64> {
         self.inner.tools.generation()
@@ -330,6 +338,14 @@ impl Engine {
         )?;
         let id = ids::new("sess");
         let created_at = clock::now();
+        let workspace = self.workspace(&id);
+        if let Err(e) = std::fs::create_dir_all(&workspace) {
+            tracing::error!(path = %workspace.display(), error = %e, "cannot create the session's workspace");
+            return Err(EngineError::Conflict(format!(
+                "cannot create the session's workspace {}: {e}; check [server] sandboxes",
+                workspace.display()
+            )));
+        }
         let session = Arc::new(Session::restore(
             id.clone(),
             owner.clone(),

@@ -395,6 +395,19 @@ impl Session {
         self.lock().history.messages()
     }
 
+    /// Every file attached to the session's user messages.
+    pub fn attached_files(&self) -> Vec<crate::log::FileRef> {
+        self.lock().history.attached_files()
+    }
+
+    /// The history for the model: attached files inlined by `inline`.
+    pub fn model_history(
+        &self,
+        inline: &dyn Fn(&crate::log::FileRef) -> Option<Vec<crate::message::Block>>,
+    ) -> Vec<Message> {
+        self.lock().history.messages_inlined(inline)
+    }
+
     pub fn pending(&self) -> Vec<Pending> {
         self.lock().pending.clone()
     }

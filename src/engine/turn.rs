@@ -135,6 +135,8 @@ struct Turn {
     stop_on: Vec<Pending>,
     /// Instructions for the model that are not history (plan mode), after the history.
     extra: Vec<Message>,
+    /// Attached files as the model sees them, read once per turn.
+    inlined: HashMap<String, Vec<crate::message::Block>>,
 }
 
 pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
@@ -166,6 +168,7 @@ pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
         open: Vec::new(),
         stop_on: Vec::new(),
         extra: Vec::new(),
+        inlined: HashMap::new(),
     };
     // Pushes coalesced deltas whose 50 ms are up while the turn waits on the upstream.
     let flusher = {
@@ -277,6 +280,7 @@ impl Turn {
                 Some("off") => false,
                 _ => agent.thinking,
             };
+            self.prepare_attachments().await;
             let req = self.request(&agent, &record, catalog.offered(), thinking);
             let out = self.call_model(&req, thinking).await?;
             self.usage.add(out.usage);
@@ -375,6 +379,7 @@ impl Turn {
             }
             steps += 1;
             let record = self.session.record();
+            self.prepare_attachments().await;
             let req = self.request(agent, &record, Vec::new(), false);
             let out = self.call_model(&req, false).await?;
             self.usage.add(out.usage);
@@ -473,6 +478,19 @@ impl Turn {
         self.run_tools(granted).await;
     }
 
+    /// Read the session's attached files once, as the model will see them.
+    async fn prepare_attachments(&mut self) {
+        let Some(files) = self.inner.files.clone() else {
+            return;
+        };
+        for f in self.session.attached_files() {
+            if !self.inlined.contains_key(&f.id) {
+                let blocks = inline_file(&files, &f, self.session.owner.as_deref()).await;
+                self.inlined.insert(f.id.clone(), blocks);
+            }
+        }
+    }
+
     /// Run server tool calls in parallel (bounded), logging each result as it completes.
     async fn run_tools(&mut self, calls: Vec<ToolCall>) {
         if calls.is_empty() {
@@ -482,6 +500,7 @@ impl Turn {
         let ctx = CallContext {
             session_id: self.session.id.to_string(),
             workspace: self.inner.config.server.sandboxes.join(&*self.session.id),
+            owner: self.session.owner.clone(),
         };
         let ctx = &ctx;
         let mut done = futures_util::stream::iter(calls)
@@ -506,7 +525,8 @@ impl Turn {
         tools: Vec<crate::upstream::ToolDef>,
         thinking: bool,
     ) -> ModelRequest {
-        let history = self.session.history();
+        let inlined = &self.inlined;
+        let history = self.session.model_history(&|f| inlined.get(&f.id).cloned());
         let mut system = (!agent.system_prompt.is_empty()).then(|| agent.system_prompt.clone());
         let mut messages = Vec::with_capacity(history.len());
         for m in history {
@@ -645,6 +665,59 @@ impl Turn {
         if let Some(job) = next {
             self.inner.spawn_turn(job);
         }
+    }
+}
+
+/// Text files up to this size are given to the model inline.
+const INLINE_TEXT_BYTES: u64 = 64 * 1024;
+/// Images up to this size are given to the model as image blocks.
+const INLINE_IMAGE_BYTES: u64 = 4 * 1024 * 1024;
+
+/// An attached file as the model sees it: its line, and its text or image when small enough.
+async fn inline_file(
+    files: &crate::files::FileStore,
+    f: &crate::log::FileRef,
+    owner: Option<&str>,
+) -> Vec<crate::message::Block> {
+    use crate::message::Block;
+    use tokio::io::AsyncReadExt;
+    let line = super::history::attachment_line(f);
+    let textual = f.mime_type.starts_with("text/")
+        || matches!(
+            f.mime_type.as_str(),
+            "application/json" | "application/xml" | "application/x-yaml"
+        );
+    let image = f.mime_type.starts_with("image/");
+    let fits = (textual && f.size_bytes <= INLINE_TEXT_BYTES)
+        || (image && f.size_bytes <= INLINE_IMAGE_BYTES);
+    if !fits {
+        return vec![Block::Text { text: line }];
+    }
+    let mut bytes = Vec::new();
+    let read = async {
+        let row = files.get(owner, &f.id).await.ok()?;
+        let file = files.open_blob(&row).await.ok()?;
+        file.take(f.size_bytes).read_to_end(&mut bytes).await.ok()
+    }
+    .await;
+    if read.is_none() {
+        return vec![Block::Text { text: line }];
+    }
+    if image {
+        use base64::Engine as _;
+        let data = base64::engine::general_purpose::STANDARD.encode(&bytes);
+        return vec![
+            Block::Text { text: line },
+            Block::Image {
+                url: format!("data:{};base64,{data}", f.mime_type),
+            },
+        ];
+    }
+    match String::from_utf8(bytes) {
+        Ok(text) => vec![Block::Text {
+            text: format!("{line}\n<file name=\"{}\">\n{text}\n</file>", f.filename),
+        }],
+        Err(_) => vec![Block::Text { text: line }],
     }
 }
 

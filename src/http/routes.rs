@@ -8,7 +8,7 @@ use http::{Method, StatusCode};
 use super::auth::Keys;
 use super::{json_response, text_response, ApiError, Request, Response};
 use crate::engine::Engine;
-use crate::protocol::{aap, events, operator, runs};
+use crate::protocol::{aap, events, files, operator, runs};
 
 /// What a handler gets: the engine, the keys and the caller's identity.
 pub struct App {
@@ -18,6 +18,7 @@ pub struct App {
     pub public_meta: bool,
     /// Cancelled at shutdown, after running turns have ended: ends every open event stream.
     pub streams: tokio_util::sync::CancellationToken,
+    pub files: crate::files::FileStore,
 }
 
 /// Who is calling: the owner id of their key (`None` without keys).
@@ -48,6 +49,9 @@ pub enum Route {
     PlanConfirm(String),
     PlanReject(String),
     Interrupt(String),
+    Upload,
+    File(String),
+    FileContent(String),
 }
 
 impl Route {
@@ -135,6 +139,15 @@ pub fn resolve(method: &Method, path: &str) -> Result<Route, ApiError> {
             "POST",
         ),
         ["run"] => ((m == Method::POST).then_some(Route::Run), "POST"),
+        ["files"] => ((m == Method::POST).then_some(Route::Upload), "POST"),
+        ["files", id] => (
+            (m == Method::GET).then(|| Route::File(id.to_string())),
+            "GET",
+        ),
+        ["files", id, "content"] => (
+            (m == Method::GET).then(|| Route::FileContent(id.to_string())),
+            "GET",
+        ),
         _ => {
             return Err(ApiError::not_found(format!(
                 "no route {method} {path}; see the README for the API"
@@ -206,6 +219,9 @@ async fn dispatch(
         Route::PlanConfirm(id) => runs::confirm(app, &caller, &id, req).await,
         Route::PlanReject(id) => runs::reject(app, &caller, &id, req).await,
         Route::Interrupt(id) => runs::interrupt(app, &caller, &id).await,
+        Route::Upload => files::upload(app, &caller, req).await,
+        Route::File(id) => files::metadata(app, &caller, &id).await,
+        Route::FileContent(id) => files::content(app, &caller, &id, &req).await,
     }
 }
 

@@ -5,4 +5,4 @@ pub mod event;
 pub mod store;
 
 pub use event::{Event, EventBody, FailReason, FileRef, StopReason};
-pub use store::{SessionRow, Store, StoreError};
+pub use store::{FileRow, SessionRow, Store, StoreError};

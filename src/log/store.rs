@@ -43,6 +43,18 @@ pub struct SessionRow {
     pub record: String,
 }
 
+/// A stored file's metadata (the bytes are a blob named by `sha256`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileRow {
+    pub id: String,
+    pub owner: Option<String>,
+    pub filename: String,
+    pub mime_type: String,
+    pub size_bytes: u64,
+    pub sha256: String,
+    pub created_at: String,
+}
+
 enum WriteOp {
     Event {
         session_id: Arc<str>,
@@ -54,6 +66,7 @@ enum WriteOp {
     },
     PutSession(SessionRow),
     DeleteSession(String),
+    PutFile(FileRow),
     Barrier(oneshot::Sender<Result<(), String>>),
 }
 
@@ -81,6 +94,15 @@ CREATE TABLE IF NOT EXISTS events (
     PRIMARY KEY (session_id, seq)
 ) WITHOUT ROWID;
 CREATE UNIQUE INDEX IF NOT EXISTS events_by_id ON events (session_id, id);
+CREATE TABLE IF NOT EXISTS files (
+    id TEXT PRIMARY KEY,
+    owner TEXT,
+    filename TEXT NOT NULL,
+    mime_type TEXT NOT NULL,
+    size_bytes INTEGER NOT NULL,
+    sha256 TEXT NOT NULL,
+    created_at TEXT NOT NULL
+);
 ";
 
 fn open_conn(path: &Path, fsync: bool) -> Result<Connection, StoreError> {
@@ -140,6 +162,35 @@ impl Store {
     /// Queue the removal of a session and all its events.
     pub fn delete_session(&self, id: &str) {
         let _ = self.writer.send(WriteOp::DeleteSession(id.to_string()));
+    }
+
+    /// Queue a file's metadata.
+    pub fn put_file(&self, row: FileRow) {
+        let _ = self.writer.send(WriteOp::PutFile(row));
+    }
+
+    /// A file's metadata.
+    pub async fn file(&self, id: &str) -> Result<Option<FileRow>, StoreError> {
+        let id = id.to_string();
+        self.read(move |c| {
+            Ok(c.query_row(
+                "SELECT id, owner, filename, mime_type, size_bytes, sha256, created_at FROM files WHERE id = ?1",
+                params![id],
+                |r| {
+                    Ok(FileRow {
+                        id: r.get(0)?,
+                        owner: r.get(1)?,
+                        filename: r.get(2)?,
+                        mime_type: r.get(3)?,
+                        size_bytes: r.get::<_, i64>(4)? as u64,
+                        sha256: r.get(5)?,
+                        created_at: r.get(6)?,
+                    })
+                },
+            )
+            .optional()?)
+        })
+        .await
     }
 
     /// Resolves once everything queued before it is committed.
@@ -341,6 +392,13 @@ fn write_batch(conn: &mut Connection, batch: &[WriteOp]) -> rusqlite::Result<()>
                 WriteOp::DeleteSession(id) => {
                     tx.execute("DELETE FROM events WHERE session_id = ?1", params![id])?;
                     tx.execute("DELETE FROM sessions WHERE id = ?1", params![id])?;
+                }
+                WriteOp::PutFile(f) => {
+                    tx.execute(
+                        "INSERT INTO files (id, owner, filename, mime_type, size_bytes, sha256, created_at)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                        params![f.id, f.owner, f.filename, f.mime_type, f.size_bytes as i64, f.sha256, f.created_at],
+                    )?;
                 }
                 WriteOp::Barrier(_) => {}
             }

@@ -58,6 +58,8 @@ pub struct McpHost {
     generation: tokio::sync::watch::Sender<u64>,
     /// Builtin tools (deliver_file) listed after the MCP ones.
     builtins: Vec<ServerTool>,
+    /// The file store, for `deliver_file`.
+    files: Option<crate::files::FileStore>,
 }
 
 /// Errors that stop federation outright (configuration errors).
@@ -70,8 +72,15 @@ impl McpHost {
     /// first attempt, so the first `/meta` already lists their tools.
     pub async fn start(
         config: Arc<Config>,
-        builtins: Vec<ServerTool>,
+        files: Option<crate::files::FileStore>,
     ) -> Result<(Arc<McpHost>, StartReport), FederationError> {
+        let builtins = vec![ServerTool {
+            spec: crate::files::deliver::spec(),
+            server: "builtin".into(),
+            tool: crate::files::deliver::NAME.into(),
+            verdict: crate::config::Verdict::Ask,
+            rule: "default".into(),
+        }];
         let mut shared = HashMap::new();
         let mut probes = Vec::new();
         for (i, cfg) in config.mcp_servers.iter().enumerate() {
@@ -119,6 +128,7 @@ impl McpHost {
             federation: RwLock::new(Federation::default()),
             generation: tokio::sync::watch::channel(0).0,
             builtins,
+            files,
         });
         host.refederate(true)?;
         for s in host.shared.values() {
@@ -292,6 +302,12 @@ impl ToolHost for McpHost {
     ) -> BoxFuture<'a, ToolOutput> {
         Box::pin(async move {
             let Some((idx, tool)) = self.route(name) else {
+                if name == crate::files::deliver::NAME {
+                    return match &self.files {
+                        Some(files) => crate::files::deliver::call(files, ctx, input).await,
+                        None => ToolOutput::error("deliver_file: no file store is configured"),
+                    };
+                }
                 return ToolOutput::error(format!("Unknown tool {name}."));
             };
             match self.shared.get(&idx) {

@@ -48,10 +48,17 @@ pub async fn send_message(
             "content is empty: send the message's text or content blocks",
         ));
     }
-    if !msg.files.is_empty() {
-        return Err(ApiError::bad_request(
-            "files are not supported by this server yet: send the content inline",
-        ));
+    // Attached files are copied into the session's workspace, so tools can use them too.
+    let mut files = Vec::with_capacity(msg.files.len());
+    let workspace = app.engine.workspace(&session.id);
+    for id in &msg.files {
+        let row = app.files.get(caller.owner.as_deref(), id).await.map_err(|_| {
+            ApiError::bad_request(format!("files names {id}, which is not a file of yours: upload it with POST /files first"))
+        })?;
+        let name = app.files.copy_into(&row, &workspace).await?;
+        let mut f = crate::files::to_ref(&row);
+        f.filename = name;
+        files.push(f);
     }
     for s in &msg.skills {
         if !s.is_object() {
@@ -65,7 +72,7 @@ pub async fn send_message(
         TurnRequest {
             input: TurnInput::User {
                 content: serde_json::to_value(&msg.content).unwrap_or(Value::Null),
-                files: vec![],
+                files,
                 skills: msg.skills,
             },
             update: SessionUpdate::default(),

@@ -3,5 +3,6 @@
 
 pub mod aap;
 pub mod events;
+pub mod files;
 pub mod operator;
 pub mod runs;

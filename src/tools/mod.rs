@@ -59,6 +59,8 @@ pub struct CallContext {
     pub session_id: String,
     /// The session's workspace folder (`sandboxes/<session id>/`).
     pub workspace: std::path::PathBuf,
+    /// The API key owner of the session (files it delivers belong to it).
+    pub owner: Option<String>,
 }
 
 /// The server-side tools of this process.

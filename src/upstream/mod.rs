@@ -4,6 +4,7 @@
 //! pushed into a [`DeltaSink`] as they arrive (so streaming adds no channel hop); the finished
 //! step comes back as a [`ModelOutput`]. Cancelling a step is dropping its future.
 
+pub mod anthropic;
 pub mod echo;
 pub mod openai;
 pub mod sse;

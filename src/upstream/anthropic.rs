@@ -1,0 +1,2003 @@
+//! The Anthropic Messages provider: `POST {base_url}/messages` with `stream: true`.
+//!
+//! The response is read frame by frame through the shared [`SseParser`]; text and thinking
+//! fragments go to the [`DeltaSink`] as soon as their event is parsed. Events are dispatched on
+//! their data's `type` (the `event:` line repeats it); unknown event, block and delta types are
+//! ignored, as the API's versioning policy asks.
+//!
+//! Mapping of the history ([`Message`]) to the wire:
+//! - `req.system` goes to the top-level `system` (omitted when `None` or empty); a `System`
+//!   message found in the history is appended to it (after a blank line);
+//! - user: text blocks → `text`, images → `image` with a `base64` source (from a `data:` URI; a
+//!   non-base64 `data:` URI is percent-decoded and re-encoded) or a `url` source (other URLs);
+//! - assistant: text → `text`, tool use → `tool_use` (`input` must be an object: anything else is
+//!   sent as `{}`); thinking and image blocks are dropped (we keep no signatures);
+//! - tool: a `tool_result` block (`content` is the text; blocks with images are sent as a list of
+//!   `text`/`image` blocks) in a USER turn;
+//! - consecutive turns of the same role are merged into one (the API wants strictly alternating
+//!   roles), and in a user turn the `tool_result` blocks are moved first (the API wants them
+//!   before any text); empty text blocks are dropped (the API rejects them) and a turn left
+//!   with no blocks is left out; a turn that is one text block is sent as a plain string.
+//!
+//! Choices where the brief or the wire is loose:
+//! - `max_tokens` is `req.max_tokens` when set, else the provider's default;
+//! - with `req.thinking`, `thinking: {type: enabled, budget_tokens}` is sent, budget =
+//!   `min(max_tokens / 2, 8192)` but at least 1024, and `max_tokens` is raised to at least
+//!   budget + 1024 — EXCEPT while a tool loop is running (the last user turn holds
+//!   `tool_result`s): the API then requires the last assistant turn to start with its signed
+//!   thinking block, which we do not keep, so thinking is left off for that call (the API's own
+//!   advice: "To avoid this requirement, disable `thinking`");
+//! - input usage is `input_tokens` + `cache_creation_input_tokens` + `cache_read_input_tokens`
+//!   (all of the prompt); output usage is the last `output_tokens` seen (it is cumulative);
+//! - a stop reason other than `max_tokens`/`refusal`/`model_context_window_exceeded` with
+//!   tool calls in the output is reported as [`ModelStop::ToolUse`]; unknown ones as `EndTurn`;
+//! - with `max_tokens`, a tool call whose input JSON does not parse (cut by the limit) is dropped,
+//!   not a protocol error;
+//! - `error` events: `overloaded_error` → `Status(529)`, `api_error` → `Status(500)`,
+//!   `rate_limit_error` → `Status(429)`, `timeout_error` → `Status(504)` (all retryable); the
+//!   request-side types map to their 4xx (not retryable); an unknown type is a non-retryable
+//!   `Status(500)`;
+//! - a stream that ends (cleanly) without `message_stop` but after a `message_delta` with a stop
+//!   reason is accepted;
+//! - a `2xx` `application/json` answer (a gateway that ignored `stream`) is read as a whole
+//!   message;
+//! - an invalid base URL or API key (not a valid header value) is a non-retryable `Connect` error.
+
+use std::collections::BTreeMap;
+use std::error::Error as StdError;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use http::header::{ACCEPT, CONTENT_TYPE, RETRY_AFTER, USER_AGENT};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Uri};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use super::sse::{SseParser, DEFAULT_MAX_EVENT_BYTES};
+use super::{
+    DeltaSink, ModelOutput, ModelRequest, ModelStop, Provider, UpstreamError, UpstreamErrorKind,
+};
+use crate::message::{Block, Content, Message, ToolCall, Usage};
+
+type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// The API version this provider speaks.
+pub const ANTHROPIC_VERSION: &str = "2023-06-01";
+/// The default `max_tokens` when neither the request nor the config sets one.
+pub const DEFAULT_MAX_TOKENS: u32 = 4096;
+
+/// The most text + thinking + tool input one call may accumulate.
+const MAX_OUTPUT_BYTES: usize = 64 * 1024 * 1024;
+/// The most tool calls one answer may carry.
+const MAX_TOOL_CALLS: usize = 1024;
+/// The most content blocks (of any type) one answer may carry.
+const MAX_BLOCKS: usize = 4096;
+/// How much of an error body is read.
+const MAX_ERROR_BODY: usize = 64 * 1024;
+/// How long to wait, after `message_stop`, for the body's end so the connection can be reused.
+const DRAIN_WAIT: Duration = Duration::from_millis(250);
+const DRAIN_MAX: usize = 64 * 1024;
+/// Thinking budget bounds.
+const MIN_THINKING_BUDGET: u32 = 1024;
+const MAX_THINKING_BUDGET: u32 = 8192;
+
+static X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+static ANTHROPIC_VERSION_HEADER: HeaderName = HeaderName::from_static("anthropic-version");
+
+/// An Anthropic Messages upstream.
+pub struct Anthropic {
+    base_url: String,
+    /// `{base_url}/messages`, or why it is not a URL.
+    endpoint: Result<Uri, String>,
+    /// The key (marked sensitive), or why it is not a header value.
+    api_key: Result<Option<HeaderValue>, String>,
+    timeout: Duration,
+    max_tokens: u32,
+    client: HttpsClient,
+}
+
+impl Anthropic {
+    /// `base_url` without a trailing slash, e.g. `https://api.anthropic.com/v1`. An empty key is
+    /// no key. `timeout` bounds each whole call, from connecting to the last byte. `max_tokens`
+    /// is sent when the request sets none (the API requires it; 0 counts as 1).
+    pub fn new(
+        base_url: String,
+        api_key: Option<String>,
+        timeout: Duration,
+        max_tokens: u32,
+    ) -> Anthropic {
+        let endpoint = format!("{base_url}/messages")
+            .parse::<Uri>()
+            .map_err(|e| format!("invalid upstream base URL {base_url:?}: {e}"));
+        let api_key = match api_key.filter(|k| !k.is_empty()) {
+            None => Ok(None),
+            Some(key) => HeaderValue::from_str(&key)
+                .map(|mut v| {
+                    v.set_sensitive(true);
+                    Some(v)
+                })
+                .map_err(|_| "the upstream API key is not a valid HTTP header value".to_string()),
+        };
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        http.enforce_http(false);
+        let https = HttpsConnectorBuilder::new()
+            .with_webpki_roots()
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .build(https);
+        Anthropic {
+            base_url,
+            endpoint,
+            api_key,
+            timeout,
+            max_tokens: max_tokens.max(1),
+            client,
+        }
+    }
+
+    /// The base URL this provider talks to.
+    pub fn base_url(&self) -> &str {
+        &self.base_url
+    }
+
+    /// The call; with the finished output, the body's rest when it stopped at `message_stop`.
+    async fn call(
+        &self,
+        req: &ModelRequest,
+        sink: &mut dyn DeltaSink,
+    ) -> Result<(ModelOutput, Option<Incoming>), UpstreamError> {
+        let uri = self.endpoint.clone().map_err(config_error)?;
+        let api_key = self.api_key.clone().map_err(config_error)?;
+        let body = serde_json::to_vec(&request_body(req, self.max_tokens))
+            .map_err(|e| protocol(e.to_string()))?;
+        let mut builder = Request::post(uri)
+            .header(CONTENT_TYPE, "application/json")
+            .header(ACCEPT, "text/event-stream")
+            .header(&ANTHROPIC_VERSION_HEADER, ANTHROPIC_VERSION)
+            .header(USER_AGENT, concat!("turnstile/", env!("CARGO_PKG_VERSION")));
+        if let Some(key) = api_key {
+            builder = builder.header(&X_API_KEY, key);
+        }
+        let http_req = builder
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| config_error(e.to_string()))?;
+
+        let resp = self.client.request(http_req).await.map_err(|e| {
+            let what = if e.is_connect() {
+                "could not connect to"
+            } else {
+                "could not send the request to"
+            };
+            UpstreamError::new(
+                UpstreamErrorKind::Connect,
+                format!("{what} the upstream {}: {}", self.base_url, error_chain(&e)),
+            )
+        })?;
+
+        let status = resp.status();
+        let (parts, body) = resp.into_parts();
+        if !status.is_success() {
+            return Err(status_error(status.as_u16(), &parts.headers, body).await);
+        }
+        let is_json = parts
+            .headers
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.trim_start().starts_with("application/json"));
+        if is_json {
+            return Ok((read_whole_message(body, sink).await?, None));
+        }
+        read_stream(body, sink).await
+    }
+}
+
+impl Provider for Anthropic {
+    fn name(&self) -> &'static str {
+        "anthropic"
+    }
+
+    fn complete<'a>(
+        &'a self,
+        req: &'a ModelRequest,
+        sink: &'a mut dyn DeltaSink,
+    ) -> BoxFuture<'a, Result<ModelOutput, UpstreamError>> {
+        Box::pin(async move {
+            match tokio::time::timeout(self.timeout, self.call(req, sink)).await {
+                Ok(Ok((output, rest))) => {
+                    // Outside the timeout: a finished answer is never lost to the drain.
+                    if let Some(body) = rest {
+                        drain(body).await;
+                    }
+                    Ok(output)
+                }
+                Ok(Err(e)) => Err(e),
+                Err(_) => Err(UpstreamError::new(
+                    UpstreamErrorKind::Timeout,
+                    format!(
+                        "the upstream call did not finish within {:.1}s",
+                        self.timeout.as_secs_f64()
+                    ),
+                )),
+            }
+        })
+    }
+}
+
+fn config_error(message: String) -> UpstreamError {
+    let mut e = UpstreamError::new(UpstreamErrorKind::Connect, message);
+    e.retryable = false;
+    e
+}
+
+fn protocol(message: impl Into<String>) -> UpstreamError {
+    UpstreamError::new(UpstreamErrorKind::Protocol, message)
+}
+
+/// An error and its sources, `: `-joined (hyper's own messages are terse).
+fn error_chain(e: &dyn StdError) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let s_text = s.to_string();
+        if !out.contains(&s_text) {
+            out.push_str(": ");
+            out.push_str(&s_text);
+        }
+        source = s.source();
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Request
+
+/// The thinking budget for a `max_tokens`, and the `max_tokens` to send with it.
+fn thinking_budget(max_tokens: u32) -> (u32, u32) {
+    let budget = (max_tokens / 2).clamp(MIN_THINKING_BUDGET, MAX_THINKING_BUDGET);
+    (budget, max_tokens.max(budget + MIN_THINKING_BUDGET))
+}
+
+/// The JSON body of a Messages request; `default_max_tokens` when the request sets none.
+pub(crate) fn request_body(req: &ModelRequest, default_max_tokens: u32) -> Value {
+    let mut system = req.system.clone().unwrap_or_default();
+    let mut turns: Vec<Turn> = Vec::with_capacity(req.messages.len());
+    for m in &req.messages {
+        match m {
+            Message::System { content } => {
+                if !content.is_empty() {
+                    if !system.is_empty() {
+                        system.push_str("\n\n");
+                    }
+                    system.push_str(content);
+                }
+            }
+            Message::User { content } => push_turn(&mut turns, "user", user_blocks(content)),
+            Message::Assistant { content } => {
+                push_turn(&mut turns, "assistant", assistant_blocks(content))
+            }
+            Message::Tool {
+                tool_call_id,
+                content,
+            } => push_turn(
+                &mut turns,
+                "user",
+                vec![json!({
+                    "type": "tool_result",
+                    "tool_use_id": tool_call_id,
+                    "content": tool_result_content(content),
+                })],
+            ),
+        }
+    }
+    // Mid tool loop: the API would want the last assistant turn's signed thinking back.
+    let in_tool_loop = turns
+        .last()
+        .is_some_and(|t| t.role == "user" && t.blocks.iter().any(is_tool_result));
+    let messages: Vec<Value> = turns.into_iter().map(Turn::into_wire).collect();
+
+    let mut max_tokens = req.max_tokens.unwrap_or(default_max_tokens).max(1);
+    let mut thinking = None;
+    if req.thinking && !in_tool_loop {
+        let (budget, max) = thinking_budget(max_tokens);
+        max_tokens = max;
+        thinking = Some(json!({"type": "enabled", "budget_tokens": budget}));
+    }
+
+    let mut body = Map::new();
+    body.insert("model".into(), Value::String(req.model.clone()));
+    body.insert("max_tokens".into(), Value::from(max_tokens));
+    if !system.is_empty() {
+        body.insert("system".into(), Value::String(system));
+    }
+    body.insert("messages".into(), Value::Array(messages));
+    if !req.tools.is_empty() {
+        let tools = req
+            .tools
+            .iter()
+            .map(|t| {
+                let mut tool = Map::new();
+                tool.insert("name".into(), Value::String(t.name.clone()));
+                if !t.description.is_empty() {
+                    tool.insert("description".into(), Value::String(t.description.clone()));
+                }
+                tool.insert("input_schema".into(), input_schema(&t.parameters));
+                Value::Object(tool)
+            })
+            .collect();
+        body.insert("tools".into(), Value::Array(tools));
+    }
+    body.insert("stream".into(), Value::Bool(true));
+    if let Some(t) = thinking {
+        body.insert("thinking".into(), t);
+    }
+    Value::Object(body)
+}
+
+/// One wire message being assembled.
+struct Turn {
+    role: &'static str,
+    blocks: Vec<Value>,
+}
+
+impl Turn {
+    fn into_wire(mut self) -> Value {
+        if self.role == "user" {
+            // Tool results first (stable), as the API requires.
+            let (mut results, rest): (Vec<Value>, Vec<Value>) =
+                self.blocks.into_iter().partition(is_tool_result);
+            results.extend(rest);
+            self.blocks = results;
+        }
+        let content = match self.blocks.as_slice() {
+            [one] if one["type"] == "text" => one["text"].clone(),
+            _ => Value::Array(self.blocks),
+        };
+        json!({"role": self.role, "content": content})
+    }
+}
+
+fn is_tool_result(b: &Value) -> bool {
+    b["type"] == "tool_result"
+}
+
+/// Appends blocks as a turn of `role`, merged into the last turn when it has the same role.
+fn push_turn(turns: &mut Vec<Turn>, role: &'static str, blocks: Vec<Value>) {
+    if blocks.is_empty() {
+        return;
+    }
+    if let Some(last) = turns.last_mut() {
+        if last.role == role {
+            last.blocks.extend(blocks);
+            return;
+        }
+    }
+    turns.push(Turn { role, blocks });
+}
+
+fn text_block(text: &str) -> Option<Value> {
+    (!text.is_empty()).then(|| json!({"type": "text", "text": text}))
+}
+
+fn user_blocks(content: &Content) -> Vec<Value> {
+    match content {
+        Content::Text(s) => text_block(s).into_iter().collect(),
+        Content::Blocks(blocks) => blocks
+            .iter()
+            .filter_map(|b| match b {
+                Block::Text { text } => text_block(text),
+                Block::Image { url } => Some(image_block(url)),
+                Block::Thinking { .. } | Block::ToolUse { .. } => None,
+            })
+            .collect(),
+    }
+}
+
+fn assistant_blocks(content: &Content) -> Vec<Value> {
+    match content {
+        Content::Text(s) => text_block(s).into_iter().collect(),
+        Content::Blocks(blocks) => blocks
+            .iter()
+            .filter_map(|b| match b {
+                Block::Text { text } => text_block(text),
+                Block::ToolUse {
+                    tool_call_id,
+                    name,
+                    input,
+                } => {
+                    let input = if input.is_object() {
+                        input.clone()
+                    } else {
+                        Value::Object(Map::new())
+                    };
+                    Some(json!({"type": "tool_use", "id": tool_call_id, "name": name, "input": input}))
+                }
+                Block::Thinking { .. } | Block::Image { .. } => None,
+            })
+            .collect(),
+    }
+}
+
+/// A tool result's `content`: its text, or a list of text and image blocks when it holds images.
+fn tool_result_content(content: &Content) -> Value {
+    match content {
+        Content::Blocks(blocks) if blocks.iter().any(|b| matches!(b, Block::Image { .. })) => {
+            Value::Array(user_blocks(content))
+        }
+        _ => Value::String(content.text()),
+    }
+}
+
+/// An `image` block: a base64 source from a `data:` URI, else a URL source.
+fn image_block(url: &str) -> Value {
+    let source = match url.strip_prefix("data:").and_then(|r| r.split_once(',')) {
+        Some((meta, payload)) => {
+            let mut params = meta.split(';');
+            let media_type = params.next().unwrap_or("").trim().to_ascii_lowercase();
+            let is_base64 = params.any(|p| p.trim().eq_ignore_ascii_case("base64"));
+            let data = if is_base64 {
+                payload
+                    .chars()
+                    .filter(|c| !c.is_ascii_whitespace())
+                    .collect()
+            } else {
+                base64_encode(&percent_decode(payload))
+            };
+            let media_type = if media_type.is_empty() {
+                sniff_media_type(&data).to_string()
+            } else {
+                media_type
+            };
+            json!({"type": "base64", "media_type": media_type, "data": data})
+        }
+        None => json!({"type": "url", "url": url}),
+    };
+    json!({"type": "image", "source": source})
+}
+
+/// The image type from the first base64 characters (for a `data:` URI that names none).
+fn sniff_media_type(b64: &str) -> &'static str {
+    if b64.starts_with("/9j/") {
+        "image/jpeg"
+    } else if b64.starts_with("R0lGOD") {
+        "image/gif"
+    } else if b64.starts_with("UklGR") {
+        "image/webp"
+    } else {
+        "image/png"
+    }
+}
+
+fn percent_decode(s: &str) -> Vec<u8> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            let hex = |b: u8| (b as char).to_digit(16);
+            if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    out
+}
+
+fn base64_encode(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = (u32::from(chunk[0]) << 16)
+            | (u32::from(*chunk.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*chunk.get(2).unwrap_or(&0));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// A tool's `input_schema`: an object schema (`type: object` added when missing).
+fn input_schema(parameters: &Value) -> Value {
+    match parameters {
+        Value::Object(m) => {
+            let mut m = m.clone();
+            m.entry("type")
+                .or_insert_with(|| Value::String("object".into()));
+            Value::Object(m)
+        }
+        _ => json!({"type": "object", "properties": {}}),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Response
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum WireEvent {
+    MessageStart {
+        message: WireMessage,
+    },
+    ContentBlockStart {
+        index: u64,
+        content_block: WireBlock,
+    },
+    ContentBlockDelta {
+        index: u64,
+        delta: WireDelta,
+    },
+    ContentBlockStop {},
+    MessageDelta {
+        #[serde(default)]
+        delta: Option<WireMessageDelta>,
+        #[serde(default)]
+        usage: Option<WireUsage>,
+    },
+    MessageStop {},
+    Ping {},
+    Error {
+        #[serde(default)]
+        error: Option<Value>,
+    },
+    #[serde(other)]
+    Other,
+}
+
+/// A message: `message_start`'s, or a whole (non-streamed) answer.
+#[derive(Deserialize)]
+struct WireMessage {
+    #[serde(default)]
+    content: Option<Vec<WireBlock>>,
+    #[serde(default)]
+    stop_reason: Option<String>,
+    #[serde(default)]
+    usage: Option<WireUsage>,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum WireBlock {
+    Text {
+        #[serde(default)]
+        text: String,
+    },
+    Thinking {
+        #[serde(default)]
+        thinking: String,
+    },
+    ToolUse {
+        #[serde(default)]
+        id: String,
+        #[serde(default)]
+        name: String,
+        #[serde(default)]
+        input: Option<Value>,
+    },
+    #[serde(other)]
+    Other,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum WireDelta {
+    TextDelta {
+        text: String,
+    },
+    ThinkingDelta {
+        thinking: String,
+    },
+    InputJsonDelta {
+        partial_json: String,
+    },
+    #[serde(other)]
+    Other,
+}
+
+#[derive(Deserialize)]
+struct WireMessageDelta {
+    #[serde(default)]
+    stop_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct WireUsage {
+    #[serde(default)]
+    input_tokens: Option<u64>,
+    #[serde(default)]
+    cache_creation_input_tokens: Option<u64>,
+    #[serde(default)]
+    cache_read_input_tokens: Option<u64>,
+    #[serde(default)]
+    output_tokens: Option<u64>,
+}
+
+impl WireUsage {
+    /// All the prompt's tokens, when the usage carries any input count.
+    fn input(&self) -> Option<u64> {
+        let parts = [
+            self.input_tokens,
+            self.cache_creation_input_tokens,
+            self.cache_read_input_tokens,
+        ];
+        parts.iter().any(Option::is_some).then(|| {
+            parts
+                .iter()
+                .flatten()
+                .fold(0u64, |a, b| a.saturating_add(*b))
+        })
+    }
+}
+
+/// A content block being accumulated.
+enum BlockAcc {
+    Tool {
+        id: String,
+        name: String,
+        /// The `input` of `content_block_start` (`{}` when streaming; whole when not).
+        initial: Option<Value>,
+        json: String,
+    },
+    /// Text, thinking, or a block we do not use.
+    Other,
+}
+
+/// The output accumulated from the events seen so far.
+#[derive(Default)]
+struct Acc {
+    text: String,
+    thinking: String,
+    blocks: BTreeMap<u64, BlockAcc>,
+    tool_count: usize,
+    stop: Option<String>,
+    usage: Usage,
+    bytes: usize,
+    done: bool,
+}
+
+impl Acc {
+    fn grow(&mut self, n: usize) -> Result<(), UpstreamError> {
+        self.bytes = self.bytes.saturating_add(n);
+        if self.bytes > MAX_OUTPUT_BYTES {
+            return Err(protocol(format!(
+                "the upstream's answer exceeds {MAX_OUTPUT_BYTES} bytes"
+            )));
+        }
+        Ok(())
+    }
+
+    fn text(&mut self, t: &str, sink: &mut dyn DeltaSink) -> Result<(), UpstreamError> {
+        if !t.is_empty() {
+            self.grow(t.len())?;
+            sink.text(t);
+            self.text.push_str(t);
+        }
+        Ok(())
+    }
+
+    fn thinking(&mut self, t: &str, sink: &mut dyn DeltaSink) -> Result<(), UpstreamError> {
+        if !t.is_empty() {
+            self.grow(t.len())?;
+            sink.thinking(t);
+            self.thinking.push_str(t);
+        }
+        Ok(())
+    }
+
+    fn usage(&mut self, u: &WireUsage) {
+        if let Some(input) = u.input() {
+            self.usage.input_tokens = input;
+        }
+        if let Some(output) = u.output_tokens {
+            self.usage.output_tokens = output;
+        }
+    }
+
+    /// Applies one SSE event's data.
+    fn event(&mut self, data: &str, sink: &mut dyn DeltaSink) -> Result<(), UpstreamError> {
+        let data = data.trim();
+        if data.is_empty() {
+            return Ok(());
+        }
+        let event: WireEvent = serde_json::from_str(data).map_err(|e| {
+            protocol(format!(
+                "unparseable event from the upstream ({e}): {}",
+                preview(data.as_bytes())
+            ))
+        })?;
+        match event {
+            WireEvent::MessageStart { message } => {
+                if let Some(u) = &message.usage {
+                    self.usage(u);
+                }
+            }
+            WireEvent::ContentBlockStart {
+                index,
+                content_block,
+            } => self.block_start(index, content_block, sink)?,
+            WireEvent::ContentBlockDelta { index, delta } => match delta {
+                WireDelta::TextDelta { text } => self.text(&text, sink)?,
+                WireDelta::ThinkingDelta { thinking } => self.thinking(&thinking, sink)?,
+                WireDelta::InputJsonDelta { partial_json } => {
+                    self.grow(partial_json.len())?;
+                    match self.blocks.get_mut(&index) {
+                        Some(BlockAcc::Tool { json, .. }) => json.push_str(&partial_json),
+                        _ => {
+                            return Err(protocol(format!(
+                                "the upstream sent tool input for content block {index}, which is not a tool_use block"
+                            )))
+                        }
+                    }
+                }
+                WireDelta::Other => {}
+            },
+            WireEvent::MessageDelta { delta, usage } => {
+                if let Some(reason) = delta.and_then(|d| d.stop_reason) {
+                    self.stop = Some(reason);
+                }
+                if let Some(u) = &usage {
+                    self.usage(u);
+                }
+            }
+            WireEvent::MessageStop {} => self.done = true,
+            WireEvent::Error { error } => return Err(stream_error(error.as_ref())),
+            WireEvent::ContentBlockStop {} | WireEvent::Ping {} | WireEvent::Other => {}
+        }
+        Ok(())
+    }
+
+    fn block_start(
+        &mut self,
+        index: u64,
+        block: WireBlock,
+        sink: &mut dyn DeltaSink,
+    ) -> Result<(), UpstreamError> {
+        if !self.blocks.contains_key(&index) && self.blocks.len() >= MAX_BLOCKS {
+            return Err(protocol(format!(
+                "the upstream sent more than {MAX_BLOCKS} content blocks"
+            )));
+        }
+        let acc = match block {
+            WireBlock::Text { text } => {
+                self.text(&text, sink)?;
+                BlockAcc::Other
+            }
+            WireBlock::Thinking { thinking } => {
+                self.thinking(&thinking, sink)?;
+                BlockAcc::Other
+            }
+            WireBlock::ToolUse { id, name, input } => {
+                if self.tool_count >= MAX_TOOL_CALLS {
+                    return Err(protocol(format!(
+                        "the upstream sent more than {MAX_TOOL_CALLS} tool calls"
+                    )));
+                }
+                self.tool_count += 1;
+                let initial_len = input.as_ref().map_or(0, |v| v.to_string().len());
+                self.grow(id.len() + name.len() + initial_len)?;
+                BlockAcc::Tool {
+                    id,
+                    name,
+                    initial: input,
+                    json: String::new(),
+                }
+            }
+            WireBlock::Other => BlockAcc::Other,
+        };
+        if let Some(BlockAcc::Tool { .. }) = self.blocks.insert(index, acc) {
+            // A repeated index replaced a tool block: keep the count honest.
+            self.tool_count -= 1;
+        }
+        Ok(())
+    }
+
+    fn finish(self) -> Result<ModelOutput, UpstreamError> {
+        let has_tools = self.tool_count > 0;
+        let stop = match self.stop.as_deref() {
+            Some("max_tokens") | Some("model_context_window_exceeded") => ModelStop::MaxTokens,
+            Some("refusal") => ModelStop::Refusal,
+            Some("tool_use") => ModelStop::ToolUse,
+            _ if has_tools => ModelStop::ToolUse,
+            // end_turn, stop_sequence, pause_turn, none, unknown.
+            _ => ModelStop::EndTurn,
+        };
+        let mut tool_calls = Vec::with_capacity(self.tool_count);
+        for (index, block) in self.blocks {
+            let BlockAcc::Tool {
+                id,
+                name,
+                initial,
+                json,
+            } = block
+            else {
+                continue;
+            };
+            let parsed = if json.trim().is_empty() {
+                Ok(initial
+                    .filter(Value::is_object)
+                    .unwrap_or_else(|| Value::Object(Map::new())))
+            } else {
+                serde_json::from_str::<Value>(&json)
+            };
+            let input = match parsed {
+                Ok(Value::Null) => Value::Object(Map::new()),
+                Ok(v) => v,
+                // Cut short by max_tokens: the call is incomplete, the stop says why.
+                Err(_) if stop == ModelStop::MaxTokens => continue,
+                Err(e) => {
+                    return Err(protocol(format!(
+                        "the upstream sent invalid JSON input for tool {name:?} ({e}): {}",
+                        preview(json.as_bytes())
+                    )))
+                }
+            };
+            if name.is_empty() {
+                if stop == ModelStop::MaxTokens {
+                    continue;
+                }
+                return Err(protocol(format!(
+                    "the upstream sent tool_use block {index} without a name"
+                )));
+            }
+            let id = if id.is_empty() {
+                format!("toolu_{:016x}", fastrand::u64(..))
+            } else {
+                id
+            };
+            tool_calls.push(ToolCall { id, name, input });
+        }
+        Ok(ModelOutput {
+            thinking: self.thinking,
+            text: self.text,
+            tool_calls,
+            usage: self.usage,
+            stop,
+        })
+    }
+}
+
+/// The status an Anthropic error type stands for, and whether retrying may help.
+fn error_status(kind: &str) -> (u16, bool) {
+    match kind {
+        "overloaded_error" => (529, true),
+        "api_error" => (500, true),
+        "rate_limit_error" => (429, true),
+        "timeout_error" => (504, true),
+        "invalid_request_error" => (400, false),
+        "authentication_error" => (401, false),
+        "billing_error" => (402, false),
+        "permission_error" => (403, false),
+        "not_found_error" => (404, false),
+        "request_too_large" => (413, false),
+        _ => (500, false),
+    }
+}
+
+/// An `error` event met inside a 2xx stream.
+fn stream_error(err: Option<&Value>) -> UpstreamError {
+    let kind = err
+        .and_then(|e| e.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let message = match err {
+        Some(Value::String(s)) => s.clone(),
+        Some(e) => e
+            .get("message")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .unwrap_or_else(|| e.to_string()),
+        None => "(no details)".to_string(),
+    };
+    let (code, retryable) = error_status(kind);
+    let mut e = UpstreamError::new(
+        UpstreamErrorKind::Status(code),
+        if kind.is_empty() {
+            format!("the upstream reported an error mid-stream: {message}")
+        } else {
+            format!("the upstream reported an error mid-stream: {kind}: {message}")
+        },
+    );
+    e.retryable = retryable;
+    e
+}
+
+/// Reads the SSE body as it arrives; at `message_stop` returns the output and the body's rest.
+async fn read_stream(
+    mut body: Incoming,
+    sink: &mut dyn DeltaSink,
+) -> Result<(ModelOutput, Option<Incoming>), UpstreamError> {
+    let mut parser = SseParser::with_limit(DEFAULT_MAX_EVENT_BYTES);
+    let mut acc = Acc::default();
+    let sse_error = |e: super::sse::SseError| protocol(format!("bad event stream: {e}"));
+    loop {
+        let frame = match body.frame().await {
+            None => break,
+            Some(Ok(frame)) => frame,
+            Some(Err(e)) => {
+                return Err(UpstreamError::new(
+                    UpstreamErrorKind::Stream,
+                    format!("the upstream stream broke off: {}", error_chain(&e)),
+                ))
+            }
+        };
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers
+        };
+        parser.feed(&data);
+        while let Some(ev) = parser.next_event().map_err(sse_error)? {
+            acc.event(&ev.data, sink)?;
+            if acc.done {
+                return Ok((acc.finish()?, Some(body)));
+            }
+        }
+    }
+    if let Some(ev) = parser.finish().map_err(sse_error)? {
+        acc.event(&ev.data, sink)?;
+    }
+    if acc.done || acc.stop.is_some() {
+        return Ok((acc.finish()?, None));
+    }
+    Err(UpstreamError::new(
+        UpstreamErrorKind::Stream,
+        "the upstream stream ended before it finished (no stop_reason, no message_stop)",
+    ))
+}
+
+/// Reads what follows `message_stop` (normally just the body's end), briefly and boundedly, so
+/// the connection returns to the pool; otherwise it is dropped.
+async fn drain(mut body: Incoming) {
+    let _ = tokio::time::timeout(DRAIN_WAIT, async {
+        let mut seen = 0;
+        while let Some(Ok(frame)) = body.frame().await {
+            if let Some(d) = frame.data_ref() {
+                seen += d.len();
+                if seen > DRAIN_MAX {
+                    return;
+                }
+            }
+        }
+    })
+    .await;
+}
+
+/// Reads up to `cap` bytes of a body; `Err` when the body broke before that.
+async fn read_capped(mut body: Incoming, cap: usize) -> Result<(Vec<u8>, bool), hyper::Error> {
+    let mut out = Vec::new();
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame?.into_data() {
+            let room = cap - out.len();
+            if data.len() > room {
+                out.extend_from_slice(&data[..room]);
+                return Ok((out, true));
+            }
+            out.extend_from_slice(&data);
+        }
+    }
+    Ok((out, false))
+}
+
+/// A `2xx` `application/json` answer: a gateway that ignored `stream: true`.
+async fn read_whole_message(
+    body: Incoming,
+    sink: &mut dyn DeltaSink,
+) -> Result<ModelOutput, UpstreamError> {
+    let (bytes, truncated) = read_capped(body, DEFAULT_MAX_EVENT_BYTES)
+        .await
+        .map_err(|e| {
+            UpstreamError::new(
+                UpstreamErrorKind::Stream,
+                format!("the upstream response broke off: {}", error_chain(&e)),
+            )
+        })?;
+    if truncated {
+        return Err(protocol(format!(
+            "the upstream's JSON answer exceeds {DEFAULT_MAX_EVENT_BYTES} bytes"
+        )));
+    }
+    let value: Value = serde_json::from_slice(&bytes).map_err(|e| {
+        protocol(format!(
+            "unparseable JSON answer from the upstream ({e}): {}",
+            preview(&bytes)
+        ))
+    })?;
+    if value.get("type").and_then(Value::as_str) == Some("error") {
+        return Err(stream_error(value.get("error")));
+    }
+    let message: WireMessage = serde_json::from_value(value).map_err(|e| {
+        protocol(format!(
+            "the upstream's JSON answer is not a message ({e}): {}",
+            preview(&bytes)
+        ))
+    })?;
+    let Some(content) = message.content else {
+        return Err(protocol(format!(
+            "the upstream's JSON answer has no content: {}",
+            preview(&bytes)
+        )));
+    };
+    let mut acc = Acc::default();
+    for (i, block) in content.into_iter().enumerate() {
+        acc.block_start(i as u64, block, sink)?;
+    }
+    acc.stop = message.stop_reason;
+    if let Some(u) = &message.usage {
+        acc.usage(u);
+    }
+    acc.finish()
+}
+
+/// The error for a non-2xx answer: the upstream's own message, and its `Retry-After`.
+async fn status_error(code: u16, headers: &HeaderMap, body: Incoming) -> UpstreamError {
+    let detail = match read_capped(body, MAX_ERROR_BODY).await {
+        Ok((bytes, _)) => error_message(&bytes),
+        Err(e) => format!("(the error body broke off: {})", error_chain(&e)),
+    };
+    let mut err = UpstreamError::new(
+        UpstreamErrorKind::Status(code),
+        format!("the upstream answered HTTP {code}: {detail}"),
+    );
+    err.retry_after = headers
+        .get(RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_retry_after);
+    err
+}
+
+/// `{"type":"error","error":{"type","message"}}` as `type: message` (or `{"error":"..."}`, or
+/// `{"message"}`), else the body's first 500 bytes.
+fn error_message(body: &[u8]) -> String {
+    if let Ok(v) = serde_json::from_slice::<Value>(body) {
+        let (kind, msg) = match v.get("error") {
+            Some(Value::String(s)) => (None, Some(s.as_str())),
+            Some(e) => (
+                e.get("type").and_then(Value::as_str),
+                e.get("message").and_then(Value::as_str),
+            ),
+            None => (None, v.get("message").and_then(Value::as_str)),
+        };
+        match (kind, msg) {
+            (Some(k), Some(m)) if !k.is_empty() => return format!("{k}: {m}"),
+            (_, Some(m)) => return m.to_string(),
+            (Some(k), None) => return k.to_string(),
+            (None, None) => {}
+        }
+    }
+    if body.is_empty() {
+        return "(empty body)".to_string();
+    }
+    preview(body)
+}
+
+/// The first 500 bytes of `bytes`, lossily decoded.
+fn preview(bytes: &[u8]) -> String {
+    let cut = &bytes[..bytes.len().min(500)];
+    let mut s = String::from_utf8_lossy(cut).into_owned();
+    if bytes.len() > cut.len() {
+        s.push('…');
+    }
+    s
+}
+
+/// `Retry-After` in seconds (the HTTP-date form is not used by model APIs and is ignored).
+fn parse_retry_after(v: &str) -> Option<Duration> {
+    let v = v.trim();
+    if let Ok(secs) = v.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    v.parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s >= 0.0 && *s < 1e9)
+        .map(Duration::from_secs_f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testkit::fake_anthropic::{FakeAnthropic, Gate, Reply};
+    use crate::upstream::ToolDef;
+    use std::sync::Arc;
+    use tokio::sync::mpsc;
+
+    #[derive(Default)]
+    struct Rec {
+        text: Vec<String>,
+        thinking: Vec<String>,
+    }
+
+    impl DeltaSink for Rec {
+        fn text(&mut self, fragment: &str) {
+            self.text.push(fragment.to_string());
+        }
+        fn thinking(&mut self, fragment: &str) {
+            self.thinking.push(fragment.to_string());
+        }
+    }
+
+    /// Forwards text fragments as they come, so a test can watch them while the call runs.
+    struct Forward(mpsc::UnboundedSender<String>);
+
+    impl DeltaSink for Forward {
+        fn text(&mut self, fragment: &str) {
+            let _ = self.0.send(fragment.to_string());
+        }
+        fn thinking(&mut self, _: &str) {}
+    }
+
+    fn provider(fake: &FakeAnthropic) -> Anthropic {
+        Anthropic::new(fake.base_url(), None, Duration::from_secs(10), 4096)
+    }
+
+    fn ask(text: &str) -> ModelRequest {
+        ModelRequest {
+            model: "claude-test".into(),
+            system: None,
+            messages: vec![Message::User {
+                content: Content::Text(text.into()),
+            }],
+            tools: vec![],
+            max_tokens: None,
+            thinking: false,
+        }
+    }
+
+    async fn run_req(
+        fake: &FakeAnthropic,
+        reply: Reply,
+        req: &ModelRequest,
+    ) -> (Result<ModelOutput, UpstreamError>, Rec) {
+        fake.push(reply);
+        let mut rec = Rec::default();
+        let out = provider(fake).complete(req, &mut rec).await;
+        (out, rec)
+    }
+
+    async fn run(fake: &FakeAnthropic, reply: Reply) -> (Result<ModelOutput, UpstreamError>, Rec) {
+        run_req(fake, reply, &ask("hi")).await
+    }
+
+    async fn run_raw(body: &str) -> Result<ModelOutput, UpstreamError> {
+        let fake = FakeAnthropic::start().await;
+        run(&fake, Reply::raw(body).chunk_chars(7)).await.0
+    }
+
+    /// Anthropic-style SSE: each event named after its data's `type`.
+    fn sse(events: &[Value]) -> String {
+        events
+            .iter()
+            .map(|e| format!("event: {}\ndata: {e}\n\n", e["type"].as_str().unwrap()))
+            .collect()
+    }
+
+    fn start(input_tokens: u64) -> Value {
+        json!({"type": "message_start", "message": {"id": "msg_1", "type": "message",
+            "role": "assistant", "content": [], "model": "m", "stop_reason": null,
+            "usage": {"input_tokens": input_tokens, "output_tokens": 1}}})
+    }
+
+    fn block_start(index: u64, block: Value) -> Value {
+        json!({"type": "content_block_start", "index": index, "content_block": block})
+    }
+
+    fn delta(index: u64, d: Value) -> Value {
+        json!({"type": "content_block_delta", "index": index, "delta": d})
+    }
+
+    fn stop(reason: &str, output_tokens: u64) -> [Value; 2] {
+        [
+            json!({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": null},
+                   "usage": {"output_tokens": output_tokens}}),
+            json!({"type": "message_stop"}),
+        ]
+    }
+
+    #[tokio::test]
+    async fn text_streams_as_fragments() {
+        let fake = FakeAnthropic::start().await;
+        let text = "The quick brown fox jumps over the lazy dog, naïvely 🦊.";
+        let (out, rec) = run(&fake, Reply::text(text)).await;
+        let out = out.unwrap();
+        assert_eq!(out.text, text);
+        assert!(rec.text.len() > 5, "fragments: {:?}", rec.text);
+        assert_eq!(rec.text.concat(), text);
+        assert!(rec.text.iter().all(|f| !f.is_empty()));
+        assert!(rec.thinking.is_empty());
+        assert_eq!(out.stop, ModelStop::EndTurn);
+        assert!(out.tool_calls.is_empty());
+        assert_eq!(out.thinking, "");
+        assert_eq!(
+            out.usage,
+            Usage {
+                input_tokens: 10,
+                output_tokens: 5
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn fragments_reach_the_sink_before_the_stream_ends() {
+        let fake = Arc::new(FakeAnthropic::start().await);
+        let gate = Gate::new();
+        fake.push(Reply::text("streaming works").hold(gate.clone()));
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let f = fake.clone();
+        let call = tokio::spawn(async move {
+            let p = provider(&f);
+            let mut sink = Forward(tx);
+            p.complete(&ask("hi"), &mut sink).await
+        });
+        let mut seen = String::new();
+        while seen != "streaming works" {
+            seen.push_str(&rx.recv().await.expect("a fragment"));
+        }
+        assert!(!call.is_finished(), "the stream is held open by the gate");
+        gate.open();
+        let out = call.await.unwrap().unwrap();
+        assert_eq!(out.text, "streaming works");
+    }
+
+    #[tokio::test]
+    async fn thinking_streams_and_is_requested() {
+        let fake = FakeAnthropic::start().await;
+        let mut req = ask("6 x 7?");
+        req.thinking = true;
+        let (out, rec) = run_req(
+            &fake,
+            Reply::text("42").thinking("Let me think it over."),
+            &req,
+        )
+        .await;
+        let out = out.unwrap();
+        assert_eq!(out.thinking, "Let me think it over.");
+        assert!(rec.thinking.len() > 1);
+        assert_eq!(rec.thinking.concat(), out.thinking);
+        assert_eq!(out.text, "42");
+        assert_eq!(rec.text.concat(), "42");
+        let sent = &fake.wait_requests(1).await[0];
+        assert_eq!(
+            sent["thinking"],
+            json!({"type": "enabled", "budget_tokens": 2048})
+        );
+        assert_eq!(sent["max_tokens"], 4096);
+    }
+
+    #[test]
+    fn thinking_budget_bounds() {
+        // min(max/2, 8192), at least 1024; max_tokens then exceeds the budget by 1024 or more.
+        assert_eq!(thinking_budget(4096), (2048, 4096));
+        assert_eq!(thinking_budget(64000), (8192, 64000));
+        assert_eq!(thinking_budget(1000), (1024, 2048));
+        assert_eq!(thinking_budget(2500), (1250, 2500));
+        assert_eq!(thinking_budget(1), (1024, 2048));
+        let mut req = ask("x");
+        req.thinking = true;
+        req.max_tokens = Some(500);
+        let body = request_body(&req, 4096);
+        assert_eq!(body["max_tokens"], 2048);
+        assert_eq!(body["thinking"]["budget_tokens"], 1024);
+        // Without thinking: no thinking key, max_tokens as asked.
+        req.thinking = false;
+        let body = request_body(&req, 4096);
+        assert_eq!(body["max_tokens"], 500);
+        assert!(body.get("thinking").is_none());
+        req.max_tokens = None;
+        assert_eq!(request_body(&req, 777)["max_tokens"], 777);
+    }
+
+    #[test]
+    fn thinking_is_left_off_mid_tool_loop() {
+        let mut req = ask("weather?");
+        req.thinking = true;
+        req.messages.push(Message::Assistant {
+            content: Content::Blocks(vec![
+                Block::Thinking {
+                    thinking: "call it".into(),
+                },
+                Block::ToolUse {
+                    tool_call_id: "toolu_1".into(),
+                    name: "get_weather".into(),
+                    input: json!({}),
+                },
+            ]),
+        });
+        req.messages.push(Message::Tool {
+            tool_call_id: "toolu_1".into(),
+            content: Content::Text("18C".into()),
+        });
+        let body = request_body(&req, 4096);
+        assert!(body.get("thinking").is_none(), "{body}");
+        // A new user message after the loop: thinking again.
+        req.messages.push(Message::Assistant {
+            content: Content::Text("18C.".into()),
+        });
+        req.messages.push(Message::User {
+            content: Content::Text("thanks".into()),
+        });
+        let body = request_body(&req, 4096);
+        assert_eq!(body["thinking"]["type"], "enabled");
+    }
+
+    #[tokio::test]
+    async fn two_tool_calls_with_split_input_json() {
+        let fake = FakeAnthropic::start().await;
+        let weather = json!({"city": "Tokyo", "units": {"temp": "C"}, "days": [1, 2, 3]});
+        let time = json!({"tz": "Asia/Tokyo — 東京"});
+        let (out, rec) = run(
+            &fake,
+            Reply::tool_calls(&[
+                ("toolu_w", "get_weather", weather.clone()),
+                ("toolu_t", "get_time", time.clone()),
+            ])
+            .with_text("Checking both.")
+            .chunk_chars(3),
+        )
+        .await;
+        let out = out.unwrap();
+        assert_eq!(out.stop, ModelStop::ToolUse);
+        assert_eq!(out.text, "Checking both.");
+        assert_eq!(rec.text.concat(), "Checking both.");
+        assert_eq!(
+            out.tool_calls,
+            vec![
+                ToolCall {
+                    id: "toolu_w".into(),
+                    name: "get_weather".into(),
+                    input: weather
+                },
+                ToolCall {
+                    id: "toolu_t".into(),
+                    name: "get_time".into(),
+                    input: time
+                },
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn tool_input_quirks_empty_missing_id_and_bad_deltas() {
+        // No input deltas at all → {}; no id → a generated one; signature/citation deltas ignored.
+        let mut events = vec![
+            start(3),
+            block_start(
+                0,
+                json!({"type": "tool_use", "id": "", "name": "noop", "input": {}}),
+            ),
+            delta(0, json!({"type": "input_json_delta", "partial_json": ""})),
+            json!({"type": "content_block_stop", "index": 0}),
+            block_start(1, json!({"type": "redacted_thinking", "data": "xyz"})),
+            delta(1, json!({"type": "signature_delta", "signature": "abc"})),
+            delta(1, json!({"type": "citations_delta", "citation": {}})),
+            json!({"type": "some_future_event", "x": 1}),
+        ];
+        events.extend(stop("tool_use", 9));
+        let out = run_raw(&sse(&events)).await.unwrap();
+        assert_eq!(out.tool_calls.len(), 1);
+        assert_eq!(out.tool_calls[0].input, json!({}));
+        assert!(out.tool_calls[0].id.starts_with("toolu_"));
+        assert!(out.tool_calls[0].id.len() > 6);
+        // Input JSON for a block that is not a tool_use block: a protocol error.
+        let events = [
+            start(3),
+            block_start(0, json!({"type": "text", "text": ""})),
+            delta(0, json!({"type": "input_json_delta", "partial_json": "{}"})),
+        ];
+        let err = run_raw(&sse(&events)).await.unwrap_err();
+        assert_eq!(err.kind, UpstreamErrorKind::Protocol);
+    }
+
+    #[tokio::test]
+    async fn invalid_tool_input_is_a_protocol_error_naming_the_tool() {
+        let mut events = vec![
+            start(3),
+            block_start(
+                0,
+                json!({"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}}),
+            ),
+            delta(
+                0,
+                json!({"type": "input_json_delta", "partial_json": "{\"city\": Tok"}),
+            ),
+            json!({"type": "content_block_stop", "index": 0}),
+        ];
+        events.extend(stop("tool_use", 9));
+        let err = run_raw(&sse(&events)).await.unwrap_err();
+        assert_eq!(err.kind, UpstreamErrorKind::Protocol);
+        assert!(!err.retryable);
+        assert!(err.message.contains("get_weather"), "{}", err.message);
+        // Cut by max_tokens instead: the broken call is dropped, the stop says why.
+        let n = events.len();
+        events[n - 2]["delta"]["stop_reason"] = json!("max_tokens");
+        let out = run_raw(&sse(&events)).await.unwrap();
+        assert_eq!(out.stop, ModelStop::MaxTokens);
+        assert!(out.tool_calls.is_empty());
+    }
+
+    #[tokio::test]
+    async fn stop_reasons() {
+        let fake = FakeAnthropic::start().await;
+        for (reason, want) in [
+            ("end_turn", ModelStop::EndTurn),
+            ("stop_sequence", ModelStop::EndTurn),
+            ("pause_turn", ModelStop::EndTurn),
+            ("max_tokens", ModelStop::MaxTokens),
+            ("model_context_window_exceeded", ModelStop::MaxTokens),
+            ("refusal", ModelStop::Refusal),
+            ("something_new", ModelStop::EndTurn),
+        ] {
+            let (out, _) = run(&fake, Reply::text("t").finish(reason)).await;
+            assert_eq!(out.unwrap().stop, want, "{reason}");
+        }
+        let (out, _) = run(&fake, Reply::tool_calls(&[("toolu_1", "f", json!({}))])).await;
+        assert_eq!(out.unwrap().stop, ModelStop::ToolUse);
+        // Tool calls with an odd stop reason still ask for the tools.
+        let (out, _) = run(
+            &fake,
+            Reply::tool_calls(&[("toolu_1", "f", json!({}))]).finish("end_turn"),
+        )
+        .await;
+        assert_eq!(out.unwrap().stop, ModelStop::ToolUse);
+    }
+
+    #[tokio::test]
+    async fn usage_is_input_from_message_start_and_output_from_message_delta() {
+        let fake = FakeAnthropic::start().await;
+        let (out, _) = run(&fake, Reply::text("counted").usage(123, 45)).await;
+        assert_eq!(
+            out.unwrap().usage,
+            Usage {
+                input_tokens: 123,
+                output_tokens: 45
+            }
+        );
+        // Cached prompt tokens count as input; output_tokens is cumulative (the last one wins).
+        let events = [
+            json!({"type": "message_start", "message": {"usage": {"input_tokens": 5,
+                "cache_creation_input_tokens": 100, "cache_read_input_tokens": 1000, "output_tokens": 1}}}),
+            block_start(0, json!({"type": "text", "text": ""})),
+            delta(0, json!({"type": "text_delta", "text": "x"})),
+            json!({"type": "message_delta", "delta": {}, "usage": {"output_tokens": 3}}),
+            json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 7}}),
+            json!({"type": "message_stop"}),
+        ];
+        let out = run_raw(&sse(&events)).await.unwrap();
+        assert_eq!(
+            out.usage,
+            Usage {
+                input_tokens: 1105,
+                output_tokens: 7
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn http_529_and_500_are_retryable_with_the_message() {
+        let fake = FakeAnthropic::start().await;
+        let (out, _) = run(
+            &fake,
+            Reply::api_error(529, "overloaded_error", "Overloaded").header("retry-after", "7"),
+        )
+        .await;
+        let err = out.unwrap_err();
+        assert_eq!(err.kind, UpstreamErrorKind::Status(529));
+        assert!(err.retryable);
+        assert!(
+            err.message.contains("overloaded_error: Overloaded"),
+            "{}",
+            err.message
+        );
+        assert_eq!(err.retry_after, Some(Duration::from_secs(7)));
+        let (out, _) = run(
+            &fake,
+            Reply::api_error(500, "api_error", "Internal server error"),
+        )
+        .await;
+        let err = out.unwrap_err();
+        assert_eq!(err.kind, UpstreamErrorKind::Status(500));
+        assert!(err.retryable);
+        assert!(
+            err.message.contains("Internal server error"),
+            "{}",
+            err.message
+        );
+        assert_eq!(err.retry_after, None);
+        let (out, _) = run(
+            &fake,
+            Reply::api_error(429, "rate_limit_error", "slow down"),
+        )
+        .await;
+        let err = out.unwrap_err();
+        assert_eq!(err.kind, UpstreamErrorKind::Status(429));
+        assert!(err.retryable);
+    }
+
+    #[tokio::test]
+    async fn http_400_is_not_retryable() {
+        let fake = FakeAnthropic::start().await;
+        let (out, _) = run(
+            &fake,
+            Reply::api_error(400, "invalid_request_error", "max_tokens: must be positive"),
+        )
+        .await;
+        let err = out.unwrap_err();
+        assert_eq!(err.kind, UpstreamErrorKind::Status(400));
+        assert!(!err.retryable);
+        assert!(
+            err.message
+                .contains("invalid_request_error: max_tokens: must be positive"),
+            "{}",
+            err.message
+        );
+        assert_eq!(error_message(b""), "(empty body)");
+        assert_eq!(error_message(b"{\"error\": \"plain\"}"), "plain");
+        let page = format!("<html>{}</html>", "x".repeat(2000));
+        assert_eq!(error_message(page.as_bytes()).len(), 500 + '…'.len_utf8());
+    }
+
+    #[tokio::test]
+    async fn error_events_inside_the_stream() {
+        let fake = FakeAnthropic::start().await;
+        let (out, rec) = run(
+            &fake,
+            Reply::text("partial").error_event("overloaded_error", "Overloaded"),
+        )
+        .await;
+        let err = out.unwrap_err();
+        assert_eq!(err.kind, UpstreamErrorKind::Status(529));
+        assert!(err.retryable);
+        assert!(err.message.contains("Overloaded"), "{}", err.message);
+        assert_eq!(rec.text.concat(), "partial");
+        let (out, _) = run(&fake, Reply::text("p").error_event("api_error", "boom")).await;
+        let err = out.unwrap_err();
+        assert_eq!(err.kind, UpstreamErrorKind::Status(500));
+        assert!(err.retryable);
+        let (out, _) = run(
+            &fake,
+            Reply::text("p").error_event("invalid_request_error", "bad"),
+        )
+        .await;
+        let err = out.unwrap_err();
+        assert_eq!(err.kind, UpstreamErrorKind::Status(400));
+        assert!(!err.retryable);
+        let (out, _) = run(&fake, Reply::text("p").error_event("mystery_error", "?")).await;
+        let err = out.unwrap_err();
+        assert_eq!(err.kind, UpstreamErrorKind::Status(500));
+        assert!(!err.retryable);
+    }
+
+    #[tokio::test]
+    async fn a_broken_stream_is_a_stream_error() {
+        let fake = FakeAnthropic::start().await;
+        // message_start, ping, block start, 2 deltas: then the break.
+        let (out, rec) = run(&fake, Reply::text("abcdefghijkl").break_after(5)).await;
+        let err = out.unwrap_err();
+        assert_eq!(err.kind, UpstreamErrorKind::Stream);
+        assert!(err.retryable);
+        assert_eq!(
+            rec.text.concat(),
+            "abcdefgh",
+            "what came before the break was streamed"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stream_ending_early_is_a_stream_error() {
+        let events = [
+            start(1),
+            block_start(0, json!({"type": "text", "text": ""})),
+            delta(0, json!({"type": "text_delta", "text": "par"})),
+        ];
+        let err = run_raw(&sse(&events)).await.unwrap_err();
+        assert_eq!(err.kind, UpstreamErrorKind::Stream);
+        // With a stop reason but no message_stop (and no final blank line): accepted.
+        let mut events = events.to_vec();
+        events.push(stop("end_turn", 2)[0].clone());
+        let out = run_raw(sse(&events).trim_end()).await.unwrap();
+        assert_eq!(out.text, "par");
+    }
+
+    #[tokio::test]
+    async fn garbage_is_a_protocol_error_never_a_panic() {
+        for body in [
+            "event: message_start\ndata: {\"type\": \"message_start\"\n\n",
+            "data: {\"type\": \"content_block_delta\", \"index\": 0, \"delta\": {\"type\": \"text_delta\", \"text\": 5}}\n\n",
+            "data: {\"type\": \"content_block_start\", \"index\": -1, \"content_block\": {\"type\": \"text\"}}\n\n",
+            "data: [1, 2]\n\n",
+            "data: {\"no_type\": true}\n\n",
+        ] {
+            let err = run_raw(body).await.unwrap_err();
+            assert_eq!(err.kind, UpstreamErrorKind::Protocol, "{body}");
+        }
+        // A stream of nothing but comments and pings is not an answer.
+        let err = run_raw(": hi\n\nevent: ping\ndata: {\"type\": \"ping\"}\n\n")
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind, UpstreamErrorKind::Stream);
+    }
+
+    #[tokio::test]
+    async fn a_non_streamed_json_answer_is_read_whole() {
+        let fake = FakeAnthropic::start().await;
+        let answer = json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "m",
+            "content": [
+                {"type": "thinking", "thinking": "r", "signature": "s"},
+                {"type": "text", "text": "whole answer"},
+                {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {"a": 1}}],
+            "stop_reason": "tool_use", "usage": {"input_tokens": 3, "output_tokens": 4}});
+        let (out, rec) = run(
+            &fake,
+            Reply::raw(&answer.to_string()).header("content-type", "application/json"),
+        )
+        .await;
+        let out = out.unwrap();
+        assert_eq!(out.text, "whole answer");
+        assert_eq!(rec.text.concat(), "whole answer");
+        assert_eq!(out.thinking, "r");
+        assert_eq!(out.stop, ModelStop::ToolUse);
+        assert_eq!(out.tool_calls[0].input, json!({"a": 1}));
+        assert_eq!(
+            out.usage,
+            Usage {
+                input_tokens: 3,
+                output_tokens: 4
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn the_whole_call_is_bounded_by_the_timeout() {
+        let fake = FakeAnthropic::start().await;
+        let gate = Gate::new();
+        fake.push(Reply::text("never finishes").hold(gate.clone()));
+        let p = Anthropic::new(fake.base_url(), None, Duration::from_millis(300), 100);
+        let mut rec = Rec::default();
+        let err = p.complete(&ask("hi"), &mut rec).await.unwrap_err();
+        assert_eq!(err.kind, UpstreamErrorKind::Timeout);
+        assert!(!err.retryable);
+        assert_eq!(
+            rec.text.concat(),
+            "never finishes",
+            "deltas streamed before the hold"
+        );
+        gate.open();
+    }
+
+    #[tokio::test]
+    async fn connection_refused_and_bad_config() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        drop(listener);
+        let p = Anthropic::new(
+            format!("http://{addr}/v1"),
+            None,
+            Duration::from_secs(5),
+            100,
+        );
+        let err = p
+            .complete(&ask("hi"), &mut Rec::default())
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind, UpstreamErrorKind::Connect);
+        assert!(err.retryable);
+        assert!(err.message.contains(&addr.to_string()), "{}", err.message);
+        let p = Anthropic::new("not a url".into(), None, Duration::from_secs(5), 100);
+        let err = p
+            .complete(&ask("hi"), &mut Rec::default())
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind, UpstreamErrorKind::Connect);
+        assert!(!err.retryable);
+        let p = Anthropic::new(
+            format!("http://{addr}/v1"),
+            Some("bad\nkey".into()),
+            Duration::from_secs(5),
+            100,
+        );
+        let err = p
+            .complete(&ask("hi"), &mut Rec::default())
+            .await
+            .unwrap_err();
+        assert!(!err.retryable);
+        assert!(!err.message.contains("bad\nkey"));
+    }
+
+    #[tokio::test]
+    async fn connections_are_reused() {
+        let fake = FakeAnthropic::start().await;
+        let p = provider(&fake);
+        assert_eq!(p.name(), "anthropic");
+        for i in 0..5 {
+            fake.push(Reply::text(&format!("answer {i}")));
+            let out = p.complete(&ask("hi"), &mut Rec::default()).await.unwrap();
+            assert_eq!(out.text, format!("answer {i}"));
+        }
+        assert!(
+            fake.connections() <= 2,
+            "connections: {}",
+            fake.connections()
+        );
+    }
+
+    #[tokio::test]
+    async fn the_request_maps_the_history_tools_headers_and_images() {
+        let fake = FakeAnthropic::start().await;
+        fake.push(Reply::text("done"));
+        let p = Anthropic::new(
+            fake.base_url(),
+            Some("sk-ant-test".into()),
+            Duration::from_secs(10),
+            1000,
+        );
+        let req = ModelRequest {
+            model: "claude-test".into(),
+            system: Some("Be brief.".into()),
+            messages: vec![
+                Message::User {
+                    content: Content::Text("Weather and time in Tokyo?".into()),
+                },
+                Message::Assistant {
+                    content: Content::Blocks(vec![
+                        Block::Thinking {
+                            thinking: "two tools".into(),
+                        },
+                        Block::Text {
+                            text: "Checking.".into(),
+                        },
+                        Block::ToolUse {
+                            tool_call_id: "toolu_1".into(),
+                            name: "get_weather".into(),
+                            input: json!({"city": "Tokyo"}),
+                        },
+                        Block::ToolUse {
+                            tool_call_id: "toolu_2".into(),
+                            name: "get_time".into(),
+                            input: json!({}),
+                        },
+                    ]),
+                },
+                Message::Tool {
+                    tool_call_id: "toolu_1".into(),
+                    content: Content::Text("18C".into()),
+                },
+                Message::Tool {
+                    tool_call_id: "toolu_2".into(),
+                    content: Content::Blocks(vec![Block::Text {
+                        text: "09:00".into(),
+                    }]),
+                },
+                // A user message right after tool results: the same user turn.
+                Message::User {
+                    content: Content::Text("Also, be quick.".into()),
+                },
+                Message::Assistant {
+                    content: Content::Blocks(vec![Block::ToolUse {
+                        tool_call_id: "toolu_3".into(),
+                        name: "noop".into(),
+                        input: Value::Null,
+                    }]),
+                },
+                Message::Tool {
+                    tool_call_id: "toolu_3".into(),
+                    content: Content::Text("".into()),
+                },
+                Message::Assistant {
+                    content: Content::Text("It is 18C at 09:00.".into()),
+                },
+                // Two assistant messages in a row: merged.
+                Message::Assistant {
+                    content: Content::Blocks(vec![Block::Thinking {
+                        thinking: "only thinking: dropped".into(),
+                    }]),
+                },
+                Message::Assistant {
+                    content: Content::Text("Anything else?".into()),
+                },
+                Message::User {
+                    content: Content::Blocks(vec![
+                        Block::Text {
+                            text: "And this?".into(),
+                        },
+                        Block::Image {
+                            url: "data:image/png;base64,iVBORw0KGgo=".into(),
+                        },
+                        Block::Image {
+                            url: "https://example.com/cat.jpg".into(),
+                        },
+                        Block::Text { text: "".into() },
+                    ]),
+                },
+            ],
+            tools: vec![
+                ToolDef {
+                    name: "get_weather".into(),
+                    description: "Weather for a city".into(),
+                    parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+                },
+                ToolDef {
+                    name: "noop".into(),
+                    description: "".into(),
+                    parameters: Value::Null,
+                },
+            ],
+            max_tokens: None,
+            thinking: false,
+        };
+        let out = p.complete(&req, &mut Rec::default()).await.unwrap();
+        assert_eq!(out.text, "done");
+        let sent = fake.wait_requests(1).await.remove(0);
+        assert_eq!(
+            sent,
+            json!({
+                "model": "claude-test",
+                "max_tokens": 1000,
+                "system": "Be brief.",
+                "messages": [
+                    {"role": "user", "content": "Weather and time in Tokyo?"},
+                    {"role": "assistant", "content": [
+                        {"type": "text", "text": "Checking."},
+                        {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Tokyo"}},
+                        {"type": "tool_use", "id": "toolu_2", "name": "get_time", "input": {}},
+                    ]},
+                    {"role": "user", "content": [
+                        {"type": "tool_result", "tool_use_id": "toolu_1", "content": "18C"},
+                        {"type": "tool_result", "tool_use_id": "toolu_2", "content": "09:00"},
+                        {"type": "text", "text": "Also, be quick."},
+                    ]},
+                    {"role": "assistant", "content": [
+                        {"type": "tool_use", "id": "toolu_3", "name": "noop", "input": {}},
+                    ]},
+                    {"role": "user", "content": [
+                        {"type": "tool_result", "tool_use_id": "toolu_3", "content": ""},
+                    ]},
+                    {"role": "assistant", "content": [
+                        {"type": "text", "text": "It is 18C at 09:00."},
+                        {"type": "text", "text": "Anything else?"},
+                    ]},
+                    {"role": "user", "content": [
+                        {"type": "text", "text": "And this?"},
+                        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}},
+                        {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.jpg"}},
+                    ]},
+                ],
+                "tools": [
+                    {"name": "get_weather", "description": "Weather for a city",
+                     "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}},
+                    {"name": "noop", "input_schema": {"type": "object", "properties": {}}},
+                ],
+                "stream": true,
+            })
+        );
+        // Roles strictly alternate.
+        let roles: Vec<&str> = sent["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["role"].as_str().unwrap())
+            .collect();
+        assert!(roles.windows(2).all(|w| w[0] != w[1]), "{roles:?}");
+        let headers = &fake.request_headers()[0];
+        assert_eq!(headers["x-api-key"], "sk-ant-test");
+        assert_eq!(headers["anthropic-version"], "2023-06-01");
+        assert_eq!(headers["content-type"], "application/json");
+        assert!(headers.get("authorization").is_none());
+        // Without a system prompt, tools or key: those keys and the header are absent.
+        fake.push(Reply::text("x"));
+        provider(&fake)
+            .complete(&ask("plain"), &mut Rec::default())
+            .await
+            .unwrap();
+        let sent = fake.wait_requests(2).await.remove(1);
+        assert!(sent.get("system").is_none() && sent.get("tools").is_none());
+        assert_eq!(
+            sent["messages"],
+            json!([{"role": "user", "content": "plain"}])
+        );
+        assert!(fake.request_headers()[1].get("x-api-key").is_none());
+        assert_eq!(fake.request_headers()[1]["anthropic-version"], "2023-06-01");
+    }
+
+    #[test]
+    fn system_messages_in_the_history_join_the_system_prompt() {
+        let mut req = ask("hi");
+        req.system = Some("A.".into());
+        req.messages.insert(
+            0,
+            Message::System {
+                content: "B.".into(),
+            },
+        );
+        let body = request_body(&req, 10);
+        assert_eq!(body["system"], "A.\n\nB.");
+        assert_eq!(body["messages"].as_array().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn tool_results_come_first_and_keep_images() {
+        let req = ModelRequest {
+            messages: vec![
+                Message::Assistant {
+                    content: Content::Blocks(vec![Block::ToolUse {
+                        tool_call_id: "t1".into(),
+                        name: "shot".into(),
+                        input: json!({}),
+                    }]),
+                },
+                Message::User {
+                    content: Content::Text("meanwhile".into()),
+                },
+                Message::Tool {
+                    tool_call_id: "t1".into(),
+                    content: Content::Blocks(vec![
+                        Block::Text {
+                            text: "a screenshot".into(),
+                        },
+                        Block::Image {
+                            url: "data:image/jpeg;base64,/9j/AA==".into(),
+                        },
+                    ]),
+                },
+            ],
+            ..ask("")
+        };
+        let body = request_body(&req, 10);
+        assert_eq!(
+            body["messages"][1],
+            json!({"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "t1", "content": [
+                    {"type": "text", "text": "a screenshot"},
+                    {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": "/9j/AA=="}},
+                ]},
+                {"type": "text", "text": "meanwhile"},
+            ]})
+        );
+    }
+
+    #[test]
+    fn data_uris() {
+        let img = |url: &str| image_block(url)["source"].clone();
+        assert_eq!(
+            img("data:image/webp;base64, UklG\nRg== "),
+            json!({"type": "base64", "media_type": "image/webp", "data": "UklGRg=="})
+        );
+        // No media type: sniffed from the data.
+        assert_eq!(img("data:;base64,R0lGODlh")["media_type"], "image/gif");
+        assert_eq!(img("data:;base64,/9j/4AAQ")["media_type"], "image/jpeg");
+        // Not base64: percent-decoded, then encoded.
+        assert_eq!(
+            img("data:image/svg+xml,%3Csvg%2F%3E"),
+            json!({"type": "base64", "media_type": "image/svg+xml", "data": "PHN2Zy8+"})
+        );
+        assert_eq!(base64_encode(b""), "");
+        assert_eq!(base64_encode(b"f"), "Zg==");
+        assert_eq!(base64_encode(b"fo"), "Zm8=");
+        assert_eq!(base64_encode(b"foo"), "Zm9v");
+        assert_eq!(base64_encode(b"foobar"), "Zm9vYmFy");
+        assert_eq!(percent_decode("a%2"), b"a%2");
+        assert_eq!(percent_decode("%zz%41"), b"%zzA");
+        assert_eq!(img("http://example.com/x.png")["type"], "url");
+    }
+
+    #[test]
+    fn retry_after_parsing() {
+        assert_eq!(parse_retry_after(" 12 "), Some(Duration::from_secs(12)));
+        assert_eq!(parse_retry_after("1.5"), Some(Duration::from_millis(1500)));
+        assert_eq!(parse_retry_after("-1"), None);
+        assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"), None);
+    }
+}
