@@ -17,7 +17,7 @@ use crate::http::routes::App;
 use crate::log::Store;
 use crate::mcp::McpHost;
 use crate::tools::ToolHost;
-use crate::upstream::{echo::Echo, openai::OpenAi, Provider};
+use crate::upstream::{anthropic::Anthropic, echo::Echo, openai::OpenAi, Provider};
 
 /// How long running turns and open connections get to finish on shutdown.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -90,10 +90,13 @@ pub fn provider(config: &Config) -> Result<Arc<dyn Provider>, StartError> {
             Arc::new(OpenAi::new(up.base_url.clone(), key, up.timeout))
         }
         ProviderKind::Anthropic => {
-            return Err(StartError::Config(format!(
-                "{}: upstream.provider \"anthropic\" is not available in this build yet; use \"openai\" (any OpenAI-compatible endpoint) or \"echo\"",
-                config.path.display()
-            )))
+            tracing::info!(base_url = %up.base_url, model = %up.model, "upstream: Anthropic Messages");
+            Arc::new(Anthropic::new(
+                up.base_url.clone(),
+                key,
+                up.timeout,
+                up.max_tokens.unwrap_or(crate::upstream::anthropic::DEFAULT_MAX_TOKENS),
+            ))
         }
     })
 }
