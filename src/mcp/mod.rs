@@ -10,6 +10,7 @@ pub mod content;
 pub mod http_client;
 pub mod naming;
 pub mod policy;
+pub mod sandbox;
 pub mod supervisor;
 
 use std::collections::HashMap;
@@ -81,6 +82,18 @@ impl McpHost {
             verdict: crate::config::Verdict::Ask,
             rule: "default".into(),
         }];
+        let confined: Vec<&str> = config
+            .mcp_servers
+            .iter()
+            .filter(|s| s.sandbox == crate::config::SandboxKind::Landlock)
+            .map(|s| s.name.as_str())
+            .collect();
+        if !confined.is_empty() && !sandbox::available() {
+            tracing::error!(
+                servers = %confined.join(", "),
+                "this kernel does not enforce Landlock: servers with sandbox = \"landlock\" will not be started"
+            );
+        }
         let mut shared = HashMap::new();
         let mut probes = Vec::new();
         for (i, cfg) in config.mcp_servers.iter().enumerate() {

@@ -359,6 +359,19 @@ async fn connect(
             cmd.kill_on_drop(true);
             #[cfg(unix)]
             cmd.process_group(0);
+            if cfg.sandbox == crate::config::SandboxKind::Landlock {
+                if !super::sandbox::available() {
+                    return Err("sandbox = \"landlock\" but this kernel does not enforce Landlock; the server is not started unconfined".into());
+                }
+                let writable: Vec<PathBuf> = placement
+                    .workspace
+                    .iter()
+                    .chain(placement.cwd.iter())
+                    .chain(cwd.iter())
+                    .cloned()
+                    .collect();
+                super::sandbox::confine(&mut cmd, super::sandbox::ruleset(&writable)?);
+            }
             let (proc, stderr) = TokioChildProcess::builder(cmd)
                 .stderr(Stdio::piped())
                 .spawn()
