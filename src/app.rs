@@ -153,7 +153,7 @@ pub async fn start_with(
         Some(p) => p,
         None => provider(&config)?,
     };
-    let store = Store::open(&config.server.data_dir, false)?;
+    let store = Store::open(&config.server.data_dir, config.server.fsync)?;
     let files = FileStore::open(
         &config.server.data_dir,
         store.clone(),

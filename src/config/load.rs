@@ -491,6 +491,7 @@ fn server(
         sandboxes: dir(t.sandboxes.as_ref(), "server.sandboxes", "sandboxes")?,
         api_keys_env: cx.env_var_name(t.api_keys_env.as_ref(), "server.api_keys_env")?,
         public_meta: t.public_meta.unwrap_or(true),
+        fsync: t.fsync.unwrap_or(false),
         max_body_bytes: cx
             .int(
                 t.max_body_bytes.as_ref(),
@@ -1361,7 +1362,8 @@ default = "ask"                              # for a tool that no pattern names
 
     #[test]
     fn other_sections_and_policy_default() {
-        let c = ok("[server]\npublic_meta = false\nmax_body_bytes = 1024\napi_keys_env = \"KEYS\"\n[files]\nmax_bytes = 10\n[policy]\ndefault = \"deny\"\n");
+        let c = ok("[server]\npublic_meta = false\nmax_body_bytes = 1024\napi_keys_env = \"KEYS\"\nfsync = true\n[files]\nmax_bytes = 10\n[policy]\ndefault = \"deny\"\n");
+        assert!(c.server.fsync);
         assert!(!c.server.public_meta);
         assert_eq!(c.server.max_body_bytes, 1024);
         assert_eq!(c.server.api_keys_env.as_deref(), Some("KEYS"));

@@ -44,6 +44,9 @@ pub struct ServerConfig {
     pub public_meta: bool,
     /// Largest JSON request body. Default 4 MiB.
     pub max_body_bytes: u64,
+    /// Sync every group commit to disk (survives power loss; costs an fsync per commit).
+    /// Default `false`: commits survive the process being killed, not the machine losing power.
+    pub fsync: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -47,6 +47,8 @@ pub(super) struct RawServer {
     pub public_meta: Option<bool>,
     #[serde(default)]
     pub max_body_bytes: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub fsync: Option<bool>,
 }
 
 /// `[upstream]`
