@@ -85,6 +85,25 @@ fn open_dir(workspace: &Path) -> Result<OwnedFd, OpenError> {
 
 const FLAGS: i32 = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY;
 
+/// How often a `..` walk is retried when the kernel reports a concurrent rename (EAGAIN).
+const EAGAIN_RETRIES: usize = 64;
+
+/// `openat2` beneath `dir`, retried while the kernel answers EAGAIN: with RESOLVE_BENEATH it
+/// refuses a walk through `..` when any rename or mount happened meanwhile, anywhere on the
+/// system, and asks the caller to retry. Each attempt is a complete, atomic resolution, so
+/// retrying never weakens the check.
+fn openat2_retrying(dir: &OwnedFd, rel: &CString) -> Result<i32, i32> {
+    let mut result = openat2_beneath(dir, rel);
+    for _ in 0..EAGAIN_RETRIES {
+        if result != Err(libc::EAGAIN) {
+            break;
+        }
+        std::thread::yield_now();
+        result = openat2_beneath(dir, rel);
+    }
+    result
+}
+
 fn openat2_beneath(dir: &OwnedFd, rel: &CString) -> Result<i32, i32> {
     use std::os::fd::AsRawFd;
     let mut how: libc::open_how = unsafe { std::mem::zeroed() };
@@ -150,7 +169,7 @@ pub fn open_in_workspace(
     let dir = open_dir(workspace)?;
     let c =
         CString::new(rel).map_err(|_| OpenError::Invalid("the path contains a NUL byte".into()))?;
-    let fd = match openat2_beneath(&dir, &c) {
+    let fd = match openat2_retrying(&dir, &c) {
         Err(libc::ENOSYS) | Err(libc::EPERM) => open_nofollow(&dir, rel),
         other => other,
     };
@@ -163,6 +182,10 @@ pub fn open_in_workspace(
         )),
         libc::ENOENT | libc::ENOTDIR => OpenError::NotFound(user_path.to_string()),
         libc::ENAMETOOLONG => OpenError::Invalid("the path is too long".into()),
+        libc::EAGAIN => OpenError::Io {
+            path: user_path.to_string(),
+            message: "files were being renamed while the path was resolved; try again".into(),
+        },
         other => OpenError::Io {
             path: user_path.to_string(),
             message: std::io::Error::from_raw_os_error(other).to_string(),

@@ -48,18 +48,6 @@ pub async fn send_message(
             "content is empty: send the message's text or content blocks",
         ));
     }
-    // Attached files are copied into the session's workspace, so tools can use them too.
-    let mut files = Vec::with_capacity(msg.files.len());
-    let workspace = app.engine.workspace(&session.id);
-    for id in &msg.files {
-        let row = app.files.get(caller.owner.as_deref(), id).await.map_err(|_| {
-            ApiError::bad_request(format!("files names {id}, which is not a file of yours: upload it with POST /files first"))
-        })?;
-        let name = app.files.copy_into(&row, &workspace).await?;
-        let mut f = crate::files::to_ref(&row);
-        f.filename = name;
-        files.push(f);
-    }
     for s in &msg.skills {
         if !s.is_object() {
             return Err(ApiError::bad_request(
@@ -67,7 +55,24 @@ pub async fn send_message(
             ));
         }
     }
-    let handle = app.engine.start_turn(
+    // Every file is checked before any is copied: a refused message leaves the workspace as it was.
+    let mut rows = Vec::with_capacity(msg.files.len());
+    for id in &msg.files {
+        rows.push(app.files.get(caller.owner.as_deref(), id).await.map_err(|_| {
+            ApiError::bad_request(format!("files names {id}, which is not a file of yours: upload it with POST /files first"))
+        })?);
+    }
+    // Attached files are copied into the session's workspace, so tools can use them too.
+    let workspace = app.engine.workspace(&session.id);
+    let mut files = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let name = app.files.copy_into(row, &workspace).await?;
+        let mut f = crate::files::to_ref(row);
+        f.filename = name;
+        files.push(f);
+    }
+    let copied: Vec<std::path::PathBuf> = files.iter().map(|f| workspace.join(&f.filename)).collect();
+    let started = app.engine.start_turn(
         &session,
         TurnRequest {
             input: TurnInput::User {
@@ -81,7 +86,16 @@ pub async fn send_message(
             plan: false,
             max_steps: None,
         },
-    )?;
+    );
+    let handle = match started {
+        Ok(h) => h,
+        Err(e) => {
+            for path in copied {
+                let _ = tokio::fs::remove_file(path).await;
+            }
+            return Err(e.into());
+        }
+    };
     Ok(json_response(
         StatusCode::ACCEPTED,
         &json!({ "turn_id": handle.turn_id }),
