@@ -31,10 +31,6 @@ use http::header::{
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Body as _, Incoming};
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rmcp::model::{ClientJsonRpcMessage, ClientRequest, ErrorData, ServerJsonRpcMessage};
 use rmcp::transport::common::client_side_sse::BoxedSseResponse;
 use rmcp::transport::streamable_http_client::{
@@ -43,6 +39,8 @@ use rmcp::transport::streamable_http_client::{
     StreamableHttpResponseLimits,
 };
 use rmcp::transport::StreamableHttpClientTransport;
+
+use crate::upstream::wire::{https_client, HttpsClient};
 
 const JSON: &str = "application/json";
 const EVENT_STREAM: &str = "text/event-stream";
@@ -85,7 +83,7 @@ pub enum HyperMcpError {
 /// An MCP streamable-HTTP client over hyper (http and https), with TCP_NODELAY and a connection pool.
 #[derive(Clone)]
 pub struct HyperMcpClient {
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    client: HttpsClient,
 }
 
 impl Default for HyperMcpClient {
@@ -97,19 +95,9 @@ impl Default for HyperMcpClient {
 impl HyperMcpClient {
     /// A client with its own pool; TLS trusts the webpki roots, as the upstream client does.
     pub fn new() -> HyperMcpClient {
-        let mut http = HttpConnector::new();
-        http.set_nodelay(true);
-        http.enforce_http(false);
-        http.set_connect_timeout(Some(CONNECT_TIMEOUT));
-        let https = HttpsConnectorBuilder::new()
-            .with_webpki_roots()
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .build(https);
-        HyperMcpClient { client }
+        HyperMcpClient {
+            client: https_client(Some(CONNECT_TIMEOUT)),
+        }
     }
 
     /// A request with the headers every call shares: the session, the bearer token and the

@@ -1,9 +1,10 @@
 //! The Anthropic Messages provider: `POST {base_url}/messages` with `stream: true`.
 //!
-//! The response is read frame by frame through the shared [`SseParser`]; text and thinking
-//! fragments go to the [`DeltaSink`] as soon as their event is parsed. Events are dispatched on
-//! their data's `type` (the `event:` line repeats it); unknown event, block and delta types are
-//! ignored, as the API's versioning policy asks.
+//! The response is read frame by frame through the shared
+//! [`SseParser`](super::sse::SseParser) (the HTTP side is in [`wire`](super::wire)); text and
+//! thinking fragments go to the [`DeltaSink`] as soon as their event is parsed. Events are
+//! dispatched on their data's `type` (the `event:` line repeats it); unknown event, block and
+//! delta types are ignored, as the API's versioning policy asks.
 //!
 //! Mapping of the history ([`Message`]) to the wire:
 //! - `req.system` goes to the top-level `system` (omitted when `None` or empty); a `System`
@@ -44,63 +45,46 @@
 //! - an invalid base URL or API key (not a valid header value) is a non-retryable `Connect` error.
 
 use std::collections::BTreeMap;
-use std::error::Error as StdError;
 use std::time::Duration;
 
-use bytes::Bytes;
 use futures_util::future::BoxFuture;
-use http::header::{ACCEPT, CONTENT_TYPE, RETRY_AFTER, USER_AGENT};
-use http::{HeaderMap, HeaderName, HeaderValue, Request, Uri};
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use http::HeaderName;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::sse::{SseParser, DEFAULT_MAX_EVENT_BYTES};
+#[cfg(test)]
+use super::wire::parse_retry_after;
+use super::wire::{
+    body_message, call_id, error_text, parse_event, preview, protocol, tool_input, Accumulate,
+    Collected, Endpoint,
+};
 use super::{
     DeltaSink, ModelOutput, ModelRequest, ModelStop, Provider, UpstreamError, UpstreamErrorKind,
 };
-use crate::message::{Block, Content, Message, ToolCall, Usage};
-
-type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+#[cfg(test)]
+use crate::message::Usage;
+use crate::message::{Block, Content, Message, ToolCall};
 
 /// The API version this provider speaks.
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
 /// The default `max_tokens` when neither the request nor the config sets one.
 pub const DEFAULT_MAX_TOKENS: u32 = 4096;
 
-/// The most text + thinking + tool input one call may accumulate.
-const MAX_OUTPUT_BYTES: usize = 64 * 1024 * 1024;
 /// The most tool calls one answer may carry.
 const MAX_TOOL_CALLS: usize = 1024;
 /// The most content blocks (of any type) one answer may carry.
 const MAX_BLOCKS: usize = 4096;
-/// How much of an error body is read.
-const MAX_ERROR_BODY: usize = 64 * 1024;
-/// How long to wait, after `message_stop`, for the body's end so the connection can be reused.
-const DRAIN_WAIT: Duration = Duration::from_millis(250);
-const DRAIN_MAX: usize = 64 * 1024;
 /// Thinking budget bounds.
 const MIN_THINKING_BUDGET: u32 = 1024;
 const MAX_THINKING_BUDGET: u32 = 8192;
 
-static X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 static ANTHROPIC_VERSION_HEADER: HeaderName = HeaderName::from_static("anthropic-version");
 
 /// An Anthropic Messages upstream.
 pub struct Anthropic {
-    base_url: String,
-    /// `{base_url}/messages`, or why it is not a URL.
-    endpoint: Result<Uri, String>,
-    /// The key (marked sensitive), or why it is not a header value.
-    api_key: Result<Option<HeaderValue>, String>,
-    timeout: Duration,
+    /// `{base_url}/messages`, with the key as `x-api-key`.
+    endpoint: Endpoint,
     max_tokens: u32,
-    client: HttpsClient,
 }
 
 impl Anthropic {
@@ -113,92 +97,22 @@ impl Anthropic {
         timeout: Duration,
         max_tokens: u32,
     ) -> Anthropic {
-        let endpoint = format!("{base_url}/messages")
-            .parse::<Uri>()
-            .map_err(|e| format!("invalid upstream base URL {base_url:?}: {e}"));
-        let api_key = match api_key.filter(|k| !k.is_empty()) {
-            None => Ok(None),
-            Some(key) => HeaderValue::from_str(&key)
-                .map(|mut v| {
-                    v.set_sensitive(true);
-                    Some(v)
-                })
-                .map_err(|_| "the upstream API key is not a valid HTTP header value".to_string()),
-        };
-        let mut http = HttpConnector::new();
-        http.set_nodelay(true);
-        http.enforce_http(false);
-        let https = HttpsConnectorBuilder::new()
-            .with_webpki_roots()
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .build(https);
         Anthropic {
-            base_url,
-            endpoint,
-            api_key,
-            timeout,
+            endpoint: Endpoint::new(
+                base_url,
+                "/messages",
+                HeaderName::from_static("x-api-key"),
+                "",
+                api_key,
+                timeout,
+            ),
             max_tokens: max_tokens.max(1),
-            client,
         }
     }
 
     /// The base URL this provider talks to.
     pub fn base_url(&self) -> &str {
-        &self.base_url
-    }
-
-    /// The call; with the finished output, the body's rest when it stopped at `message_stop`.
-    async fn call(
-        &self,
-        req: &ModelRequest,
-        sink: &mut dyn DeltaSink,
-    ) -> Result<(ModelOutput, Option<Incoming>), UpstreamError> {
-        let uri = self.endpoint.clone().map_err(config_error)?;
-        let api_key = self.api_key.clone().map_err(config_error)?;
-        let body = serde_json::to_vec(&request_body(req, self.max_tokens))
-            .map_err(|e| protocol(e.to_string()))?;
-        let mut builder = Request::post(uri)
-            .header(CONTENT_TYPE, "application/json")
-            .header(ACCEPT, "text/event-stream")
-            .header(&ANTHROPIC_VERSION_HEADER, ANTHROPIC_VERSION)
-            .header(USER_AGENT, concat!("turnstile/", env!("CARGO_PKG_VERSION")));
-        if let Some(key) = api_key {
-            builder = builder.header(&X_API_KEY, key);
-        }
-        let http_req = builder
-            .body(Full::new(Bytes::from(body)))
-            .map_err(|e| config_error(e.to_string()))?;
-
-        let resp = self.client.request(http_req).await.map_err(|e| {
-            let what = if e.is_connect() {
-                "could not connect to"
-            } else {
-                "could not send the request to"
-            };
-            UpstreamError::new(
-                UpstreamErrorKind::Connect,
-                format!("{what} the upstream {}: {}", self.base_url, error_chain(&e)),
-            )
-        })?;
-
-        let status = resp.status();
-        let (parts, body) = resp.into_parts();
-        if !status.is_success() {
-            return Err(status_error(status.as_u16(), &parts.headers, body).await);
-        }
-        let is_json = parts
-            .headers
-            .get(CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|ct| ct.trim_start().starts_with("application/json"));
-        if is_json {
-            return Ok((read_whole_message(body, sink).await?, None));
-        }
-        read_stream(body, sink).await
+        self.endpoint.base_url()
     }
 }
 
@@ -213,50 +127,13 @@ impl Provider for Anthropic {
         sink: &'a mut dyn DeltaSink,
     ) -> BoxFuture<'a, Result<ModelOutput, UpstreamError>> {
         Box::pin(async move {
-            match tokio::time::timeout(self.timeout, self.call(req, sink)).await {
-                Ok(Ok((output, rest))) => {
-                    // Outside the timeout: a finished answer is never lost to the drain.
-                    if let Some(body) = rest {
-                        drain(body).await;
-                    }
-                    Ok(output)
-                }
-                Ok(Err(e)) => Err(e),
-                Err(_) => Err(UpstreamError::new(
-                    UpstreamErrorKind::Timeout,
-                    format!(
-                        "the upstream call did not finish within {:.1}s",
-                        self.timeout.as_secs_f64()
-                    ),
-                )),
-            }
+            let body = request_body(req, self.max_tokens);
+            let headers = [(&ANTHROPIC_VERSION_HEADER, ANTHROPIC_VERSION)];
+            self.endpoint
+                .call::<Acc>(body, &headers, error_message, sink)
+                .await
         })
     }
-}
-
-fn config_error(message: String) -> UpstreamError {
-    let mut e = UpstreamError::new(UpstreamErrorKind::Connect, message);
-    e.retryable = false;
-    e
-}
-
-fn protocol(message: impl Into<String>) -> UpstreamError {
-    UpstreamError::new(UpstreamErrorKind::Protocol, message)
-}
-
-/// An error and its sources, `: `-joined (hyper's own messages are terse).
-fn error_chain(e: &dyn StdError) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let s_text = s.to_string();
-        if !out.contains(&s_text) {
-            out.push_str(": ");
-            out.push_str(&s_text);
-        }
-        source = s.source();
-    }
-    out
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -663,66 +540,78 @@ enum BlockAcc {
 /// The output accumulated from the events seen so far.
 #[derive(Default)]
 struct Acc {
-    text: String,
-    thinking: String,
+    /// Text, thinking, usage and the answer's size.
+    out: Collected,
     blocks: BTreeMap<u64, BlockAcc>,
     tool_count: usize,
     stop: Option<String>,
-    usage: Usage,
-    bytes: usize,
-    done: bool,
 }
 
 impl Acc {
-    fn grow(&mut self, n: usize) -> Result<(), UpstreamError> {
-        self.bytes = self.bytes.saturating_add(n);
-        if self.bytes > MAX_OUTPUT_BYTES {
-            return Err(protocol(format!(
-                "the upstream's answer exceeds {MAX_OUTPUT_BYTES} bytes"
-            )));
-        }
-        Ok(())
-    }
-
-    fn text(&mut self, t: &str, sink: &mut dyn DeltaSink) -> Result<(), UpstreamError> {
-        if !t.is_empty() {
-            self.grow(t.len())?;
-            sink.text(t);
-            self.text.push_str(t);
-        }
-        Ok(())
-    }
-
-    fn thinking(&mut self, t: &str, sink: &mut dyn DeltaSink) -> Result<(), UpstreamError> {
-        if !t.is_empty() {
-            self.grow(t.len())?;
-            sink.thinking(t);
-            self.thinking.push_str(t);
-        }
-        Ok(())
-    }
-
     fn usage(&mut self, u: &WireUsage) {
         if let Some(input) = u.input() {
-            self.usage.input_tokens = input;
+            self.out.usage.input_tokens = input;
         }
         if let Some(output) = u.output_tokens {
-            self.usage.output_tokens = output;
+            self.out.usage.output_tokens = output;
         }
     }
 
-    /// Applies one SSE event's data.
-    fn event(&mut self, data: &str, sink: &mut dyn DeltaSink) -> Result<(), UpstreamError> {
-        let data = data.trim();
-        if data.is_empty() {
-            return Ok(());
+    fn block_start(
+        &mut self,
+        index: u64,
+        block: WireBlock,
+        sink: &mut dyn DeltaSink,
+    ) -> Result<(), UpstreamError> {
+        if !self.blocks.contains_key(&index) && self.blocks.len() >= MAX_BLOCKS {
+            return Err(protocol(format!(
+                "the upstream sent more than {MAX_BLOCKS} content blocks"
+            )));
         }
-        let event: WireEvent = serde_json::from_str(data).map_err(|e| {
-            protocol(format!(
-                "unparseable event from the upstream ({e}): {}",
-                preview(data.as_bytes())
-            ))
-        })?;
+        let acc = match block {
+            WireBlock::Text { text } => {
+                self.out.text(&text, sink)?;
+                BlockAcc::Other
+            }
+            WireBlock::Thinking { thinking } => {
+                self.out.thinking(&thinking, sink)?;
+                BlockAcc::Other
+            }
+            WireBlock::ToolUse { id, name, input } => {
+                if self.tool_count >= MAX_TOOL_CALLS {
+                    return Err(protocol(format!(
+                        "the upstream sent more than {MAX_TOOL_CALLS} tool calls"
+                    )));
+                }
+                self.tool_count += 1;
+                let initial_len = input.as_ref().map_or(0, |v| v.to_string().len());
+                self.out.grow(id.len() + name.len() + initial_len)?;
+                BlockAcc::Tool {
+                    id,
+                    name,
+                    initial: input,
+                    json: String::new(),
+                }
+            }
+            WireBlock::Other => BlockAcc::Other,
+        };
+        if let Some(BlockAcc::Tool { .. }) = self.blocks.insert(index, acc) {
+            // A repeated index replaced a tool block: keep the count honest.
+            self.tool_count -= 1;
+        }
+        Ok(())
+    }
+}
+
+impl Accumulate for Acc {
+    type Whole = Value;
+    const UNFINISHED: &'static str =
+        "the upstream stream ended before it finished (no stop_reason, no message_stop)";
+
+    fn event(&mut self, data: &str, sink: &mut dyn DeltaSink) -> Result<bool, UpstreamError> {
+        let Some(event) = parse_event::<WireEvent>(data, "event")? else {
+            return Ok(false);
+        };
         match event {
             WireEvent::MessageStart { message } => {
                 if let Some(u) = &message.usage {
@@ -734,10 +623,10 @@ impl Acc {
                 content_block,
             } => self.block_start(index, content_block, sink)?,
             WireEvent::ContentBlockDelta { index, delta } => match delta {
-                WireDelta::TextDelta { text } => self.text(&text, sink)?,
-                WireDelta::ThinkingDelta { thinking } => self.thinking(&thinking, sink)?,
+                WireDelta::TextDelta { text } => self.out.text(&text, sink)?,
+                WireDelta::ThinkingDelta { thinking } => self.out.thinking(&thinking, sink)?,
                 WireDelta::InputJsonDelta { partial_json } => {
-                    self.grow(partial_json.len())?;
+                    self.out.grow(partial_json.len())?;
                     match self.blocks.get_mut(&index) {
                         Some(BlockAcc::Tool { json, .. }) => json.push_str(&partial_json),
                         _ => {
@@ -757,56 +646,15 @@ impl Acc {
                     self.usage(u);
                 }
             }
-            WireEvent::MessageStop {} => self.done = true,
+            WireEvent::MessageStop {} => return Ok(true),
             WireEvent::Error { error } => return Err(stream_error(error.as_ref())),
             WireEvent::ContentBlockStop {} | WireEvent::Ping {} | WireEvent::Other => {}
         }
-        Ok(())
+        Ok(false)
     }
 
-    fn block_start(
-        &mut self,
-        index: u64,
-        block: WireBlock,
-        sink: &mut dyn DeltaSink,
-    ) -> Result<(), UpstreamError> {
-        if !self.blocks.contains_key(&index) && self.blocks.len() >= MAX_BLOCKS {
-            return Err(protocol(format!(
-                "the upstream sent more than {MAX_BLOCKS} content blocks"
-            )));
-        }
-        let acc = match block {
-            WireBlock::Text { text } => {
-                self.text(&text, sink)?;
-                BlockAcc::Other
-            }
-            WireBlock::Thinking { thinking } => {
-                self.thinking(&thinking, sink)?;
-                BlockAcc::Other
-            }
-            WireBlock::ToolUse { id, name, input } => {
-                if self.tool_count >= MAX_TOOL_CALLS {
-                    return Err(protocol(format!(
-                        "the upstream sent more than {MAX_TOOL_CALLS} tool calls"
-                    )));
-                }
-                self.tool_count += 1;
-                let initial_len = input.as_ref().map_or(0, |v| v.to_string().len());
-                self.grow(id.len() + name.len() + initial_len)?;
-                BlockAcc::Tool {
-                    id,
-                    name,
-                    initial: input,
-                    json: String::new(),
-                }
-            }
-            WireBlock::Other => BlockAcc::Other,
-        };
-        if let Some(BlockAcc::Tool { .. }) = self.blocks.insert(index, acc) {
-            // A repeated index replaced a tool block: keep the count honest.
-            self.tool_count -= 1;
-        }
-        Ok(())
+    fn stopped(&self) -> bool {
+        self.stop.is_some()
     }
 
     fn finish(self) -> Result<ModelOutput, UpstreamError> {
@@ -830,24 +678,17 @@ impl Acc {
             else {
                 continue;
             };
-            let parsed = if json.trim().is_empty() {
-                Ok(initial
-                    .filter(Value::is_object)
-                    .unwrap_or_else(|| Value::Object(Map::new())))
-            } else {
-                serde_json::from_str::<Value>(&json)
-            };
-            let input = match parsed {
-                Ok(Value::Null) => Value::Object(Map::new()),
-                Ok(v) => v,
-                // Cut short by max_tokens: the call is incomplete, the stop says why.
-                Err(_) if stop == ModelStop::MaxTokens => continue,
-                Err(e) => {
-                    return Err(protocol(format!(
-                        "the upstream sent invalid JSON input for tool {name:?} ({e}): {}",
-                        preview(json.as_bytes())
-                    )))
-                }
+            let empty = initial
+                .filter(Value::is_object)
+                .unwrap_or_else(|| Value::Object(Map::new()));
+            let input = tool_input(&json, empty, stop).map_err(|e| {
+                protocol(format!(
+                    "the upstream sent invalid JSON input for tool {name:?} ({e}): {}",
+                    preview(json.as_bytes())
+                ))
+            })?;
+            let Some(input) = input else {
+                continue;
             };
             if name.is_empty() {
                 if stop == ModelStop::MaxTokens {
@@ -857,20 +698,45 @@ impl Acc {
                     "the upstream sent tool_use block {index} without a name"
                 )));
             }
-            let id = if id.is_empty() {
-                format!("toolu_{:016x}", fastrand::u64(..))
-            } else {
-                id
-            };
-            tool_calls.push(ToolCall { id, name, input });
+            tool_calls.push(ToolCall {
+                id: call_id(id, "toolu_"),
+                name,
+                input,
+            });
         }
-        Ok(ModelOutput {
-            thinking: self.thinking,
-            text: self.text,
-            tool_calls,
-            usage: self.usage,
-            stop,
-        })
+        Ok(self.out.output(tool_calls, stop))
+    }
+
+    /// A `2xx` `application/json` answer: a gateway that ignored `stream: true`.
+    fn whole(
+        value: Value,
+        bytes: &[u8],
+        sink: &mut dyn DeltaSink,
+    ) -> Result<ModelOutput, UpstreamError> {
+        if value.get("type").and_then(Value::as_str) == Some("error") {
+            return Err(stream_error(value.get("error")));
+        }
+        let message: WireMessage = serde_json::from_value(value).map_err(|e| {
+            protocol(format!(
+                "the upstream's JSON answer is not a message ({e}): {}",
+                preview(bytes)
+            ))
+        })?;
+        let Some(content) = message.content else {
+            return Err(protocol(format!(
+                "the upstream's JSON answer has no content: {}",
+                preview(bytes)
+            )));
+        };
+        let mut acc = Acc::default();
+        for (i, block) in content.into_iter().enumerate() {
+            acc.block_start(i as u64, block, sink)?;
+        }
+        acc.stop = message.stop_reason;
+        if let Some(u) = &message.usage {
+            acc.usage(u);
+        }
+        acc.finish()
     }
 }
 
@@ -897,15 +763,7 @@ fn stream_error(err: Option<&Value>) -> UpstreamError {
         .and_then(|e| e.get("type"))
         .and_then(Value::as_str)
         .unwrap_or("");
-    let message = match err {
-        Some(Value::String(s)) => s.clone(),
-        Some(e) => e
-            .get("message")
-            .and_then(Value::as_str)
-            .map(str::to_string)
-            .unwrap_or_else(|| e.to_string()),
-        None => "(no details)".to_string(),
-    };
+    let message = err.map_or_else(|| "(no details)".to_string(), error_text);
     let (code, retryable) = error_status(kind);
     let mut e = UpstreamError::new(
         UpstreamErrorKind::Status(code),
@@ -919,152 +777,10 @@ fn stream_error(err: Option<&Value>) -> UpstreamError {
     e
 }
 
-/// Reads the SSE body as it arrives; at `message_stop` returns the output and the body's rest.
-async fn read_stream(
-    mut body: Incoming,
-    sink: &mut dyn DeltaSink,
-) -> Result<(ModelOutput, Option<Incoming>), UpstreamError> {
-    let mut parser = SseParser::with_limit(DEFAULT_MAX_EVENT_BYTES);
-    let mut acc = Acc::default();
-    let sse_error = |e: super::sse::SseError| protocol(format!("bad event stream: {e}"));
-    loop {
-        let frame = match body.frame().await {
-            None => break,
-            Some(Ok(frame)) => frame,
-            Some(Err(e)) => {
-                return Err(UpstreamError::new(
-                    UpstreamErrorKind::Stream,
-                    format!("the upstream stream broke off: {}", error_chain(&e)),
-                ))
-            }
-        };
-        let Ok(data) = frame.into_data() else {
-            continue; // trailers
-        };
-        parser.feed(&data);
-        while let Some(ev) = parser.next_event().map_err(sse_error)? {
-            acc.event(&ev.data, sink)?;
-            if acc.done {
-                return Ok((acc.finish()?, Some(body)));
-            }
-        }
-    }
-    if let Some(ev) = parser.finish().map_err(sse_error)? {
-        acc.event(&ev.data, sink)?;
-    }
-    if acc.done || acc.stop.is_some() {
-        return Ok((acc.finish()?, None));
-    }
-    Err(UpstreamError::new(
-        UpstreamErrorKind::Stream,
-        "the upstream stream ended before it finished (no stop_reason, no message_stop)",
-    ))
-}
-
-/// Reads what follows `message_stop` (normally just the body's end), briefly and boundedly, so
-/// the connection returns to the pool; otherwise it is dropped.
-async fn drain(mut body: Incoming) {
-    let _ = tokio::time::timeout(DRAIN_WAIT, async {
-        let mut seen = 0;
-        while let Some(Ok(frame)) = body.frame().await {
-            if let Some(d) = frame.data_ref() {
-                seen += d.len();
-                if seen > DRAIN_MAX {
-                    return;
-                }
-            }
-        }
-    })
-    .await;
-}
-
-/// Reads up to `cap` bytes of a body; `Err` when the body broke before that.
-async fn read_capped(mut body: Incoming, cap: usize) -> Result<(Vec<u8>, bool), hyper::Error> {
-    let mut out = Vec::new();
-    while let Some(frame) = body.frame().await {
-        if let Ok(data) = frame?.into_data() {
-            let room = cap - out.len();
-            if data.len() > room {
-                out.extend_from_slice(&data[..room]);
-                return Ok((out, true));
-            }
-            out.extend_from_slice(&data);
-        }
-    }
-    Ok((out, false))
-}
-
-/// A `2xx` `application/json` answer: a gateway that ignored `stream: true`.
-async fn read_whole_message(
-    body: Incoming,
-    sink: &mut dyn DeltaSink,
-) -> Result<ModelOutput, UpstreamError> {
-    let (bytes, truncated) = read_capped(body, DEFAULT_MAX_EVENT_BYTES)
-        .await
-        .map_err(|e| {
-            UpstreamError::new(
-                UpstreamErrorKind::Stream,
-                format!("the upstream response broke off: {}", error_chain(&e)),
-            )
-        })?;
-    if truncated {
-        return Err(protocol(format!(
-            "the upstream's JSON answer exceeds {DEFAULT_MAX_EVENT_BYTES} bytes"
-        )));
-    }
-    let value: Value = serde_json::from_slice(&bytes).map_err(|e| {
-        protocol(format!(
-            "unparseable JSON answer from the upstream ({e}): {}",
-            preview(&bytes)
-        ))
-    })?;
-    if value.get("type").and_then(Value::as_str) == Some("error") {
-        return Err(stream_error(value.get("error")));
-    }
-    let message: WireMessage = serde_json::from_value(value).map_err(|e| {
-        protocol(format!(
-            "the upstream's JSON answer is not a message ({e}): {}",
-            preview(&bytes)
-        ))
-    })?;
-    let Some(content) = message.content else {
-        return Err(protocol(format!(
-            "the upstream's JSON answer has no content: {}",
-            preview(&bytes)
-        )));
-    };
-    let mut acc = Acc::default();
-    for (i, block) in content.into_iter().enumerate() {
-        acc.block_start(i as u64, block, sink)?;
-    }
-    acc.stop = message.stop_reason;
-    if let Some(u) = &message.usage {
-        acc.usage(u);
-    }
-    acc.finish()
-}
-
-/// The error for a non-2xx answer: the upstream's own message, and its `Retry-After`.
-async fn status_error(code: u16, headers: &HeaderMap, body: Incoming) -> UpstreamError {
-    let detail = match read_capped(body, MAX_ERROR_BODY).await {
-        Ok((bytes, _)) => error_message(&bytes),
-        Err(e) => format!("(the error body broke off: {})", error_chain(&e)),
-    };
-    let mut err = UpstreamError::new(
-        UpstreamErrorKind::Status(code),
-        format!("the upstream answered HTTP {code}: {detail}"),
-    );
-    err.retry_after = headers
-        .get(RETRY_AFTER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(parse_retry_after);
-    err
-}
-
 /// `{"type":"error","error":{"type","message"}}` as `type: message` (or `{"error":"..."}`, or
 /// `{"message"}`), else the body's first 500 bytes.
 fn error_message(body: &[u8]) -> String {
-    if let Ok(v) = serde_json::from_slice::<Value>(body) {
+    body_message(body, |v| {
         let (kind, msg) = match v.get("error") {
             Some(Value::String(s)) => (None, Some(s.as_str())),
             Some(e) => (
@@ -1074,38 +790,12 @@ fn error_message(body: &[u8]) -> String {
             None => (None, v.get("message").and_then(Value::as_str)),
         };
         match (kind, msg) {
-            (Some(k), Some(m)) if !k.is_empty() => return format!("{k}: {m}"),
-            (_, Some(m)) => return m.to_string(),
-            (Some(k), None) => return k.to_string(),
-            (None, None) => {}
+            (Some(k), Some(m)) if !k.is_empty() => Some(format!("{k}: {m}")),
+            (_, Some(m)) => Some(m.to_string()),
+            (Some(k), None) => Some(k.to_string()),
+            (None, None) => None,
         }
-    }
-    if body.is_empty() {
-        return "(empty body)".to_string();
-    }
-    preview(body)
-}
-
-/// The first 500 bytes of `bytes`, lossily decoded.
-fn preview(bytes: &[u8]) -> String {
-    let cut = &bytes[..bytes.len().min(500)];
-    let mut s = String::from_utf8_lossy(cut).into_owned();
-    if bytes.len() > cut.len() {
-        s.push('…');
-    }
-    s
-}
-
-/// `Retry-After` in seconds (the HTTP-date form is not used by model APIs and is ignored).
-fn parse_retry_after(v: &str) -> Option<Duration> {
-    let v = v.trim();
-    if let Ok(secs) = v.parse::<u64>() {
-        return Some(Duration::from_secs(secs));
-    }
-    v.parse::<f64>()
-        .ok()
-        .filter(|s| s.is_finite() && *s >= 0.0 && *s < 1e9)
-        .map(Duration::from_secs_f64)
+    })
 }
 
 #[cfg(test)]

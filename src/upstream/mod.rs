@@ -8,6 +8,7 @@ pub mod anthropic;
 pub mod echo;
 pub mod openai;
 pub mod sse;
+pub mod wire;
 
 use std::time::Duration;
 

@@ -1,7 +1,8 @@
 //! The OpenAI-compatible provider: `POST {base_url}/chat/completions` with `stream: true`.
 //!
 //! Works with OpenAI and the servers that copy its API (Ollama, vLLM, llama.cpp, LM Studio,
-//! OpenRouter, ...). The response is read frame by frame through the shared [`SseParser`]; text and
+//! OpenRouter, ...). The response is read frame by frame through the shared
+//! [`SseParser`](super::sse::SseParser) (the HTTP side is in [`wire`](super::wire)); text and
 //! reasoning fragments go to the [`DeltaSink`] as soon as their chunk is parsed.
 //!
 //! Mapping of the history ([`Message`]) to the wire:
@@ -29,139 +30,52 @@
 //! - an invalid base URL or API key (not a valid header value) is a non-retryable `Connect` error.
 
 use std::collections::BTreeMap;
-use std::error::Error as StdError;
 use std::time::Duration;
 
-use bytes::Bytes;
 use futures_util::future::BoxFuture;
-use http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER, USER_AGENT};
-use http::{HeaderMap, HeaderValue, Request, Uri};
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use http::header::AUTHORIZATION;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::sse::{SseParser, DEFAULT_MAX_EVENT_BYTES};
+#[cfg(test)]
+use super::wire::parse_retry_after;
+use super::wire::{
+    body_message, call_id, error_text, parse_event, preview, protocol, tool_input, Accumulate,
+    Collected, Endpoint,
+};
 use super::{
     DeltaSink, ModelOutput, ModelRequest, ModelStop, Provider, UpstreamError, UpstreamErrorKind,
 };
 use crate::message::{Block, Content, Message, ToolCall, Usage};
 
-type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
-
-/// The most text + thinking + tool arguments one call may accumulate.
-const MAX_OUTPUT_BYTES: usize = 64 * 1024 * 1024;
 /// The most tool calls one answer may carry.
 const MAX_TOOL_CALLS: usize = 1024;
-/// How much of an error body is read.
-const MAX_ERROR_BODY: usize = 64 * 1024;
-/// How long to wait, after `[DONE]`, for the body's end so the connection can go back to the pool.
-const DRAIN_WAIT: Duration = Duration::from_millis(250);
-const DRAIN_MAX: usize = 64 * 1024;
 
 /// An OpenAI-compatible chat-completions upstream.
 pub struct OpenAi {
-    base_url: String,
-    /// `{base_url}/chat/completions`, or why it is not a URL.
-    endpoint: Result<Uri, String>,
-    /// `Bearer <key>` (marked sensitive), or why the key is not a header value.
-    auth: Result<Option<HeaderValue>, String>,
-    timeout: Duration,
-    client: HttpsClient,
+    /// `{base_url}/chat/completions`, with the key as `Authorization: Bearer <key>`.
+    endpoint: Endpoint,
 }
 
 impl OpenAi {
     /// `base_url` without a trailing slash, e.g. `http://127.0.0.1:11434/v1`. An empty key is no
     /// key. `timeout` bounds each whole call, from connecting to the last byte.
     pub fn new(base_url: String, api_key: Option<String>, timeout: Duration) -> OpenAi {
-        let endpoint = format!("{base_url}/chat/completions")
-            .parse::<Uri>()
-            .map_err(|e| format!("invalid upstream base URL {base_url:?}: {e}"));
-        let auth = match api_key.filter(|k| !k.is_empty()) {
-            None => Ok(None),
-            Some(key) => HeaderValue::from_str(&format!("Bearer {key}"))
-                .map(|mut v| {
-                    v.set_sensitive(true);
-                    Some(v)
-                })
-                .map_err(|_| "the upstream API key is not a valid HTTP header value".to_string()),
-        };
-        let mut http = HttpConnector::new();
-        http.set_nodelay(true);
-        http.enforce_http(false);
-        let https = HttpsConnectorBuilder::new()
-            .with_webpki_roots()
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .build(https);
         OpenAi {
-            base_url,
-            endpoint,
-            auth,
-            timeout,
-            client,
+            endpoint: Endpoint::new(
+                base_url,
+                "/chat/completions",
+                AUTHORIZATION,
+                "Bearer ",
+                api_key,
+                timeout,
+            ),
         }
     }
 
     /// The base URL this provider talks to.
     pub fn base_url(&self) -> &str {
-        &self.base_url
-    }
-
-    /// The call; with the finished output, the body's rest when it stopped at `[DONE]`.
-    async fn call(
-        &self,
-        req: &ModelRequest,
-        sink: &mut dyn DeltaSink,
-    ) -> Result<(ModelOutput, Option<Incoming>), UpstreamError> {
-        let uri = self.endpoint.clone().map_err(config_error)?;
-        let auth = self.auth.clone().map_err(config_error)?;
-        let body = serde_json::to_vec(&request_body(req))
-            .map_err(|e| UpstreamError::new(UpstreamErrorKind::Protocol, e.to_string()))?;
-        let mut builder = Request::post(uri)
-            .header(CONTENT_TYPE, "application/json")
-            .header(ACCEPT, "text/event-stream")
-            .header(USER_AGENT, concat!("turnstile/", env!("CARGO_PKG_VERSION")));
-        if let Some(auth) = auth {
-            builder = builder.header(AUTHORIZATION, auth);
-        }
-        let http_req = builder
-            .body(Full::new(Bytes::from(body)))
-            .map_err(|e| config_error(e.to_string()))?;
-
-        let resp = self.client.request(http_req).await.map_err(|e| {
-            let what = if e.is_connect() {
-                "could not connect to"
-            } else {
-                "could not send the request to"
-            };
-            UpstreamError::new(
-                UpstreamErrorKind::Connect,
-                format!("{what} the upstream {}: {}", self.base_url, error_chain(&e)),
-            )
-        })?;
-
-        let status = resp.status();
-        let (parts, body) = resp.into_parts();
-        if !status.is_success() {
-            return Err(status_error(status.as_u16(), &parts.headers, body).await);
-        }
-        let is_json = parts
-            .headers
-            .get(CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|ct| ct.trim_start().starts_with("application/json"));
-        if is_json {
-            return Ok((read_whole_completion(body, sink).await?, None));
-        }
-        read_stream(body, sink).await
+        self.endpoint.base_url()
     }
 }
 
@@ -176,50 +90,12 @@ impl Provider for OpenAi {
         sink: &'a mut dyn DeltaSink,
     ) -> BoxFuture<'a, Result<ModelOutput, UpstreamError>> {
         Box::pin(async move {
-            match tokio::time::timeout(self.timeout, self.call(req, sink)).await {
-                Ok(Ok((output, rest))) => {
-                    // Outside the timeout: a finished answer is never lost to the drain.
-                    if let Some(body) = rest {
-                        drain(body).await;
-                    }
-                    Ok(output)
-                }
-                Ok(Err(e)) => Err(e),
-                Err(_) => Err(UpstreamError::new(
-                    UpstreamErrorKind::Timeout,
-                    format!(
-                        "the upstream call did not finish within {:.1}s",
-                        self.timeout.as_secs_f64()
-                    ),
-                )),
-            }
+            let body = request_body(req);
+            self.endpoint
+                .call::<Acc>(body, &[], error_message, sink)
+                .await
         })
     }
-}
-
-fn config_error(message: String) -> UpstreamError {
-    let mut e = UpstreamError::new(UpstreamErrorKind::Connect, message);
-    e.retryable = false;
-    e
-}
-
-fn protocol(message: impl Into<String>) -> UpstreamError {
-    UpstreamError::new(UpstreamErrorKind::Protocol, message)
-}
-
-/// An error and its sources, `: `-joined (hyper's own messages are terse).
-fn error_chain(e: &dyn StdError) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let s_text = s.to_string();
-        if !out.contains(&s_text) {
-            out.push_str(": ");
-            out.push_str(&s_text);
-        }
-        source = s.source();
-    }
-    out
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -396,53 +272,21 @@ struct ToolAcc {
 /// The output accumulated from the chunks seen so far.
 #[derive(Default)]
 struct Acc {
-    text: String,
-    thinking: String,
+    /// Text, thinking, usage and the answer's size.
+    out: Collected,
     tools: BTreeMap<u64, ToolAcc>,
     /// The index the last tool-call fragment went to (for servers that omit `index`).
     last_tool: Option<u64>,
     finish: Option<String>,
-    usage: Usage,
-    bytes: usize,
-    done: bool,
 }
 
 impl Acc {
-    fn grow(&mut self, n: usize) -> Result<(), UpstreamError> {
-        self.bytes += n;
-        if self.bytes > MAX_OUTPUT_BYTES {
-            return Err(protocol(format!(
-                "the upstream's answer exceeds {MAX_OUTPUT_BYTES} bytes"
-            )));
-        }
-        Ok(())
-    }
-
-    /// Applies one SSE event's data.
-    fn event(&mut self, data: &str, sink: &mut dyn DeltaSink) -> Result<(), UpstreamError> {
-        let data = data.trim();
-        if data.is_empty() {
-            return Ok(());
-        }
-        if data == "[DONE]" {
-            self.done = true;
-            return Ok(());
-        }
-        let chunk: WireChunk = serde_json::from_str(data).map_err(|e| {
-            protocol(format!(
-                "unparseable chunk from the upstream ({e}): {}",
-                preview(data.as_bytes())
-            ))
-        })?;
-        self.chunk(chunk, sink)
-    }
-
     fn chunk(&mut self, chunk: WireChunk, sink: &mut dyn DeltaSink) -> Result<(), UpstreamError> {
         if let Some(err) = chunk.error {
             return Err(stream_error(&err));
         }
         if let Some(u) = chunk.usage {
-            self.usage = Usage {
+            self.out.usage = Usage {
                 input_tokens: u.prompt_tokens.unwrap_or(0),
                 output_tokens: u.completion_tokens.unwrap_or(0),
             };
@@ -460,15 +304,11 @@ impl Acc {
             Some(r) if !r.is_empty() => Some(r),
             _ => delta.reasoning,
         };
-        if let Some(r) = reasoning.filter(|r| !r.is_empty()) {
-            self.grow(r.len())?;
-            sink.thinking(&r);
-            self.thinking.push_str(&r);
+        if let Some(r) = reasoning {
+            self.out.thinking(&r, sink)?;
         }
-        if let Some(t) = delta.content.filter(|t| !t.is_empty()) {
-            self.grow(t.len())?;
-            sink.text(&t);
-            self.text.push_str(&t);
+        if let Some(t) = delta.content {
+            self.out.text(&t, sink)?;
         }
         for call in delta.tool_calls.unwrap_or_default() {
             self.tool_fragment(call)?;
@@ -507,7 +347,7 @@ impl Acc {
         let added = id.as_ref().map_or(0, String::len)
             + name.as_ref().map_or(0, String::len)
             + arguments.as_ref().map_or(0, String::len);
-        self.grow(added)?;
+        self.out.grow(added)?;
         let acc = self.tools.entry(index).or_default();
         // `id` and `name` come once, in a call's first fragment; a server that repeats them in
         // later fragments must not have them doubled.
@@ -526,6 +366,26 @@ impl Acc {
         }
         Ok(())
     }
+}
+
+impl Accumulate for Acc {
+    type Whole = WireChunk;
+    const UNFINISHED: &'static str =
+        "the upstream stream ended before it finished (no finish_reason, no [DONE])";
+
+    fn event(&mut self, data: &str, sink: &mut dyn DeltaSink) -> Result<bool, UpstreamError> {
+        if data.trim() == "[DONE]" {
+            return Ok(true);
+        }
+        if let Some(chunk) = parse_event(data, "chunk")? {
+            self.chunk(chunk, sink)?;
+        }
+        Ok(false)
+    }
+
+    fn stopped(&self) -> bool {
+        self.finish.is_some()
+    }
 
     fn finish(self) -> Result<ModelOutput, UpstreamError> {
         let has_tools = !self.tools.is_empty();
@@ -538,23 +398,15 @@ impl Acc {
         };
         let mut tool_calls = Vec::with_capacity(self.tools.len());
         for (index, t) in self.tools {
-            let parsed = if t.arguments.trim().is_empty() {
-                Ok(Value::Object(Map::new()))
-            } else {
-                serde_json::from_str::<Value>(&t.arguments)
-            };
-            let input = match parsed {
-                Ok(Value::Null) => Value::Object(Map::new()),
-                Ok(v) => v,
-                // Cut short by max_tokens: the call is incomplete, the stop says why.
-                Err(_) if stop == ModelStop::MaxTokens => continue,
-                Err(e) => {
-                    return Err(protocol(format!(
-                        "the upstream sent invalid JSON arguments for tool {:?} ({e}): {}",
-                        t.name,
-                        preview(t.arguments.as_bytes())
-                    )))
-                }
+            let input = tool_input(&t.arguments, Value::Object(Map::new()), stop).map_err(|e| {
+                protocol(format!(
+                    "the upstream sent invalid JSON arguments for tool {:?} ({e}): {}",
+                    t.name,
+                    preview(t.arguments.as_bytes())
+                ))
+            })?;
+            let Some(input) = input else {
+                continue;
             };
             if t.name.is_empty() {
                 if stop == ModelStop::MaxTokens {
@@ -564,24 +416,30 @@ impl Acc {
                     "the upstream sent tool call #{index} without a name"
                 )));
             }
-            let id = if t.id.is_empty() {
-                format!("call_{:016x}", fastrand::u64(..))
-            } else {
-                t.id
-            };
             tool_calls.push(ToolCall {
-                id,
+                id: call_id(t.id, "call_"),
                 name: t.name,
                 input,
             });
         }
-        Ok(ModelOutput {
-            thinking: self.thinking,
-            text: self.text,
-            tool_calls,
-            usage: self.usage,
-            stop,
-        })
+        Ok(self.out.output(tool_calls, stop))
+    }
+
+    /// A `2xx` `application/json` answer: a server that ignored `stream: true`.
+    fn whole(
+        chunk: WireChunk,
+        bytes: &[u8],
+        sink: &mut dyn DeltaSink,
+    ) -> Result<ModelOutput, UpstreamError> {
+        let mut acc = Acc::default();
+        acc.chunk(chunk, sink)?;
+        if acc.finish.is_none() && acc.out.text.is_empty() && acc.tools.is_empty() {
+            return Err(protocol(format!(
+                "the upstream's JSON answer has no choices: {}",
+                preview(bytes)
+            )));
+        }
+        acc.finish()
     }
 }
 
@@ -592,185 +450,23 @@ fn stream_error(err: &Value) -> UpstreamError {
         .filter_map(|k| err.get(k).and_then(Value::as_u64))
         .find(|c| (400..=599).contains(c))
         .unwrap_or(500) as u16;
-    let message = match err {
-        Value::String(s) => s.clone(),
-        other => other
-            .get("message")
-            .and_then(Value::as_str)
-            .map(str::to_string)
-            .unwrap_or_else(|| other.to_string()),
-    };
+    let message = error_text(err);
     UpstreamError::new(
         UpstreamErrorKind::Status(code),
         format!("the upstream reported an error mid-stream: {message}"),
     )
 }
 
-/// Reads the SSE body as it arrives; at `[DONE]` returns the output and the body's unread rest.
-async fn read_stream(
-    mut body: Incoming,
-    sink: &mut dyn DeltaSink,
-) -> Result<(ModelOutput, Option<Incoming>), UpstreamError> {
-    let mut parser = SseParser::with_limit(DEFAULT_MAX_EVENT_BYTES);
-    let mut acc = Acc::default();
-    let sse_error = |e: super::sse::SseError| protocol(format!("bad event stream: {e}"));
-    loop {
-        let frame = match body.frame().await {
-            None => break,
-            Some(Ok(frame)) => frame,
-            Some(Err(e)) => {
-                return Err(UpstreamError::new(
-                    UpstreamErrorKind::Stream,
-                    format!("the upstream stream broke off: {}", error_chain(&e)),
-                ))
-            }
-        };
-        let Ok(data) = frame.into_data() else {
-            continue; // trailers
-        };
-        parser.feed(&data);
-        while let Some(ev) = parser.next_event().map_err(sse_error)? {
-            acc.event(&ev.data, sink)?;
-            if acc.done {
-                return Ok((acc.finish()?, Some(body)));
-            }
-        }
-    }
-    if let Some(ev) = parser.finish().map_err(sse_error)? {
-        acc.event(&ev.data, sink)?;
-    }
-    if acc.done || acc.finish.is_some() {
-        return Ok((acc.finish()?, None));
-    }
-    Err(UpstreamError::new(
-        UpstreamErrorKind::Stream,
-        "the upstream stream ended before it finished (no finish_reason, no [DONE])",
-    ))
-}
-
-/// Reads what follows `[DONE]` (normally just the body's end), briefly and boundedly, so the
-/// connection returns to the pool; otherwise it is dropped.
-async fn drain(mut body: Incoming) {
-    let _ = tokio::time::timeout(DRAIN_WAIT, async {
-        let mut seen = 0;
-        while let Some(Ok(frame)) = body.frame().await {
-            if let Some(d) = frame.data_ref() {
-                seen += d.len();
-                if seen > DRAIN_MAX {
-                    return;
-                }
-            }
-        }
-    })
-    .await;
-}
-
-/// Reads up to `cap` bytes of a body; `Err` when the body broke before that.
-async fn read_capped(mut body: Incoming, cap: usize) -> Result<(Vec<u8>, bool), hyper::Error> {
-    let mut out = Vec::new();
-    while let Some(frame) = body.frame().await {
-        if let Ok(data) = frame?.into_data() {
-            let room = cap - out.len();
-            if data.len() > room {
-                out.extend_from_slice(&data[..room]);
-                return Ok((out, true));
-            }
-            out.extend_from_slice(&data);
-        }
-    }
-    Ok((out, false))
-}
-
-/// A `2xx` `application/json` answer: a server that ignored `stream: true`.
-async fn read_whole_completion(
-    body: Incoming,
-    sink: &mut dyn DeltaSink,
-) -> Result<ModelOutput, UpstreamError> {
-    let (bytes, truncated) = read_capped(body, DEFAULT_MAX_EVENT_BYTES)
-        .await
-        .map_err(|e| {
-            UpstreamError::new(
-                UpstreamErrorKind::Stream,
-                format!("the upstream response broke off: {}", error_chain(&e)),
-            )
-        })?;
-    if truncated {
-        return Err(protocol(format!(
-            "the upstream's JSON answer exceeds {DEFAULT_MAX_EVENT_BYTES} bytes"
-        )));
-    }
-    let chunk: WireChunk = serde_json::from_slice(&bytes).map_err(|e| {
-        protocol(format!(
-            "unparseable JSON answer from the upstream ({e}): {}",
-            preview(&bytes)
-        ))
-    })?;
-    let mut acc = Acc::default();
-    acc.chunk(chunk, sink)?;
-    if acc.finish.is_none() && acc.text.is_empty() && acc.tools.is_empty() {
-        return Err(protocol(format!(
-            "the upstream's JSON answer has no choices: {}",
-            preview(&bytes)
-        )));
-    }
-    acc.finish()
-}
-
-/// The error for a non-2xx answer: the upstream's own message, and its `Retry-After`.
-async fn status_error(code: u16, headers: &HeaderMap, body: Incoming) -> UpstreamError {
-    let detail = match read_capped(body, MAX_ERROR_BODY).await {
-        Ok((bytes, _)) => error_message(&bytes),
-        Err(e) => format!("(the error body broke off: {})", error_chain(&e)),
-    };
-    let mut err = UpstreamError::new(
-        UpstreamErrorKind::Status(code),
-        format!("the upstream answered HTTP {code}: {detail}"),
-    );
-    err.retry_after = headers
-        .get(RETRY_AFTER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(parse_retry_after);
-    err
-}
-
 /// `{"error":{"message"}}` (or `{"error":"..."}`, or `{"message"}`), else the body's first 500 bytes.
 fn error_message(body: &[u8]) -> String {
-    if let Ok(v) = serde_json::from_slice::<Value>(body) {
+    body_message(body, |v| {
         let msg = match v.get("error") {
             Some(Value::String(s)) => Some(s.as_str()),
             Some(e) => e.get("message").and_then(Value::as_str),
             None => v.get("message").and_then(Value::as_str),
         };
-        if let Some(m) = msg {
-            return m.to_string();
-        }
-    }
-    if body.is_empty() {
-        return "(empty body)".to_string();
-    }
-    preview(body)
-}
-
-/// The first 500 bytes of `bytes`, lossily decoded.
-fn preview(bytes: &[u8]) -> String {
-    let cut = &bytes[..bytes.len().min(500)];
-    let mut s = String::from_utf8_lossy(cut).into_owned();
-    if bytes.len() > cut.len() {
-        s.push('…');
-    }
-    s
-}
-
-/// `Retry-After` in seconds (the HTTP-date form is not used by model APIs and is ignored).
-fn parse_retry_after(v: &str) -> Option<Duration> {
-    let v = v.trim();
-    if let Ok(secs) = v.parse::<u64>() {
-        return Some(Duration::from_secs(secs));
-    }
-    v.parse::<f64>()
-        .ok()
-        .filter(|s| s.is_finite() && *s >= 0.0 && *s < 1e9)
-        .map(Duration::from_secs_f64)
+        msg.map(str::to_string)
+    })
 }
 
 #[cfg(test)]

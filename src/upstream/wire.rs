@@ -1,0 +1,560 @@
+//! The HTTP plumbing the streaming providers share, so it is written (and fixed) once.
+//!
+//! [`openai`](super::openai) and [`anthropic`](super::anthropic) speak different protocols over
+//! the same transport: a pooled hyper client, a JSON `POST` answered by an event stream (or, from
+//! a server that ignored `stream`, a whole JSON document), errors read from bounded bodies, a
+//! call bounded by a timeout and a connection handed back to the pool afterwards. That transport
+//! lives here; what each provider sends and how it reads the events stays in its own file.
+//!
+//! The pooled client builder (`https_client`) is also used by the MCP HTTP client
+//! ([`crate::mcp::http_client`]), so that every outbound connection is built the same way.
+
+use std::error::Error as StdError;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{ACCEPT, CONTENT_TYPE, RETRY_AFTER, USER_AGENT};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Uri};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+use super::sse::{SseError, SseParser, DEFAULT_MAX_EVENT_BYTES};
+use super::{DeltaSink, ModelOutput, ModelStop, UpstreamError, UpstreamErrorKind};
+use crate::message::{ToolCall, Usage};
+
+/// The pooled HTTP/1 client (http and https) every outbound call goes through: one type, so the
+/// providers and the MCP client can hold what [`https_client`] builds.
+pub(crate) type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// How much of an error body is read: enough for any API's error object, bounded against a
+/// misbehaving server.
+const MAX_ERROR_BODY: usize = 64 * 1024;
+/// How long to wait, after the final event, for the body's end so the connection can go back to
+/// the pool.
+const DRAIN_WAIT: Duration = Duration::from_millis(250);
+/// How many bytes after the final event are read before giving the connection up.
+const DRAIN_MAX: usize = 64 * 1024;
+
+/// Builds a pooled client for `http://` and `https://` URLs (TLS trusting the webpki roots,
+/// HTTP/1, `TCP_NODELAY`), so the model providers and the MCP HTTP client connect alike.
+/// `connect_timeout` bounds the TCP connect (`None`: no bound of its own).
+pub(crate) fn https_client(connect_timeout: Option<Duration>) -> HttpsClient {
+    let mut http = HttpConnector::new();
+    http.set_nodelay(true);
+    http.enforce_http(false);
+    http.set_connect_timeout(connect_timeout);
+    let https = HttpsConnectorBuilder::new()
+        .with_webpki_roots()
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http);
+    Client::builder(TokioExecutor::new())
+        .pool_timer(TokioTimer::new())
+        .build(https)
+}
+
+/// A provider's settings that retrying cannot fix (a bad base URL or key): a non-retryable
+/// `Connect` error, reported when a call is made rather than when the provider is built.
+fn config_error(message: String) -> UpstreamError {
+    let mut e = UpstreamError::new(UpstreamErrorKind::Connect, message);
+    e.retryable = false;
+    e
+}
+
+/// The upstream sent something that is not its protocol: the error every parse failure becomes.
+pub(crate) fn protocol(message: impl Into<String>) -> UpstreamError {
+    UpstreamError::new(UpstreamErrorKind::Protocol, message)
+}
+
+/// An error and its sources, `: `-joined (hyper's own messages are terse, the cause is in the
+/// sources).
+fn error_chain(e: &dyn StdError) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let s_text = s.to_string();
+        if !out.contains(&s_text) {
+            out.push_str(": ");
+            out.push_str(&s_text);
+        }
+        source = s.source();
+    }
+    out
+}
+
+/// The first 500 bytes of `bytes`, lossily decoded: how upstream bytes are quoted in errors.
+pub(crate) fn preview(bytes: &[u8]) -> String {
+    let cut = &bytes[..bytes.len().min(500)];
+    let mut s = String::from_utf8_lossy(cut).into_owned();
+    if bytes.len() > cut.len() {
+        s.push('…');
+    }
+    s
+}
+
+/// `Retry-After` in seconds (the HTTP-date form is not used by model APIs and is ignored), so a
+/// status error can tell the caller how long the upstream asked it to wait.
+pub(crate) fn parse_retry_after(v: &str) -> Option<Duration> {
+    let v = v.trim();
+    if let Ok(secs) = v.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    v.parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s >= 0.0 && *s < 1e9)
+        .map(Duration::from_secs_f64)
+}
+
+/// The message of an error body: what `from_json` finds in it when it is JSON, else `(empty
+/// body)` or the body's first 500 bytes. Each provider passes the reading of its own error
+/// object.
+pub(crate) fn body_message(body: &[u8], from_json: fn(&Value) -> Option<String>) -> String {
+    if let Ok(v) = serde_json::from_slice::<Value>(body) {
+        if let Some(m) = from_json(&v) {
+            return m;
+        }
+    }
+    if body.is_empty() {
+        return "(empty body)".to_string();
+    }
+    preview(body)
+}
+
+/// The text of an error object met inside a stream: the string itself, or its `message`, or the
+/// whole object as JSON.
+pub(crate) fn error_text(err: &Value) -> String {
+    match err {
+        Value::String(s) => s.clone(),
+        other => other
+            .get("message")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .unwrap_or_else(|| other.to_string()),
+    }
+}
+
+/// The part of an answer both protocols accumulate alike: the text and thinking (each fragment
+/// pushed to the sink as it is added), the usage, and the byte count that bounds the whole answer
+/// (tool calls included, through [`Collected::grow`]). Each provider's accumulator holds one.
+#[derive(Default)]
+pub(crate) struct Collected {
+    pub(crate) text: String,
+    pub(crate) thinking: String,
+    pub(crate) usage: Usage,
+    bytes: usize,
+}
+
+impl Collected {
+    /// Counts `n` more bytes of the answer, failing once it exceeds `MAX_OUTPUT_BYTES`.
+    pub(crate) fn grow(&mut self, n: usize) -> Result<(), UpstreamError> {
+        /// The most text + thinking + tool arguments one call may accumulate.
+        const MAX_OUTPUT_BYTES: usize = 64 * 1024 * 1024;
+        self.bytes = self.bytes.saturating_add(n);
+        if self.bytes > MAX_OUTPUT_BYTES {
+            return Err(protocol(format!(
+                "the upstream's answer exceeds {MAX_OUTPUT_BYTES} bytes"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Adds a text fragment (an empty one is no fragment).
+    pub(crate) fn text(&mut self, t: &str, sink: &mut dyn DeltaSink) -> Result<(), UpstreamError> {
+        self.fragment(false, t, sink)
+    }
+
+    /// Adds a thinking fragment (an empty one is no fragment).
+    pub(crate) fn thinking(
+        &mut self,
+        t: &str,
+        sink: &mut dyn DeltaSink,
+    ) -> Result<(), UpstreamError> {
+        self.fragment(true, t, sink)
+    }
+
+    fn fragment(
+        &mut self,
+        thinking: bool,
+        t: &str,
+        sink: &mut dyn DeltaSink,
+    ) -> Result<(), UpstreamError> {
+        if t.is_empty() {
+            return Ok(());
+        }
+        self.grow(t.len())?;
+        if thinking {
+            sink.thinking(t);
+            self.thinking.push_str(t);
+        } else {
+            sink.text(t);
+            self.text.push_str(t);
+        }
+        Ok(())
+    }
+
+    /// The finished output, with the tool calls and stop the provider worked out.
+    pub(crate) fn output(self, tool_calls: Vec<ToolCall>, stop: ModelStop) -> ModelOutput {
+        ModelOutput {
+            thinking: self.thinking,
+            text: self.text,
+            tool_calls,
+            usage: self.usage,
+            stop,
+        }
+    }
+}
+
+/// A `2xx` answer to [`Endpoint::post`], by how it must be read.
+enum Answer {
+    /// An event stream (what was asked for).
+    Stream(Incoming),
+    /// A whole `application/json` document: a server or gateway that ignored `stream: true`.
+    Json(Incoming),
+}
+
+/// Where a provider sends its calls and how: the URL, the API key header, the timeout and the
+/// pooled client. Both providers hold one; only the path, the key's header and the extra headers
+/// differ between them.
+pub(crate) struct Endpoint {
+    base_url: String,
+    /// `{base_url}{path}`, or why it is not a URL.
+    uri: Result<Uri, String>,
+    /// The key's header and value (marked sensitive), or why the key is not a header value.
+    key: Result<Option<(HeaderName, HeaderValue)>, String>,
+    timeout: Duration,
+    client: HttpsClient,
+}
+
+impl Endpoint {
+    /// Calls go to `{base_url}{path}`. A non-empty `api_key` is sent in `key_header` as
+    /// `{key_prefix}{api_key}`. `timeout` bounds each whole call, from connecting to the last
+    /// byte. Bad values are kept as errors, reported by each call (see [`config_error`]).
+    pub(crate) fn new(
+        base_url: String,
+        path: &str,
+        key_header: HeaderName,
+        key_prefix: &str,
+        api_key: Option<String>,
+        timeout: Duration,
+    ) -> Endpoint {
+        let uri = format!("{base_url}{path}")
+            .parse::<Uri>()
+            .map_err(|e| format!("invalid upstream base URL {base_url:?}: {e}"));
+        let key = match api_key.filter(|k| !k.is_empty()) {
+            None => Ok(None),
+            Some(key) => HeaderValue::from_str(&format!("{key_prefix}{key}"))
+                .map(|mut v| {
+                    v.set_sensitive(true);
+                    Some((key_header, v))
+                })
+                .map_err(|_| "the upstream API key is not a valid HTTP header value".to_string()),
+        };
+        Endpoint {
+            base_url,
+            uri,
+            key,
+            timeout,
+            client: https_client(None),
+        }
+    }
+
+    /// The base URL calls go to.
+    pub(crate) fn base_url(&self) -> &str {
+        &self.base_url
+    }
+
+    /// One model call: POSTs `body` (with `headers`, see [`Endpoint::post`]) and reads the
+    /// answer into an `A`, event by event or whole, all within the timeout. When the answer
+    /// stopped at its final event the body's rest is drained afterwards, so the connection can go
+    /// back to the pool (outside the timeout: a finished answer is never lost to the drain).
+    pub(crate) async fn call<A: Accumulate>(
+        &self,
+        body: Value,
+        headers: &[(&HeaderName, &'static str)],
+        error_message: fn(&[u8]) -> String,
+        sink: &mut dyn DeltaSink,
+    ) -> Result<ModelOutput, UpstreamError> {
+        let call = async {
+            match self.post(&body, headers, error_message).await? {
+                Answer::Json(body) => {
+                    let (answer, bytes) = read_json(body).await?;
+                    Ok((A::whole(answer, &bytes, sink)?, None))
+                }
+                Answer::Stream(body) => read_stream::<A>(body, sink).await,
+            }
+        };
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(Ok((output, rest))) => {
+                if let Some(body) = rest {
+                    drain(body).await;
+                }
+                Ok(output)
+            }
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(UpstreamError::new(
+                UpstreamErrorKind::Timeout,
+                format!(
+                    "the upstream call did not finish within {:.1}s",
+                    self.timeout.as_secs_f64()
+                ),
+            )),
+        }
+    }
+
+    /// POSTs `body` as JSON, asking for an event stream, with `headers` (before `User-Agent`)
+    /// and the key. A failure to connect or send is a `Connect` error; a non-`2xx` answer is the
+    /// error [`status_error`] makes, its message read from the body by `error_message`.
+    async fn post(
+        &self,
+        body: &Value,
+        headers: &[(&HeaderName, &'static str)],
+        error_message: fn(&[u8]) -> String,
+    ) -> Result<Answer, UpstreamError> {
+        let uri = self.uri.clone().map_err(config_error)?;
+        let key = self.key.clone().map_err(config_error)?;
+        let body = serde_json::to_vec(body).map_err(|e| protocol(e.to_string()))?;
+        let mut builder = Request::post(uri)
+            .header(CONTENT_TYPE, "application/json")
+            .header(ACCEPT, "text/event-stream");
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        builder = builder.header(USER_AGENT, concat!("turnstile/", env!("CARGO_PKG_VERSION")));
+        if let Some((name, value)) = key {
+            builder = builder.header(name, value);
+        }
+        let http_req = builder
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| config_error(e.to_string()))?;
+
+        let resp = self.client.request(http_req).await.map_err(|e| {
+            let what = if e.is_connect() {
+                "could not connect to"
+            } else {
+                "could not send the request to"
+            };
+            UpstreamError::new(
+                UpstreamErrorKind::Connect,
+                format!("{what} the upstream {}: {}", self.base_url, error_chain(&e)),
+            )
+        })?;
+
+        let status = resp.status();
+        let (parts, body) = resp.into_parts();
+        if !status.is_success() {
+            return Err(status_error(status.as_u16(), &parts.headers, body, error_message).await);
+        }
+        let is_json = parts
+            .headers
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.trim_start().starts_with("application/json"));
+        Ok(if is_json {
+            Answer::Json(body)
+        } else {
+            Answer::Stream(body)
+        })
+    }
+}
+
+/// The protocol-specific half of reading an answer, implemented by each provider's output
+/// accumulator and driven by [`Endpoint::call`]: what an event means, when the answer is
+/// finished, and how a whole (non-streamed) answer is read.
+pub(crate) trait Accumulate: Default {
+    /// What a whole `application/json` answer parses as.
+    type Whole: DeserializeOwned;
+    /// The error message for a stream that ends before the answer finished.
+    const UNFINISHED: &'static str;
+    /// Applies one event's data, pushing fragments to `sink` as they are parsed; `true` when it
+    /// was the final event (`[DONE]`, `message_stop`).
+    fn event(&mut self, data: &str, sink: &mut dyn DeltaSink) -> Result<bool, UpstreamError>;
+    /// Whether the answer is complete even if the stream ends without its final event (a stop
+    /// reason came).
+    fn stopped(&self) -> bool;
+    /// The finished output.
+    fn finish(self) -> Result<ModelOutput, UpstreamError>;
+    /// The output of a whole JSON answer (`bytes` is the answer, for quoting in errors).
+    fn whole(
+        answer: Self::Whole,
+        bytes: &[u8],
+        sink: &mut dyn DeltaSink,
+    ) -> Result<ModelOutput, UpstreamError>;
+}
+
+/// Reads an event stream as it arrives into a fresh `A`: body frames go through an
+/// [`SseParser`] and each event's data to [`Accumulate::event`]. At the final event returns the
+/// output and the body's unread rest (for [`Endpoint::call`] to drain); when the body ends first
+/// (the last, unterminated event is still applied), the output if a stop reason came, else a
+/// `Stream` error.
+async fn read_stream<A: Accumulate>(
+    mut body: Incoming,
+    sink: &mut dyn DeltaSink,
+) -> Result<(ModelOutput, Option<Incoming>), UpstreamError> {
+    let mut parser = SseParser::with_limit(DEFAULT_MAX_EVENT_BYTES);
+    let mut acc = A::default();
+    let sse_error = |e: SseError| protocol(format!("bad event stream: {e}"));
+    loop {
+        let frame = match body.frame().await {
+            None => break,
+            Some(Ok(frame)) => frame,
+            Some(Err(e)) => {
+                return Err(UpstreamError::new(
+                    UpstreamErrorKind::Stream,
+                    format!("the upstream stream broke off: {}", error_chain(&e)),
+                ))
+            }
+        };
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers
+        };
+        parser.feed(&data);
+        while let Some(ev) = parser.next_event().map_err(sse_error)? {
+            if acc.event(&ev.data, sink)? {
+                return Ok((acc.finish()?, Some(body)));
+            }
+        }
+    }
+    let mut done = false;
+    if let Some(ev) = parser.finish().map_err(sse_error)? {
+        done = acc.event(&ev.data, sink)?;
+    }
+    if done || acc.stopped() {
+        return Ok((acc.finish()?, None));
+    }
+    Err(UpstreamError::new(UpstreamErrorKind::Stream, A::UNFINISHED))
+}
+
+/// One event's data parsed as `T`; `None` when it is blank. What does not parse is a protocol
+/// error quoting it, `what` naming the kind of event ("chunk", "event").
+pub(crate) fn parse_event<T: DeserializeOwned>(
+    data: &str,
+    what: &str,
+) -> Result<Option<T>, UpstreamError> {
+    let data = data.trim();
+    if data.is_empty() {
+        return Ok(None);
+    }
+    serde_json::from_str(data).map(Some).map_err(|e| {
+        protocol(format!(
+            "unparseable {what} from the upstream ({e}): {}",
+            preview(data.as_bytes())
+        ))
+    })
+}
+
+/// A streamed tool call's input, by the rules both protocols share: blank is `empty`, `null` is
+/// `{}`. `Ok(None)` when it does not parse but the answer was cut by `max_tokens`: the call is
+/// incomplete and dropped, the stop reason says why.
+pub(crate) fn tool_input(
+    json: &str,
+    empty: Value,
+    stop: ModelStop,
+) -> Result<Option<Value>, serde_json::Error> {
+    if json.trim().is_empty() {
+        return Ok(Some(empty));
+    }
+    match serde_json::from_str::<Value>(json) {
+        Ok(Value::Null) => Ok(Some(Value::Object(Map::new()))),
+        Ok(v) => Ok(Some(v)),
+        Err(_) if stop == ModelStop::MaxTokens => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// A tool call's id, or a made-up `{prefix}{16 hex digits}` when the upstream sent none (the
+/// engine pairs each tool result with its call by id).
+pub(crate) fn call_id(id: String, prefix: &str) -> String {
+    if id.is_empty() {
+        format!("{prefix}{:016x}", fastrand::u64(..))
+    } else {
+        id
+    }
+}
+
+/// Reads a whole `2xx` JSON answer (bounded like one event) and parses it as `T`; returns the
+/// bytes too, for quoting in the caller's errors.
+async fn read_json<T: DeserializeOwned>(body: Incoming) -> Result<(T, Vec<u8>), UpstreamError> {
+    let (bytes, truncated) = read_capped(body, DEFAULT_MAX_EVENT_BYTES)
+        .await
+        .map_err(|e| {
+            UpstreamError::new(
+                UpstreamErrorKind::Stream,
+                format!("the upstream response broke off: {}", error_chain(&e)),
+            )
+        })?;
+    if truncated {
+        return Err(protocol(format!(
+            "the upstream's JSON answer exceeds {DEFAULT_MAX_EVENT_BYTES} bytes"
+        )));
+    }
+    let value = serde_json::from_slice(&bytes).map_err(|e| {
+        protocol(format!(
+            "unparseable JSON answer from the upstream ({e}): {}",
+            preview(&bytes)
+        ))
+    })?;
+    Ok((value, bytes))
+}
+
+/// The error for a non-2xx answer: the upstream's own message (read from the body by
+/// `error_message`, which is where the providers differ), and its `Retry-After`.
+async fn status_error(
+    code: u16,
+    headers: &HeaderMap,
+    body: Incoming,
+    error_message: fn(&[u8]) -> String,
+) -> UpstreamError {
+    let detail = match read_capped(body, MAX_ERROR_BODY).await {
+        Ok((bytes, _)) => error_message(&bytes),
+        Err(e) => format!("(the error body broke off: {})", error_chain(&e)),
+    };
+    let mut err = UpstreamError::new(
+        UpstreamErrorKind::Status(code),
+        format!("the upstream answered HTTP {code}: {detail}"),
+    );
+    err.retry_after = headers
+        .get(RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_retry_after);
+    err
+}
+
+/// Reads what follows the final event (normally just the body's end), briefly and boundedly, so
+/// the connection returns to the pool; otherwise it is dropped.
+async fn drain(mut body: Incoming) {
+    let _ = tokio::time::timeout(DRAIN_WAIT, async {
+        let mut seen = 0;
+        while let Some(Ok(frame)) = body.frame().await {
+            if let Some(d) = frame.data_ref() {
+                seen += d.len();
+                if seen > DRAIN_MAX {
+                    return;
+                }
+            }
+        }
+    })
+    .await;
+}
+
+/// Reads up to `cap` bytes of a body, and whether it was cut there; `Err` when the body broke
+/// before that. Error bodies and whole JSON answers are read through it, never unbounded.
+async fn read_capped(mut body: Incoming, cap: usize) -> Result<(Vec<u8>, bool), hyper::Error> {
+    let mut out = Vec::new();
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame?.into_data() {
+            let room = cap - out.len();
+            if data.len() > room {
+                out.extend_from_slice(&data[..room]);
+                return Ok((out, true));
+            }
+            out.extend_from_slice(&data);
+        }
+    }
+    Ok((out, false))
+}
