@@ -1,10 +1,12 @@
 //! Following a session's log: replay from a cursor, then live, with no gap and no duplicate.
 //!
-//! Subscribing takes the live receiver and the current turn's events in one step; the replay
-//! reads the store after the cursor and adds the current turn's events the store does not have
-//! yet; live items are then taken from the receiver, skipping stored events already sent. A
-//! subscriber that falls too far behind the live feed is refilled from the log the same way, so
-//! it never silently misses an event (only deltas, which are provisional, may be skipped).
+//! Subscribing takes the live receiver and the log's end at that moment in one step. Stored
+//! events up to that end are replayed from the log (the store, plus the current turn's events
+//! the store does not hold yet); everything later comes from the receiver, in the order it was
+//! published, so a delta is never sent after the stored event that completes it. Stored events
+//! the receiver repeats are skipped. A subscriber that falls too far behind the live feed
+//! subscribes again and is refilled from the log the same way, so it never silently misses an
+//! event (only deltas, which are provisional, may be skipped).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -23,9 +25,12 @@ pub struct Follow {
     engine: Engine,
     session: Arc<Session>,
     last_seq: u64,
+    /// Stored events up to this seq are read from the log; later ones come from `rx`.
+    replay_to: u64,
+    /// Replayed events not sent yet: always the events right after `last_seq`, without a hole.
     backlog: VecDeque<Arc<Event>>,
-    /// More stored events may follow the backlog (it was read one page at a time).
-    more: bool,
+    /// A live event that came after a hole: sent once the hole is filled from the log.
+    held: Option<Arc<Event>>,
     rx: Receiver<Feed>,
 }
 
@@ -36,26 +41,45 @@ impl Follow {
         session: Arc<Session>,
         after_seq: u64,
     ) -> Result<Follow, EngineError> {
-        let (_, rx) = session.subscribe();
+        let (tail, rx) = session.subscribe();
         let mut f = Follow {
             engine: engine.clone(),
             session,
             last_seq: after_seq,
+            replay_to: tail.last().map_or(0, |e| e.seq),
             backlog: VecDeque::new(),
-            more: true,
+            held: None,
             rx,
         };
         f.refill().await?;
         Ok(f)
     }
 
+    /// Read the stored events after `last_seq` (at most up to `replay_to`) into the backlog,
+    /// as far as they follow on without a hole. Events appended moments ago may not be readable
+    /// yet (the current turn's are kept in memory, but not those of a turn that was cancelled
+    /// in the queue): then the log is made durable and read again.
     async fn refill(&mut self) -> Result<(), EngineError> {
-        let (events, more) = self
-            .engine
-            .events_after_seq(&self.session, self.last_seq, PAGE)
-            .await?;
-        self.backlog = events.into();
-        self.more = more;
+        if self.last_seq >= self.replay_to {
+            return Ok(());
+        }
+        for attempt in 0..2 {
+            let want = (self.replay_to - self.last_seq).min(PAGE as u64) as usize;
+            let (events, _) = self
+                .engine
+                .events_after_seq(&self.session, self.last_seq, want)
+                .await?;
+            for (next, ev) in (self.last_seq + 1..).zip(events) {
+                if ev.seq != next {
+                    break;
+                }
+                self.backlog.push_back(ev);
+            }
+            if !self.backlog.is_empty() || attempt == 1 {
+                break;
+            }
+            self.engine.store().flush().await?;
+        }
         Ok(())
     }
 
@@ -69,25 +93,31 @@ impl Follow {
                 self.last_seq = ev.seq;
                 return Some(Feed::Event(ev));
             }
-            if self.more {
+            if self.last_seq < self.replay_to {
                 if let Err(e) = self.refill().await {
                     tracing::warn!(session = %self.session.id, error = %e, "refilling a subscriber from the log failed");
                     return None;
                 }
-                if !self.backlog.is_empty() {
-                    continue;
+                if self.backlog.is_empty() {
+                    // Ending the stream beats skipping events: the client resumes from its cursor.
+                    tracing::warn!(session = %self.session.id, after = self.last_seq, to = self.replay_to, "events are missing from the log; ending the subscription");
+                    return None;
                 }
+                continue;
+            }
+            if let Some(ev) = self.held.take() {
+                if ev.seq > self.last_seq {
+                    self.last_seq = ev.seq;
+                    return Some(Feed::Event(ev));
+                }
+                continue;
             }
             match self.rx.recv().await {
                 Ok(Feed::Event(ev)) if ev.seq > self.last_seq => {
                     if ev.seq > self.last_seq + 1 {
                         // Something fell between: read it from the log first.
-                        self.more = true;
-                        self.backlog.push_back(ev);
-                        if let Err(e) = self.refill().await {
-                            tracing::warn!(error = %e, "refill failed");
-                            return None;
-                        }
+                        self.replay_to = ev.seq - 1;
+                        self.held = Some(ev);
                         continue;
                     }
                     self.last_seq = ev.seq;
@@ -97,8 +127,9 @@ impl Follow {
                 Ok(delta @ Feed::Delta { .. }) => return Some(delta),
                 Err(RecvError::Lagged(n)) => {
                     tracing::debug!(session = %self.session.id, skipped = n, "slow subscriber refilled from the log");
-                    self.rx = self.rx.resubscribe();
-                    self.more = true;
+                    let (tail, rx) = self.session.subscribe();
+                    self.rx = rx;
+                    self.replay_to = self.replay_to.max(tail.last().map_or(0, |e| e.seq));
                 }
                 Err(RecvError::Closed) => return None,
             }

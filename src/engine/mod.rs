@@ -897,7 +897,7 @@ fn view(session: &Session) -> SessionView {
         status,
         running_turn,
         pending: st.pending.clone(),
-        queued: st.queue.iter().map(|q| q.control.turn_id.clone()).collect(),
+        queued: session::live_queue(&st),
         pending_plan: st.plan.as_ref().map(|p| p.plan.clone()),
     }
 }

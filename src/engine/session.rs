@@ -373,11 +373,7 @@ impl Session {
 
     /// The turns waiting behind the running one.
     pub fn queued_turns(&self) -> Vec<String> {
-        self.lock()
-            .queue
-            .iter()
-            .map(|q| q.control.turn_id.clone())
-            .collect()
+        live_queue(&self.lock())
     }
 
     /// Subscribe to live items, with the events of the current turn so far (taken atomically,
@@ -415,6 +411,15 @@ impl Session {
     pub fn running_turn(&self) -> Option<String> {
         self.lock().running.as_ref().map(|r| r.turn_id.clone())
     }
+}
+
+/// The turns still waiting behind the running one (a cancelled one waits only to be logged).
+pub(crate) fn live_queue(st: &State) -> Vec<String> {
+    st.queue
+        .iter()
+        .filter(|q| !q.control.token.is_cancelled())
+        .map(|q| q.control.turn_id.clone())
+        .collect()
 }
 
 /// The calls a turn stopped on: its `agent.tool_use`s without a result, when it completed with

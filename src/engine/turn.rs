@@ -389,14 +389,16 @@ impl Turn {
                     "the model proposed no plan".into(),
                 ));
             }
-            self.emit(EventBody::AgentMessage {
-                content: out.text.clone(),
-                plan: true,
-            });
+            // The wait is in place before anyone can see the plan, so a client that answers
+            // `plan_proposed` at once finds it.
             let (tx, rx) = tokio::sync::oneshot::channel();
             self.session.lock().plan = Some(super::session::PlanWait {
                 plan: out.text.clone(),
                 decide: Some(tx),
+            });
+            self.emit(EventBody::AgentMessage {
+                content: out.text.clone(),
+                plan: true,
             });
             let decision = rx.await.map_err(|_| End::Stopped)?;
             self.session.lock().plan = None;
