@@ -95,7 +95,8 @@ pub fn provider(config: &Config) -> Result<Arc<dyn Provider>, StartError> {
                 up.base_url.clone(),
                 key,
                 up.timeout,
-                up.max_tokens.unwrap_or(crate::upstream::anthropic::DEFAULT_MAX_TOKENS),
+                up.max_tokens
+                    .unwrap_or(crate::upstream::anthropic::DEFAULT_MAX_TOKENS),
             ))
         }
     })

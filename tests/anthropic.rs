@@ -18,20 +18,35 @@ async fn turns_and_a_client_tool_round_trip_through_anthropic() {
     let sid = server
         .session(json!({"tools": [{"name": "get_weather", "description": "weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]}))
         .await;
-    fake.push(Reply::tool_calls(&[("toolu_01", "get_weather", json!({"city": "Paris"}))]).with_text("Checking."));
+    fake.push(
+        Reply::tool_calls(&[("toolu_01", "get_weather", json!({"city": "Paris"}))])
+            .with_text("Checking."),
+    );
     let events = server
         .http
-        .post_sse(&format!("/sessions/{sid}/turns"), &json!({"stream": "delta", "messages": [{"role": "user", "content": "Paris?"}]}))
+        .post_sse(
+            &format!("/sessions/{sid}/turns"),
+            &json!({"stream": "delta", "messages": [{"role": "user", "content": "Paris?"}]}),
+        )
         .await;
     let n = names(&events);
     assert_eq!(n.first(), Some(&"turn_start"));
-    assert!(n.contains(&"text_delta") && n.contains(&"tool_call"), "{n:?}");
-    assert_eq!(events.last().unwrap().data, json!({"stopReason": "tool_use"}));
+    assert!(
+        n.contains(&"text_delta") && n.contains(&"tool_call"),
+        "{n:?}"
+    );
+    assert_eq!(
+        events.last().unwrap().data,
+        json!({"stopReason": "tool_use"})
+    );
 
     fake.push(Reply::text("Paris is 21C."));
     let (status, resp) = server
         .http
-        .post(&format!("/sessions/{sid}/turns"), &json!({"messages": [{"role": "tool", "toolCallId": "toolu_01", "content": "21C"}]}))
+        .post(
+            &format!("/sessions/{sid}/turns"),
+            &json!({"messages": [{"role": "tool", "toolCallId": "toolu_01", "content": "21C"}]}),
+        )
         .await;
     assert_eq!(status, 200, "{resp}");
     assert_eq!(resp["messages"][0]["content"], "Paris is 21C.");
@@ -40,7 +55,12 @@ async fn turns_and_a_client_tool_round_trip_through_anthropic() {
     assert_eq!(reqs[0]["model"], "claude-test");
     assert_eq!(reqs[0]["system"], "Be brief.");
     assert_eq!(reqs[0]["tools"][0]["name"], "get_weather");
-    let last = reqs[1]["messages"].as_array().unwrap().last().unwrap().clone();
+    let last = reqs[1]["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
     assert_eq!(last["role"], "user");
     assert_eq!(last["content"][0]["type"], "tool_result");
     assert_eq!(last["content"][0]["tool_use_id"], "toolu_01");

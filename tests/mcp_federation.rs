@@ -718,23 +718,44 @@ async fn check_prints_each_tool_with_its_verdict_and_rule_and_fails_on_errors() 
 /// Two writes through a session-scoped example server: one inside its workspace, one outside.
 async fn write_inside_and_outside(
     sandbox: &str,
-) -> (Vec<Value>, std::path::PathBuf, std::path::PathBuf, tempfile::TempDir) {
+) -> (
+    Vec<Value>,
+    std::path::PathBuf,
+    std::path::PathBuf,
+    tempfile::TempDir,
+) {
     let fake = FakeOpenAi::start().await;
     let extra = format!(
         "{}\n[policy]\ntrust = [\"mcp__box__*\"]\n",
-        example_server("box", &format!("scope = \"session\"\nsandbox = \"{sandbox}\""))
+        example_server(
+            "box",
+            &format!("scope = \"session\"\nsandbox = \"{sandbox}\"")
+        )
     );
     let server = TestServer::start(&config_text(&fake, &extra)).await;
     let sid = server.session(json!({})).await;
     let outside = server.dir.path().join("outside.txt");
     fake.push(Reply::tool_calls(&[
-        ("c_in", "mcp__box__write_file", json!({"path": "inside.txt", "text": "ok"})),
-        ("c_out", "mcp__box__write_file", json!({"path": outside.display().to_string(), "text": "escaped"})),
+        (
+            "c_in",
+            "mcp__box__write_file",
+            json!({"path": "inside.txt", "text": "ok"}),
+        ),
+        (
+            "c_out",
+            "mcp__box__write_file",
+            json!({"path": outside.display().to_string(), "text": "escaped"}),
+        ),
     ]));
     fake.push(Reply::text("done"));
     turn(&server, &sid, user("write")).await;
     check_log(server.engine().store(), &sid).await;
-    let inside = server.dir.path().join("sandboxes").join(&sid).join("inside.txt");
+    let inside = server
+        .dir
+        .path()
+        .join("sandboxes")
+        .join(&sid)
+        .join("inside.txt");
     let results = tool_messages(&fake.requests()[1]);
     // The folder lives until the caller has looked at the files.
     let dir = server.stop().await;
@@ -748,14 +769,32 @@ async fn landlock_confines_a_session_server_to_its_workspace() {
         "this machine's kernel must enforce Landlock (CI runs on the same kind of machine)"
     );
     let (results, inside, outside, _dir) = write_inside_and_outside("landlock").await;
-    let by_id = |id: &str| results.iter().find(|m| m["tool_call_id"] == id).unwrap()["content"].as_str().unwrap().to_string();
+    let by_id = |id: &str| {
+        results.iter().find(|m| m["tool_call_id"] == id).unwrap()["content"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
     assert_eq!(by_id("c_in"), "wrote 2 bytes");
-    assert!(by_id("c_out").contains("Permission denied"), "{}", by_id("c_out"));
+    assert!(
+        by_id("c_out").contains("Permission denied"),
+        "{}",
+        by_id("c_out")
+    );
     assert_eq!(std::fs::read_to_string(&inside).unwrap(), "ok");
-    assert!(!outside.exists(), "the confined server wrote outside its workspace");
+    assert!(
+        !outside.exists(),
+        "the confined server wrote outside its workspace"
+    );
 
     // The same server unconfined can write there: the sandbox is what stopped it.
     let (results, _, outside, _dir) = write_inside_and_outside("none").await;
-    assert_eq!(results.iter().find(|m| m["tool_call_id"] == "c_out").unwrap()["content"], "wrote 7 bytes");
+    assert_eq!(
+        results
+            .iter()
+            .find(|m| m["tool_call_id"] == "c_out")
+            .unwrap()["content"],
+        "wrote 7 bytes"
+    );
     assert_eq!(std::fs::read_to_string(&outside).unwrap(), "escaped");
 }

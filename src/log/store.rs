@@ -5,6 +5,9 @@
 //! [`Store::flush`] barrier after them; the barrier resolves after the commit that holds them.
 //! So a turn costs one commit wait (at its terminal event), not one per event.
 //!
+//! Checkpoints (copying the WAL back into the database, with its fsyncs) run on a thread of
+//! their own, never inside a commit, so a turn never waits behind one.
+//!
 //! Durability: `synchronous = NORMAL` in WAL mode: a committed transaction survives the process
 //! being killed (`kill -9`); with `fsync = true` every commit is also synced to disk
 //! (`synchronous = FULL`), which survives power loss at the cost of one fsync per group.
@@ -130,11 +133,19 @@ impl Store {
         let path = dir.join("turnstile.db");
         let writer_conn = open_conn(&path, fsync)?;
         writer_conn.execute_batch(SCHEMA)?;
+        // No checkpoint inside a commit: the checkpointer thread does them.
+        writer_conn.pragma_update(None, "wal_autocheckpoint", 0)?;
         let reader = open_conn(&path, fsync)?;
+        let checkpoint_conn = open_conn(&path, fsync)?;
         let (tx, rx) = mpsc::unbounded_channel();
+        let (ck_tx, ck_rx) = std::sync::mpsc::sync_channel::<()>(1);
+        std::thread::Builder::new()
+            .name("turnstile-checkpoint".into())
+            .spawn(move || checkpoint_loop(checkpoint_conn, ck_rx))
+            .map_err(|e| StoreError::WriteFailed(e.to_string()))?;
         std::thread::Builder::new()
             .name("turnstile-store".into())
-            .spawn(move || writer_loop(writer_conn, rx))
+            .spawn(move || writer_loop(writer_conn, rx, ck_tx))
             .map_err(|e| StoreError::WriteFailed(e.to_string()))?;
         Ok(Store {
             writer: tx,
@@ -335,8 +346,30 @@ fn row_to_session(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
 /// Most operations one group commit takes; a larger backlog is split over several commits.
 const MAX_GROUP: usize = 4096;
 
-fn writer_loop(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<WriteOp>) {
+/// Commits between checkpoint requests (about 1,000 pages of WAL at the default page size
+/// for small events), and the longest time between them.
+const CHECKPOINT_EVERY: u32 = 1000;
+const CHECKPOINT_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Runs a passive checkpoint whenever the writer asks; ends when the writer does.
+fn checkpoint_loop(conn: Connection, rx: std::sync::mpsc::Receiver<()>) {
+    while rx.recv().is_ok() {
+        // PASSIVE: copy what can be copied without blocking the writer or any reader.
+        if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+            tracing::warn!(error = %e, "store: checkpoint failed");
+        }
+    }
+    let _ = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
+}
+
+fn writer_loop(
+    mut conn: Connection,
+    mut rx: mpsc::UnboundedReceiver<WriteOp>,
+    checkpoint: std::sync::mpsc::SyncSender<()>,
+) {
     let mut batch = Vec::with_capacity(64);
+    let mut commits = 0u32;
+    let mut last_checkpoint = std::time::Instant::now();
     while let Some(first) = rx.blocking_recv() {
         batch.push(first);
         while batch.len() < MAX_GROUP {
@@ -353,6 +386,13 @@ fn writer_loop(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<WriteOp>) {
             if let WriteOp::Barrier(ack) = op {
                 let _ = ack.send(result.clone());
             }
+        }
+        commits += 1;
+        if commits >= CHECKPOINT_EVERY || last_checkpoint.elapsed() >= CHECKPOINT_AFTER {
+            // A request already pending is enough: never block the writer on it.
+            let _ = checkpoint.try_send(());
+            commits = 0;
+            last_checkpoint = std::time::Instant::now();
         }
     }
 }

@@ -71,7 +71,8 @@ pub async fn send_message(
         f.filename = name;
         files.push(f);
     }
-    let copied: Vec<std::path::PathBuf> = files.iter().map(|f| workspace.join(&f.filename)).collect();
+    let copied: Vec<std::path::PathBuf> =
+        files.iter().map(|f| workspace.join(&f.filename)).collect();
     let started = app.engine.start_turn(
         &session,
         TurnRequest {

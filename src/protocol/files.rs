@@ -137,9 +137,15 @@ pub fn parse_range(header: Option<&str>, size: u64) -> Result<Option<(u64, u64)>
             if n == 0 {
                 return Err(Unsatisfiable);
             }
-            (size.saturating_sub(n), size.checked_sub(1).ok_or(Unsatisfiable)?)
+            (
+                size.saturating_sub(n),
+                size.checked_sub(1).ok_or(Unsatisfiable)?,
+            )
         }
-        (s, "") => (s.parse().map_err(|_| Unsatisfiable)?, size.checked_sub(1).ok_or(Unsatisfiable)?),
+        (s, "") => (
+            s.parse().map_err(|_| Unsatisfiable)?,
+            size.checked_sub(1).ok_or(Unsatisfiable)?,
+        ),
         (s, e) => {
             let s: u64 = s.parse().map_err(|_| Unsatisfiable)?;
             let e: u64 = e.parse().map_err(|_| Unsatisfiable)?;

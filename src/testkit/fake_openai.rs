@@ -13,12 +13,18 @@
 //! ```
 //!
 //! Each `POST /v1/chat/completions` takes the next queued [`Reply`] (FIFO); with none queued it
-//! answers HTTP 500 `{"error":{"message":"fake upstream: no scripted reply"}}` so a test fails
-//! loudly. A streamed reply is, in order: a role chunk (`{"role":"assistant","content":""}`), the
+//! answers with the fallback reply if one is set ([`FakeOpenAi::set_fallback`], for benchmarks
+//! that send thousands of identical requests), else HTTP 500
+//! `{"error":{"message":"fake upstream: no scripted reply"}}` so a test fails loudly. A streamed reply is, in order: a role chunk (`{"role":"assistant","content":""}`), the
 //! thinking deltas (`reasoning_content`), the text deltas (`content`), the tool-call deltas, a
 //! finish chunk, a usage chunk with `"choices":[]` when the request asked
 //! `stream_options.include_usage`, and `data: [DONE]`. Dropping the [`FakeOpenAi`] stops the server
 //! and every connection.
+//!
+//! Built to be cheap enough to sit under a benchmark: `TCP_NODELAY` and keep-alive on every
+//! connection, no logging, a reply with no pacing, hold or break is written straight from its
+//! prepared events (no task per request), and recording can be switched off
+//! ([`FakeOpenAi::record_requests`]).
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -90,6 +96,24 @@ impl std::fmt::Debug for Gate {
     }
 }
 
+/// Records when a reply's SSE events are handed to the connection (see [`Reply::log_sends`]):
+/// benchmarks subtract the upstream's own timing (its pacing and timer jitter) from what a client
+/// sees. Cheap to clone; clones share the log.
+#[derive(Clone, Default, Debug)]
+pub struct SendLog(Arc<Mutex<Vec<std::time::Instant>>>);
+
+impl SendLog {
+    pub fn new() -> SendLog {
+        SendLog::default()
+    }
+
+    /// The instants recorded so far, one per event in order (the role chunk first); clears
+    /// the log.
+    pub fn take(&self) -> Vec<std::time::Instant> {
+        std::mem::take(&mut *lock(&self.0))
+    }
+}
+
 /// One scripted answer to one chat-completions request. Build with [`Reply::text`],
 /// [`Reply::tool_calls`] or [`Reply::status`], then refine with the builder methods.
 #[derive(Debug, Clone)]
@@ -107,6 +131,7 @@ pub struct Reply {
     break_after: Option<usize>,
     hold: Option<(usize, Gate)>,
     pace: Option<Duration>,
+    send_log: Option<SendLog>,
     headers: Vec<(String, String)>,
 }
 
@@ -124,6 +149,7 @@ impl Reply {
             break_after: None,
             hold: None,
             pace: None,
+            send_log: None,
             headers: Vec::new(),
         }
     }
@@ -219,9 +245,18 @@ impl Reply {
         self
     }
 
-    /// Waits `every` before each SSE event after the first (benchmarks).
+    /// Sends the SSE events `every` apart (benchmarks): event `i` is due `i * every` after the
+    /// first. The schedule is absolute, so timer granularity delays an event without pushing
+    /// back the ones after it.
     pub fn pace(mut self, every: Duration) -> Reply {
         self.pace = Some(every);
+        self
+    }
+
+    /// Records in `log` the instant each SSE event is handed to the connection (after its
+    /// pacing wait). A fallback reply shares one log across requests.
+    pub fn log_sends(mut self, log: SendLog) -> Reply {
+        self.send_log = Some(log);
         self
     }
 
@@ -234,49 +269,58 @@ impl Reply {
 
     /// The SSE events of a streamed reply, split into the deltas part and the ending part
     /// (finish chunk, usage chunk, `[DONE]`).
+    ///
+    /// The chunk envelope is written as text around each `choices` (the bytes are those of the
+    /// equivalent `json!` object): building a JSON map per chunk cost more than the rest of a
+    /// request, and benchmarks run this thousands of times.
     fn events(&self, id: &str, model: &Value, include_usage: bool) -> (Vec<Bytes>, Vec<Bytes>) {
         let created = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
-        let chunk = |choices: Value, usage: Option<Value>| -> Bytes {
-            let mut v = json!({
-                "id": id,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": model,
-                "system_fingerprint": "fp_fake",
-                "choices": choices,
-            });
+        let envelope = format!(
+            "data: {{\"id\":{},\"object\":\"chat.completion.chunk\",\"created\":{created},\"model\":{model},\"system_fingerprint\":\"fp_fake\",\"choices\":",
+            Value::from(id)
+        );
+        let chunk = |choices: &str, usage: Option<Value>| -> Bytes {
+            let mut out = String::with_capacity(envelope.len() + choices.len() + 64);
+            out.push_str(&envelope);
+            out.push_str(choices);
             if let Some(u) = usage {
-                v["usage"] = u;
+                out.push_str(",\"usage\":");
+                out.push_str(&u.to_string());
             }
-            Bytes::from(format!("data: {v}\n\n"))
+            out.push_str("}\n\n");
+            Bytes::from(out)
         };
-        let delta = |d: Value| -> Bytes {
+        let delta = |d: &str| -> Bytes {
             chunk(
-                json!([{"index": 0, "delta": d, "logprobs": null, "finish_reason": null}]),
+                &format!(
+                    "[{{\"index\":0,\"delta\":{d},\"logprobs\":null,\"finish_reason\":null}}]"
+                ),
                 None,
             )
         };
+        let piece = |key: &str, text: &str| format!("{{\"{key}\":{}}}", Value::from(text));
 
-        let mut deltas = vec![delta(
-            json!({"role": "assistant", "content": "", "refusal": null}),
-        )];
-        for piece in split_chars(&self.thinking, self.chunk_chars) {
-            deltas.push(delta(json!({"reasoning_content": piece})));
+        let mut deltas = vec![delta(r#"{"role":"assistant","content":"","refusal":null}"#)];
+        for p in split_chars(&self.thinking, self.chunk_chars) {
+            deltas.push(delta(&piece("reasoning_content", &p)));
         }
-        for piece in split_chars(&self.text, self.chunk_chars) {
-            deltas.push(delta(json!({"content": piece})));
+        for p in split_chars(&self.text, self.chunk_chars) {
+            deltas.push(delta(&piece("content", &p)));
         }
         let mut fragments: Vec<VecDeque<String>> = Vec::new();
         for (i, (id, name, _)) in self.tool_calls.iter().enumerate() {
-            deltas.push(delta(json!({"tool_calls": [{
-                "index": i,
-                "id": id,
-                "type": "function",
-                "function": {"name": name, "arguments": ""},
-            }]})));
+            deltas.push(delta(
+                &json!({"tool_calls": [{
+                    "index": i,
+                    "id": id,
+                    "type": "function",
+                    "function": {"name": name, "arguments": ""},
+                }]})
+                .to_string(),
+            ));
             let args = self.tool_calls[i].2.to_string();
             fragments.push(split_chars(&args, self.chunk_chars).into());
         }
@@ -284,10 +328,13 @@ impl Reply {
         while fragments.iter().any(|f| !f.is_empty()) {
             for (i, f) in fragments.iter_mut().enumerate() {
                 if let Some(piece) = f.pop_front() {
-                    deltas.push(delta(json!({"tool_calls": [{
-                        "index": i,
-                        "function": {"arguments": piece},
-                    }]})));
+                    deltas.push(delta(
+                        &json!({"tool_calls": [{
+                            "index": i,
+                            "function": {"arguments": piece},
+                        }]})
+                        .to_string(),
+                    ));
                 }
             }
         }
@@ -300,13 +347,16 @@ impl Reply {
             }
         });
         let mut ending = vec![chunk(
-            json!([{"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish}]),
+            &format!(
+                "[{{\"index\":0,\"delta\":{{}},\"logprobs\":null,\"finish_reason\":{}}}]",
+                Value::from(finish)
+            ),
             None,
         )];
         if include_usage {
             let (input, output) = self.usage;
             ending.push(chunk(
-                json!([]),
+                "[]",
                 Some(json!({
                     "prompt_tokens": input,
                     "completion_tokens": output,
@@ -325,13 +375,33 @@ fn split_chars(s: &str, n: usize) -> Vec<String> {
     chars.chunks(n.max(1)).map(|c| c.iter().collect()).collect()
 }
 
-#[derive(Default)]
 struct State {
     replies: Mutex<VecDeque<Reply>>,
+    /// Served when `replies` is empty.
+    fallback: Mutex<Option<Reply>>,
     requests: Mutex<Vec<(HeaderMap, Value)>>,
+    /// Whether request bodies and headers are kept (default true).
+    record: AtomicBool,
+    /// Every request received, recorded or not.
+    received: AtomicU64,
     arrived: Notify,
     next_id: AtomicU64,
     connections: AtomicU64,
+}
+
+impl Default for State {
+    fn default() -> State {
+        State {
+            replies: Mutex::default(),
+            fallback: Mutex::default(),
+            requests: Mutex::default(),
+            record: AtomicBool::new(true),
+            received: AtomicU64::new(0),
+            arrived: Notify::new(),
+            next_id: AtomicU64::new(0),
+            connections: AtomicU64::new(0),
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -374,6 +444,29 @@ impl FakeOpenAi {
     /// Queues a reply; replies are served FIFO, one per `POST /v1/chat/completions`.
     pub fn push(&self, reply: Reply) {
         lock(&self.state.replies).push_back(reply);
+    }
+
+    /// Serves `reply` to every request that finds the queue empty (queued replies still go
+    /// first): thousands of identical requests need no pushing.
+    pub fn set_fallback(&self, reply: Reply) {
+        *lock(&self.state.fallback) = Some(reply);
+    }
+
+    /// Removes the fallback reply: an empty queue answers 500 again.
+    pub fn clear_fallback(&self) {
+        *lock(&self.state.fallback) = None;
+    }
+
+    /// Whether request bodies and headers are kept for [`FakeOpenAi::requests`] (default
+    /// `true`). A benchmark switches it off so that memory does not grow with every request;
+    /// [`FakeOpenAi::request_count`] still counts them.
+    pub fn record_requests(&self, on: bool) {
+        self.state.record.store(on, Ordering::SeqCst);
+    }
+
+    /// How many chat-completions requests have arrived, recorded or not.
+    pub fn request_count(&self) -> u64 {
+        self.state.received.load(Ordering::SeqCst)
     }
 
     /// How many queued replies no request has taken yet.
@@ -476,20 +569,25 @@ async fn handle(req: Request<Incoming>, state: Arc<State>) -> Result<Response<Bo
         }
     };
     let parsed: Result<Value, _> = serde_json::from_slice(&bytes);
-    let body = match &parsed {
-        Ok(v) => v.clone(),
+    let is_json = parsed.is_ok();
+    let body = match parsed {
+        Ok(v) => v,
         Err(_) => Value::String(String::from_utf8_lossy(&bytes).into_owned()),
     };
-    lock(&state.requests).push((parts.headers, body.clone()));
+    state.received.fetch_add(1, Ordering::SeqCst);
+    if state.record.load(Ordering::Relaxed) {
+        lock(&state.requests).push((parts.headers, body.clone()));
+    }
     state.arrived.notify_waiters();
-    if parsed.is_err() {
+    if !is_json {
         return Ok(full(
             StatusCode::BAD_REQUEST,
             json!({"error": {"message": "fake upstream: request body is not JSON", "type": "invalid_request_error"}}),
         ));
     }
 
-    let Some(reply) = lock(&state.replies).pop_front() else {
+    let queued = lock(&state.replies).pop_front();
+    let Some(reply) = queued.or_else(|| lock(&state.fallback).clone()) else {
         return Ok(full(
             StatusCode::INTERNAL_SERVER_ERROR,
             json!({"error": {"message": "fake upstream: no scripted reply", "type": "server_error"}}),
@@ -535,11 +633,44 @@ fn stream_reply(reply: &Reply, request: &Value, state: &State) -> Response<Body>
         .hold
         .as_ref()
         .map(|(n, g)| (if *n == usize::MAX { deltas.len() } else { *n }, g.clone()));
-    let events: Vec<Bytes> = deltas.into_iter().chain(ending).collect();
-    let (tx, rx) = mpsc::channel(16);
+    let events: VecDeque<Bytes> = deltas.into_iter().chain(ending).collect();
     let break_after = reply.break_after;
     let pace = reply.pace;
+    let send_log = reply.send_log.clone();
+    let body = if hold_at.is_none() && break_after.is_none() && pace.is_none() && send_log.is_none()
+    {
+        // Nothing to wait for: hand hyper the events as they are (no task, no channel).
+        BodyExt::boxed(ReadyBody { events })
+    } else {
+        BodyExt::boxed(ChannelBody {
+            rx: scripted_sender(events, hold_at, break_after, pace, send_log),
+            error: None,
+        })
+    };
+    let mut resp = Response::new(body);
+    let h = resp.headers_mut();
+    h.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(
+        http::header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache"),
+    );
+    resp
+}
+
+/// Sends `events` on a channel from a task, following the reply's hold, break and pacing.
+fn scripted_sender(
+    events: VecDeque<Bytes>,
+    hold_at: Option<(usize, Gate)>,
+    break_after: Option<usize>,
+    pace: Option<Duration>,
+    send_log: Option<SendLog>,
+) -> mpsc::Receiver<io::Result<Bytes>> {
+    let (tx, rx) = mpsc::channel(16);
     tokio::spawn(async move {
+        let start = tokio::time::Instant::now();
         for (i, ev) in events.into_iter().enumerate() {
             if break_after == Some(i) {
                 let _ = tx
@@ -556,7 +687,11 @@ fn stream_reply(reply: &Reply, request: &Value, state: &State) -> Response<Body>
                 }
             }
             if let (Some(every), true) = (pace, i > 0) {
-                tokio::time::sleep(every).await;
+                let due = start + every.saturating_mul(u32::try_from(i).unwrap_or(u32::MAX));
+                tokio::time::sleep_until(due).await;
+            }
+            if let Some(log) = &send_log {
+                lock(&log.0).push(std::time::Instant::now());
             }
             if tx.send(Ok(ev)).await.is_err() {
                 return; // the client went away
@@ -569,17 +704,28 @@ fn stream_reply(reply: &Reply, request: &Value, state: &State) -> Response<Body>
                 .await;
         }
     });
-    let mut resp = Response::new(BodyExt::boxed(ChannelBody { rx, error: None }));
-    let h = resp.headers_mut();
-    h.insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    h.insert(
-        http::header::CACHE_CONTROL,
-        HeaderValue::from_static("no-cache"),
-    );
-    resp
+    rx
+}
+
+/// A response body of events that are all ready: one frame per event, never pending.
+struct ReadyBody {
+    events: VecDeque<Bytes>,
+}
+
+impl hyper::body::Body for ReadyBody {
+    type Data = Bytes;
+    type Error = io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
+        Poll::Ready(self.events.pop_front().map(|b| Ok(Frame::data(b))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.events.is_empty()
+    }
 }
 
 /// A response body fed by the reply task; an `Err` item makes hyper abort the connection.
@@ -820,6 +966,153 @@ mod tests {
         gate.wait().await;
         gate.clone().wait().await;
         assert!(gate.is_open());
+    }
+
+    #[tokio::test]
+    async fn fallback_serves_an_empty_queue_after_the_queued_replies() {
+        let fake = FakeOpenAi::start().await;
+        fake.set_fallback(Reply::text("again").chunk_chars(16));
+        fake.push(Reply::text("first"));
+        let text = |body: String| -> String {
+            chunks(&body)
+                .0
+                .iter()
+                .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+                .collect()
+        };
+        let (status, _, body) = post(&fake, req(false)).await;
+        assert_eq!(status, 200);
+        assert_eq!(text(body.unwrap()), "first");
+        for _ in 0..3 {
+            let (status, _, body) = post(&fake, req(true)).await;
+            assert_eq!(status, 200);
+            let body = body.unwrap();
+            assert!(chunks(&body).1, "ends with [DONE]");
+            assert_eq!(text(body), "again");
+        }
+        assert_eq!(fake.pending_replies(), 0);
+        fake.clear_fallback();
+        let (status, _, _) = post(&fake, req(true)).await;
+        assert_eq!(status, 500);
+        assert_eq!(fake.request_count(), 5);
+    }
+
+    #[tokio::test]
+    async fn recording_can_be_switched_off_and_connections_are_reused() {
+        let fake = FakeOpenAi::start().await;
+        fake.set_fallback(Reply::text("x"));
+        fake.record_requests(false);
+        let client = client();
+        for _ in 0..5 {
+            let req = Request::post(format!("{}/chat/completions", fake.base_url()))
+                .body(Full::new(Bytes::from(req(true).to_string())))
+                .unwrap();
+            let resp = client.request(req).await.unwrap();
+            assert_eq!(resp.status(), 200);
+            resp.into_body().collect().await.unwrap();
+        }
+        assert_eq!(fake.request_count(), 5);
+        assert!(fake.requests().is_empty(), "nothing recorded");
+        assert_eq!(fake.connections(), 1, "keep-alive: one connection");
+        fake.record_requests(true);
+        post(&fake, req(true)).await.2.unwrap();
+        assert_eq!(fake.requests(), vec![req(true)]);
+    }
+
+    #[tokio::test]
+    async fn send_log_records_every_event_in_order() {
+        let fake = FakeOpenAi::start().await;
+        let log = SendLog::new();
+        fake.set_fallback(
+            Reply::text("abcdef")
+                .chunk_chars(2)
+                .pace(Duration::from_millis(2))
+                .log_sends(log.clone()),
+        );
+        let before = std::time::Instant::now();
+        let (_, _, body) = post(&fake, req(true)).await;
+        let after = std::time::Instant::now();
+        // role + 3 deltas + finish + usage + [DONE]
+        assert_eq!(chunks(&body.unwrap()).0.len(), 6);
+        let times = log.take();
+        assert_eq!(times.len(), 7);
+        assert!(times.windows(2).all(|w| w[0] <= w[1]));
+        assert!(before <= times[0] && times[6] <= after);
+        // Paced 2 ms apart from the first event.
+        assert!(times[6] - times[0] >= Duration::from_millis(12));
+        assert!(log.take().is_empty(), "take clears the log");
+        // Unpaced replies are logged too.
+        fake.set_fallback(Reply::text("xy").log_sends(log.clone()));
+        post(&fake, req(false)).await.2.unwrap();
+        assert_eq!(log.take().len(), 4);
+    }
+
+    #[tokio::test]
+    async fn paced_events_keep_their_schedule() {
+        let fake = FakeOpenAi::start().await;
+        // 1 role chunk + 10 deltas + finish + [DONE] = 13 events, 12 gaps of 5 ms.
+        fake.push(
+            Reply::text("abcdefghij")
+                .chunk_chars(1)
+                .pace(Duration::from_millis(5)),
+        );
+        let started = std::time::Instant::now();
+        let (_, _, body) = post(&fake, req(false)).await;
+        let elapsed = started.elapsed();
+        assert_eq!(chunks(&body.unwrap()).0.len(), 12);
+        assert!(elapsed >= Duration::from_millis(60), "{elapsed:?}");
+        // Loose: tests run in parallel on busy machines.
+        assert!(elapsed < Duration::from_millis(60 + 150), "{elapsed:?}");
+    }
+
+    #[test]
+    fn chunks_are_the_bytes_of_their_json_objects() {
+        let reply = Reply::tool_calls(&[("call_1", "f", json!({"q": "é\"x"}))])
+            .with_text("a\"b\\c\n")
+            .thinking("hm")
+            .chunk_chars(2);
+        let (deltas, ending) = reply.events("chatcmpl-x1", &json!("m1"), true);
+        let n = deltas.len() + ending.len();
+        for (i, ev) in deltas.iter().chain(&ending).enumerate() {
+            let text = std::str::from_utf8(ev).unwrap();
+            let data = text
+                .strip_prefix("data: ")
+                .and_then(|t| t.strip_suffix("\n\n"))
+                .expect("one data line");
+            if i == n - 1 {
+                assert_eq!(data, "[DONE]");
+                continue;
+            }
+            // Re-serializing the parsed object (key order kept) gives the same bytes.
+            let v: serde_json::Map<String, Value> = serde_json::from_str(data).unwrap();
+            assert_eq!(Value::Object(v.clone()).to_string(), data);
+            let keys: Vec<&str> = v.keys().map(String::as_str).collect();
+            let mut want = vec![
+                "id",
+                "object",
+                "created",
+                "model",
+                "system_fingerprint",
+                "choices",
+            ];
+            if i == n - 2 {
+                want.push("usage");
+            }
+            assert_eq!(keys, want, "{data}");
+            assert_eq!(v["id"], "chatcmpl-x1");
+            assert_eq!(v["model"], "m1");
+        }
+        let text: String = deltas
+            .iter()
+            .map(|b| std::str::from_utf8(b).unwrap())
+            .filter_map(|t| {
+                let v: Value = serde_json::from_str(t.strip_prefix("data: ")?.trim()).ok()?;
+                v["choices"][0]["delta"]["content"]
+                    .as_str()
+                    .map(str::to_string)
+            })
+            .collect();
+        assert_eq!(text, "a\"b\\c\n");
     }
 
     #[test]
