@@ -29,41 +29,23 @@
 //!
 //! Dropping the [`FakeAnthropic`] stops the server and every connection.
 
-use std::collections::VecDeque;
-use std::convert::Infallible;
-use std::io;
 use std::net::SocketAddr;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Full};
-use hyper::body::{Frame, Incoming};
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use http::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{json, Value};
-use tokio::net::TcpListener;
-use tokio::sync::{mpsc, Notify};
-use tokio::task::{JoinHandle, JoinSet};
 
-pub use super::fake_openai::Gate;
-
-type Body = BoxBody<Bytes, io::Error>;
+pub use super::server::Gate;
+use super::server::{split_chars, Failure, Pace, Script, Server, Wire};
 
 /// One scripted answer to one Messages request. Build with [`Reply::text`],
 /// [`Reply::tool_calls`], [`Reply::status`], [`Reply::api_error`] or [`Reply::raw`], then refine
 /// with the builder methods.
 #[derive(Debug, Clone)]
 pub struct Reply {
-    /// `Some` for an HTTP error reply (status, JSON body); `None` for a streamed message.
-    error: Option<(u16, Value)>,
-    /// `Some` for a verbatim body (see [`Reply::raw`]).
-    raw: Option<String>,
+    /// Error reply, raw body, chunking, break / hold / pace, headers.
+    script: Script,
     thinking: String,
     text: String,
     tool_calls: Vec<(String, String, Value)>,
@@ -71,29 +53,18 @@ pub struct Reply {
     /// An `error` event `(type, message)` sent instead of `message_delta` + `message_stop`.
     error_event: Option<(String, String)>,
     usage: (u64, u64),
-    chunk_chars: usize,
-    break_after: Option<usize>,
-    hold: Option<(usize, Gate)>,
-    pace: Option<Duration>,
-    headers: Vec<(String, String)>,
 }
 
 impl Reply {
     fn empty() -> Reply {
         Reply {
-            error: None,
-            raw: None,
+            script: Script::default(),
             thinking: String::new(),
             text: String::new(),
             tool_calls: Vec::new(),
             stop_reason: None,
             error_event: None,
             usage: (10, 5),
-            chunk_chars: 4,
-            break_after: None,
-            hold: None,
-            pace: None,
-            headers: Vec::new(),
         }
     }
 
@@ -121,7 +92,10 @@ impl Reply {
     /// An HTTP error response with this status and JSON body (no stream).
     pub fn status(code: u16, body: Value) -> Reply {
         Reply {
-            error: Some((code, body)),
+            script: Script {
+                error: Some((code, body)),
+                ..Script::default()
+            },
             ..Reply::empty()
         }
     }
@@ -140,7 +114,10 @@ impl Reply {
     /// `hold_after`, `break_after` and `pace` count these writes.
     pub fn raw(body: &str) -> Reply {
         Reply {
-            raw: Some(body.to_string()),
+            script: Script {
+                raw: Some(body.to_string()),
+                ..Script::default()
+            },
             ..Reply::empty()
         }
     }
@@ -178,14 +155,14 @@ impl Reply {
 
     /// Characters per delta for text, thinking and tool input JSON (0 counts as 1).
     pub fn chunk_chars(mut self, n: usize) -> Reply {
-        self.chunk_chars = n.max(1);
+        self.script.chunk_chars = n.max(1);
         self
     }
 
     /// Sends only the first `n_events` SSE events (`message_start` and `ping` count; writes for
     /// [`Reply::raw`]), then breaks the connection: the chunked body is never terminated.
     pub fn break_after(mut self, n_events: usize) -> Reply {
-        self.break_after = Some(n_events);
+        self.script.break_after = Some(n_events);
         self
     }
 
@@ -198,20 +175,22 @@ impl Reply {
     /// Sends the first `n_events` SSE events, then waits for `gate` before sending the rest.
     /// `usize::MAX` holds before the ending, like [`Reply::hold`].
     pub fn hold_after(mut self, n_events: usize, gate: Gate) -> Reply {
-        self.hold = Some((n_events, gate));
+        self.script.hold = Some((n_events, gate));
         self
     }
 
     /// Waits `every` before each SSE event after the first (benchmarks).
     pub fn pace(mut self, every: Duration) -> Reply {
-        self.pace = Some(every);
+        self.script.pace = Some(Pace::Gap(every));
         self
     }
 
     /// Sets a response header (e.g. `retry-after` on a [`Reply::status`] reply; `content-type`
     /// replaces the default).
     pub fn header(mut self, name: &str, value: &str) -> Reply {
-        self.headers.push((name.to_string(), value.to_string()));
+        self.script
+            .headers
+            .push((name.to_string(), value.to_string()));
         self
     }
 
@@ -248,7 +227,7 @@ impl Reply {
         if !self.thinking.is_empty() {
             content.push(ev(json!({"type": "content_block_start", "index": index,
                 "content_block": {"type": "thinking", "thinking": "", "signature": ""}})));
-            for piece in split_chars(&self.thinking, self.chunk_chars) {
+            for piece in split_chars(&self.thinking, self.script.chunk_chars) {
                 content.push(delta(
                     index,
                     json!({"type": "thinking_delta", "thinking": piece}),
@@ -264,7 +243,7 @@ impl Reply {
         if !self.text.is_empty() {
             content.push(ev(json!({"type": "content_block_start", "index": index,
                 "content_block": {"type": "text", "text": ""}})));
-            for piece in split_chars(&self.text, self.chunk_chars) {
+            for piece in split_chars(&self.text, self.script.chunk_chars) {
                 content.push(delta(index, json!({"type": "text_delta", "text": piece})));
             }
             content.push(stop(index));
@@ -277,7 +256,7 @@ impl Reply {
                 index,
                 json!({"type": "input_json_delta", "partial_json": ""}),
             ));
-            for piece in split_chars(&input.to_string(), self.chunk_chars) {
+            for piece in split_chars(&input.to_string(), self.script.chunk_chars) {
                 content.push(delta(
                     index,
                     json!({"type": "input_json_delta", "partial_json": piece}),
@@ -310,318 +289,102 @@ impl Reply {
     }
 }
 
-/// Splits `s` into pieces of `n` characters (never inside a UTF-8 sequence).
-fn split_chars(s: &str, n: usize) -> Vec<String> {
-    let chars: Vec<char> = s.chars().collect();
-    chars.chunks(n.max(1)).map(|c| c.iter().collect()).collect()
-}
+/// The Messages wire format, for the shared [`Server`].
+struct AnthropicWire;
 
-#[derive(Default)]
-struct State {
-    replies: Mutex<VecDeque<Reply>>,
-    requests: Mutex<Vec<(HeaderMap, Value)>>,
-    arrived: Notify,
-    next_id: AtomicU64,
-    connections: AtomicU64,
-}
+impl Wire for AnthropicWire {
+    type Reply = Reply;
+    const ROUTE: &'static str = "/v1/messages";
+    const CONTENT_TYPE: &'static str = "text/event-stream; charset=utf-8";
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panicking test thread must not turn every later call into a second panic.
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    fn failure_body(failure: Failure, message: &str) -> Value {
+        let kind = match failure {
+            Failure::NoRoute => "not_found_error",
+            Failure::Unreadable | Failure::NotJson => "invalid_request_error",
+            Failure::NoReply => "api_error",
+        };
+        json!({"type": "error", "error": {"type": kind, "message": message}})
+    }
+
+    fn script(reply: &Reply) -> &Script {
+        &reply.script
+    }
+
+    fn events(reply: &Reply, request: &Value, n: u64) -> (Vec<Bytes>, Vec<Bytes>) {
+        let model = request.get("model").cloned().unwrap_or(Value::Null);
+        reply.events(&format!("msg_fake{n:06}"), &model)
+    }
+
+    fn stream_headers(headers: &mut HeaderMap, n: u64) {
+        headers.insert(
+            HeaderName::from_static("request-id"),
+            HeaderValue::from_str(&format!("req_fake{n:06}"))
+                .unwrap_or_else(|_| HeaderValue::from_static("req_fake")),
+        );
+    }
 }
 
 /// The fake server. See the module documentation.
 pub struct FakeAnthropic {
-    addr: SocketAddr,
-    state: Arc<State>,
-    server: JoinHandle<()>,
+    server: Server<AnthropicWire>,
 }
 
 impl FakeAnthropic {
     /// Binds `127.0.0.1:0` and starts serving.
     pub async fn start() -> FakeAnthropic {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("fake upstream: bind 127.0.0.1:0");
-        let addr = listener.local_addr().expect("fake upstream: local_addr");
-        let state = Arc::new(State::default());
-        let server = tokio::spawn(accept_loop(listener, state.clone()));
         FakeAnthropic {
-            addr,
-            state,
-            server,
+            server: Server::start().await,
         }
     }
 
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.server.addr()
     }
 
     /// `http://127.0.0.1:PORT/v1`.
     pub fn base_url(&self) -> String {
-        format!("http://{}/v1", self.addr)
+        self.server.base_url()
     }
 
     /// Queues a reply; replies are served FIFO, one per `POST /v1/messages`.
     pub fn push(&self, reply: Reply) {
-        lock(&self.state.replies).push_back(reply);
+        self.server.push(reply);
     }
 
     /// How many queued replies no request has taken yet.
     pub fn pending_replies(&self) -> usize {
-        lock(&self.state.replies).len()
+        self.server.pending_replies()
     }
 
     /// How many TCP connections the server has accepted (to check connection reuse).
     pub fn connections(&self) -> u64 {
-        self.state.connections.load(Ordering::SeqCst)
+        self.server.connections()
     }
 
     /// Every request body received so far, in order (a body that is not JSON is kept as a string).
     pub fn requests(&self) -> Vec<Value> {
-        lock(&self.state.requests)
-            .iter()
-            .map(|(_, b)| b.clone())
-            .collect()
+        self.server.requests()
     }
 
     /// The headers of every request received so far, in order.
     pub fn request_headers(&self) -> Vec<HeaderMap> {
-        lock(&self.state.requests)
-            .iter()
-            .map(|(h, _)| h.clone())
-            .collect()
+        self.server.request_headers()
     }
 
     /// Waits until at least `n` requests have arrived, then returns them all.
     pub async fn wait_requests(&self, n: usize) -> Vec<Value> {
-        loop {
-            let arrived = self.state.arrived.notified();
-            tokio::pin!(arrived);
-            arrived.as_mut().enable();
-            if lock(&self.state.requests).len() >= n {
-                return self.requests();
-            }
-            arrived.await;
-        }
-    }
-}
-
-impl Drop for FakeAnthropic {
-    fn drop(&mut self) {
-        // The accept loop owns the connections' JoinSet: aborting it ends them all.
-        self.server.abort();
-    }
-}
-
-async fn accept_loop(listener: TcpListener, state: Arc<State>) {
-    let mut connections = JoinSet::new();
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
-                let _ = stream.set_nodelay(true);
-                state.connections.fetch_add(1, Ordering::SeqCst);
-                let state = state.clone();
-                connections.spawn(async move {
-                    let service = service_fn(move |req| handle(req, state.clone()));
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
-        }
-    }
-}
-
-fn full(status: StatusCode, body: Value) -> Response<Body> {
-    let mut resp = Response::new(
-        Full::new(Bytes::from(body.to_string()))
-            .map_err(|never: Infallible| match never {})
-            .boxed(),
-    );
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    resp
-}
-
-fn api_error_body(kind: &str, message: &str) -> Value {
-    json!({"type": "error", "error": {"type": kind, "message": message}})
-}
-
-async fn handle(req: Request<Incoming>, state: Arc<State>) -> Result<Response<Body>, Infallible> {
-    if req.method() != Method::POST || req.uri().path() != "/v1/messages" {
-        let msg = format!(
-            "fake upstream: no route {} {}",
-            req.method(),
-            req.uri().path()
-        );
-        return Ok(full(
-            StatusCode::NOT_FOUND,
-            api_error_body("not_found_error", &msg),
-        ));
-    }
-    let (parts, body) = req.into_parts();
-    let bytes = match body.collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(_) => {
-            return Ok(full(
-                StatusCode::BAD_REQUEST,
-                api_error_body("invalid_request_error", "fake upstream: unreadable body"),
-            ))
-        }
-    };
-    let parsed: Result<Value, _> = serde_json::from_slice(&bytes);
-    let body = match &parsed {
-        Ok(v) => v.clone(),
-        Err(_) => Value::String(String::from_utf8_lossy(&bytes).into_owned()),
-    };
-    lock(&state.requests).push((parts.headers, body.clone()));
-    state.arrived.notify_waiters();
-    if parsed.is_err() {
-        return Ok(full(
-            StatusCode::BAD_REQUEST,
-            api_error_body(
-                "invalid_request_error",
-                "fake upstream: request body is not JSON",
-            ),
-        ));
-    }
-
-    let Some(reply) = lock(&state.replies).pop_front() else {
-        return Ok(full(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            api_error_body("api_error", "fake upstream: no scripted reply"),
-        ));
-    };
-    let mut resp = match &reply.error {
-        Some((code, err_body)) => full(
-            StatusCode::from_u16(*code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-            err_body.clone(),
-        ),
-        None => stream_reply(&reply, &body, &state),
-    };
-    for (name, value) in &reply.headers {
-        if let (Ok(n), Ok(v)) = (
-            HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_str(value),
-        ) {
-            resp.headers_mut().insert(n, v);
-        }
-    }
-    Ok(resp)
-}
-
-fn stream_reply(reply: &Reply, request: &Value, state: &State) -> Response<Body> {
-    let n = state.next_id.fetch_add(1, Ordering::Relaxed);
-    let id = format!("msg_fake{n:06}");
-    let model = request.get("model").cloned().unwrap_or(Value::Null);
-    let (content, ending) = match &reply.raw {
-        Some(raw) => (
-            raw.as_bytes()
-                .chunks(reply.chunk_chars)
-                .map(Bytes::copy_from_slice)
-                .collect(),
-            Vec::new(),
-        ),
-        None => reply.events(&id, &model),
-    };
-    let hold_at = reply
-        .hold
-        .as_ref()
-        .map(|(n, g)| (if *n == usize::MAX { content.len() } else { *n }, g.clone()));
-    let events: Vec<Bytes> = content.into_iter().chain(ending).collect();
-    let (tx, rx) = mpsc::channel(16);
-    let break_after = reply.break_after;
-    let pace = reply.pace;
-    tokio::spawn(async move {
-        for (i, ev) in events.into_iter().enumerate() {
-            if break_after == Some(i) {
-                let _ = tx
-                    .send(Err(io::Error::other("fake upstream: scripted break")))
-                    .await;
-                return;
-            }
-            if let Some((at, gate)) = &hold_at {
-                if *at == i {
-                    tokio::select! {
-                        _ = gate.wait() => {}
-                        _ = tx.closed() => return, // the client went away meanwhile
-                    }
-                }
-            }
-            if let (Some(every), true) = (pace, i > 0) {
-                tokio::time::sleep(every).await;
-            }
-            if tx.send(Ok(ev)).await.is_err() {
-                return; // the client went away
-            }
-        }
-        if break_after.is_some() {
-            // Asked to break after the whole stream: still never end it cleanly.
-            let _ = tx
-                .send(Err(io::Error::other("fake upstream: scripted break")))
-                .await;
-        }
-    });
-    let mut resp = Response::new(BodyExt::boxed(ChannelBody { rx, error: None }));
-    let h = resp.headers_mut();
-    h.insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream; charset=utf-8"),
-    );
-    h.insert(
-        http::header::CACHE_CONTROL,
-        HeaderValue::from_static("no-cache"),
-    );
-    h.insert(
-        HeaderName::from_static("request-id"),
-        HeaderValue::from_str(&format!("req_fake{n:06}"))
-            .unwrap_or_else(|_| HeaderValue::from_static("req_fake")),
-    );
-    resp
-}
-
-/// A response body fed by the reply task; an `Err` item makes hyper abort the connection.
-///
-/// The error is held back for one poll: hyper buffers the frames before it and would drop them
-/// unsent on the error, so returning `Pending` once (with a wake-up) lets it flush them first.
-struct ChannelBody {
-    rx: mpsc::Receiver<io::Result<Bytes>>,
-    error: Option<io::Error>,
-}
-
-impl hyper::body::Body for ChannelBody {
-    type Data = Bytes;
-    type Error = io::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
-        if let Some(e) = self.error.take() {
-            return Poll::Ready(Some(Err(e)));
-        }
-        match self.rx.poll_recv(cx) {
-            Poll::Ready(Some(Err(e))) => {
-                self.error = Some(e);
-                cx.waker().wake_by_ref();
-                Poll::Pending
-            }
-            other => other.map(|item| item.map(|r| r.map(Frame::data))),
-        }
+        self.server.wait_requests(n).await
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::Request;
+    use http_body_util::{BodyExt, Full};
     use hyper_util::client::legacy::Client;
     use hyper_util::rt::TokioExecutor;
+    use std::sync::Arc;
 
     type TestClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
 

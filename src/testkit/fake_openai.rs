@@ -27,130 +27,38 @@
 //! ([`FakeOpenAi::record_requests`]).
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
-use std::io;
 use std::net::SocketAddr;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Full};
-use hyper::body::{Frame, Incoming};
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use http::HeaderMap;
 use serde_json::{json, Value};
-use tokio::net::TcpListener;
-use tokio::sync::{mpsc, Notify};
-use tokio::task::{JoinHandle, JoinSet};
 
-type Body = BoxBody<Bytes, io::Error>;
-
-/// A one-shot latch: [`Gate::open`] releases every current and future [`Gate::wait`].
-/// Opening before anyone waits works (the gate stays open).
-#[derive(Clone, Default)]
-pub struct Gate(Arc<GateInner>);
-
-#[derive(Default)]
-struct GateInner {
-    open: AtomicBool,
-    notify: Notify,
-}
-
-impl Gate {
-    pub fn new() -> Gate {
-        Gate::default()
-    }
-
-    /// Opens the gate for good.
-    pub fn open(&self) {
-        self.0.open.store(true, Ordering::SeqCst);
-        self.0.notify.notify_waiters();
-    }
-
-    pub fn is_open(&self) -> bool {
-        self.0.open.load(Ordering::SeqCst)
-    }
-
-    /// Waits until the gate is open (returns at once if it already is).
-    pub async fn wait(&self) {
-        loop {
-            let notified = self.0.notify.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if self.is_open() {
-                return;
-            }
-            notified.await;
-        }
-    }
-}
-
-impl std::fmt::Debug for Gate {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("Gate").field(&self.is_open()).finish()
-    }
-}
-
-/// Records when a reply's SSE events are handed to the connection (see [`Reply::log_sends`]):
-/// benchmarks subtract the upstream's own timing (its pacing and timer jitter) from what a client
-/// sees. Cheap to clone; clones share the log.
-#[derive(Clone, Default, Debug)]
-pub struct SendLog(Arc<Mutex<Vec<std::time::Instant>>>);
-
-impl SendLog {
-    pub fn new() -> SendLog {
-        SendLog::default()
-    }
-
-    /// The instants recorded so far, one per event in order (the role chunk first); clears
-    /// the log.
-    pub fn take(&self) -> Vec<std::time::Instant> {
-        std::mem::take(&mut *lock(&self.0))
-    }
-}
+use super::server::{split_chars, Failure, Pace, Script, Server, Wire};
+pub use super::server::{Gate, SendLog};
 
 /// One scripted answer to one chat-completions request. Build with [`Reply::text`],
 /// [`Reply::tool_calls`] or [`Reply::status`], then refine with the builder methods.
 #[derive(Debug, Clone)]
 pub struct Reply {
-    /// `Some` for an HTTP error reply (status, JSON body); `None` for a streamed completion.
-    error: Option<(u16, Value)>,
-    /// `Some` for a verbatim body (see [`Reply::raw`]).
-    raw: Option<String>,
+    /// Error reply, raw body, chunking, break / hold / pace, send log, headers.
+    script: Script,
     thinking: String,
     text: String,
     tool_calls: Vec<(String, String, Value)>,
     finish: Option<String>,
     usage: (u64, u64),
-    chunk_chars: usize,
-    break_after: Option<usize>,
-    hold: Option<(usize, Gate)>,
-    pace: Option<Duration>,
-    send_log: Option<SendLog>,
-    headers: Vec<(String, String)>,
 }
 
 impl Reply {
     fn empty() -> Reply {
         Reply {
-            error: None,
-            raw: None,
+            script: Script::default(),
             thinking: String::new(),
             text: String::new(),
             tool_calls: Vec::new(),
             finish: None,
             usage: (10, 5),
-            chunk_chars: 4,
-            break_after: None,
-            hold: None,
-            pace: None,
-            send_log: None,
-            headers: Vec::new(),
         }
     }
 
@@ -180,7 +88,10 @@ impl Reply {
     /// An HTTP error response with this status and JSON body (no stream).
     pub fn status(code: u16, body: Value) -> Reply {
         Reply {
-            error: Some((code, body)),
+            script: Script {
+                error: Some((code, body)),
+                ..Script::default()
+            },
             ..Reply::empty()
         }
     }
@@ -190,7 +101,10 @@ impl Reply {
     /// `hold_after`, `break_after` and `pace` count these writes.
     pub fn raw(body: &str) -> Reply {
         Reply {
-            raw: Some(body.to_string()),
+            script: Script {
+                raw: Some(body.to_string()),
+                ..Script::default()
+            },
             ..Reply::empty()
         }
     }
@@ -221,14 +135,14 @@ impl Reply {
 
     /// Characters per delta for text, thinking and tool arguments (0 counts as 1).
     pub fn chunk_chars(mut self, n: usize) -> Reply {
-        self.chunk_chars = n.max(1);
+        self.script.chunk_chars = n.max(1);
         self
     }
 
     /// Sends only the first `n_chunks` SSE events (the role chunk counts; writes for [`Reply::raw`]), then breaks the
     /// connection: the chunked body is never terminated, no finish chunk, no `[DONE]`.
     pub fn break_after(mut self, n_chunks: usize) -> Reply {
-        self.break_after = Some(n_chunks);
+        self.script.break_after = Some(n_chunks);
         self
     }
 
@@ -241,7 +155,7 @@ impl Reply {
     /// Sends the first `n_chunks` SSE events (the role chunk counts), then waits for `gate`
     /// before sending the rest. `usize::MAX` holds before the finish chunk, like [`Reply::hold`].
     pub fn hold_after(mut self, n_chunks: usize, gate: Gate) -> Reply {
-        self.hold = Some((n_chunks, gate));
+        self.script.hold = Some((n_chunks, gate));
         self
     }
 
@@ -249,21 +163,23 @@ impl Reply {
     /// first. The schedule is absolute, so timer granularity delays an event without pushing
     /// back the ones after it.
     pub fn pace(mut self, every: Duration) -> Reply {
-        self.pace = Some(every);
+        self.script.pace = Some(Pace::Schedule(every));
         self
     }
 
     /// Records in `log` the instant each SSE event is handed to the connection (after its
     /// pacing wait). A fallback reply shares one log across requests.
     pub fn log_sends(mut self, log: SendLog) -> Reply {
-        self.send_log = Some(log);
+        self.script.send_log = Some(log);
         self
     }
 
     /// Sets a response header (e.g. `Retry-After` on a [`Reply::status`] reply; `Content-Type`
     /// replaces the default).
     pub fn header(mut self, name: &str, value: &str) -> Reply {
-        self.headers.push((name.to_string(), value.to_string()));
+        self.script
+            .headers
+            .push((name.to_string(), value.to_string()));
         self
     }
 
@@ -304,10 +220,10 @@ impl Reply {
         let piece = |key: &str, text: &str| format!("{{\"{key}\":{}}}", Value::from(text));
 
         let mut deltas = vec![delta(r#"{"role":"assistant","content":"","refusal":null}"#)];
-        for p in split_chars(&self.thinking, self.chunk_chars) {
+        for p in split_chars(&self.thinking, self.script.chunk_chars) {
             deltas.push(delta(&piece("reasoning_content", &p)));
         }
-        for p in split_chars(&self.text, self.chunk_chars) {
+        for p in split_chars(&self.text, self.script.chunk_chars) {
             deltas.push(delta(&piece("content", &p)));
         }
         let mut fragments: Vec<VecDeque<String>> = Vec::new();
@@ -322,7 +238,7 @@ impl Reply {
                 .to_string(),
             ));
             let args = self.tool_calls[i].2.to_string();
-            fragments.push(split_chars(&args, self.chunk_chars).into());
+            fragments.push(split_chars(&args, self.script.chunk_chars).into());
         }
         // Round-robin over the calls until every call's arguments are out.
         while fragments.iter().any(|f| !f.is_empty()) {
@@ -369,401 +285,122 @@ impl Reply {
     }
 }
 
-/// Splits `s` into pieces of `n` characters (never inside a UTF-8 sequence).
-fn split_chars(s: &str, n: usize) -> Vec<String> {
-    let chars: Vec<char> = s.chars().collect();
-    chars.chunks(n.max(1)).map(|c| c.iter().collect()).collect()
-}
+/// The chat-completions wire format, for the shared [`Server`].
+struct OpenAiWire;
 
-struct State {
-    replies: Mutex<VecDeque<Reply>>,
-    /// Served when `replies` is empty.
-    fallback: Mutex<Option<Reply>>,
-    requests: Mutex<Vec<(HeaderMap, Value)>>,
-    /// Whether request bodies and headers are kept (default true).
-    record: AtomicBool,
-    /// Every request received, recorded or not.
-    received: AtomicU64,
-    arrived: Notify,
-    next_id: AtomicU64,
-    connections: AtomicU64,
-}
+impl Wire for OpenAiWire {
+    type Reply = Reply;
+    const ROUTE: &'static str = "/v1/chat/completions";
+    const CONTENT_TYPE: &'static str = "text/event-stream";
 
-impl Default for State {
-    fn default() -> State {
-        State {
-            replies: Mutex::default(),
-            fallback: Mutex::default(),
-            requests: Mutex::default(),
-            record: AtomicBool::new(true),
-            received: AtomicU64::new(0),
-            arrived: Notify::new(),
-            next_id: AtomicU64::new(0),
-            connections: AtomicU64::new(0),
+    fn failure_body(failure: Failure, message: &str) -> Value {
+        match failure {
+            Failure::Unreadable => json!({"error": {"message": message}}),
+            Failure::NoRoute | Failure::NotJson => {
+                json!({"error": {"message": message, "type": "invalid_request_error"}})
+            }
+            Failure::NoReply => json!({"error": {"message": message, "type": "server_error"}}),
         }
     }
-}
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panicking test thread must not turn every later call into a second panic.
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    fn script(reply: &Reply) -> &Script {
+        &reply.script
+    }
+
+    fn events(reply: &Reply, request: &Value, n: u64) -> (Vec<Bytes>, Vec<Bytes>) {
+        let model = request.get("model").cloned().unwrap_or(Value::Null);
+        let include_usage = request
+            .pointer("/stream_options/include_usage")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        reply.events(&format!("chatcmpl-fake{n:06}"), &model, include_usage)
+    }
 }
 
 /// The fake server. See the module documentation.
 pub struct FakeOpenAi {
-    addr: SocketAddr,
-    state: Arc<State>,
-    server: JoinHandle<()>,
+    server: Server<OpenAiWire>,
 }
 
 impl FakeOpenAi {
     /// Binds `127.0.0.1:0` and starts serving.
     pub async fn start() -> FakeOpenAi {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("fake upstream: bind 127.0.0.1:0");
-        let addr = listener.local_addr().expect("fake upstream: local_addr");
-        let state = Arc::new(State::default());
-        let server = tokio::spawn(accept_loop(listener, state.clone()));
         FakeOpenAi {
-            addr,
-            state,
-            server,
+            server: Server::start().await,
         }
     }
 
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.server.addr()
     }
 
     /// `http://127.0.0.1:PORT/v1`.
     pub fn base_url(&self) -> String {
-        format!("http://{}/v1", self.addr)
+        self.server.base_url()
     }
 
     /// Queues a reply; replies are served FIFO, one per `POST /v1/chat/completions`.
     pub fn push(&self, reply: Reply) {
-        lock(&self.state.replies).push_back(reply);
+        self.server.push(reply);
     }
 
     /// Serves `reply` to every request that finds the queue empty (queued replies still go
     /// first): thousands of identical requests need no pushing.
     pub fn set_fallback(&self, reply: Reply) {
-        *lock(&self.state.fallback) = Some(reply);
+        self.server.set_fallback(Some(reply));
     }
 
     /// Removes the fallback reply: an empty queue answers 500 again.
     pub fn clear_fallback(&self) {
-        *lock(&self.state.fallback) = None;
+        self.server.set_fallback(None);
     }
 
     /// Whether request bodies and headers are kept for [`FakeOpenAi::requests`] (default
     /// `true`). A benchmark switches it off so that memory does not grow with every request;
     /// [`FakeOpenAi::request_count`] still counts them.
     pub fn record_requests(&self, on: bool) {
-        self.state.record.store(on, Ordering::SeqCst);
+        self.server.record_requests(on);
     }
 
     /// How many chat-completions requests have arrived, recorded or not.
     pub fn request_count(&self) -> u64 {
-        self.state.received.load(Ordering::SeqCst)
+        self.server.request_count()
     }
 
     /// How many queued replies no request has taken yet.
     pub fn pending_replies(&self) -> usize {
-        lock(&self.state.replies).len()
+        self.server.pending_replies()
     }
 
     /// How many TCP connections the server has accepted (to check connection reuse).
     pub fn connections(&self) -> u64 {
-        self.state.connections.load(Ordering::SeqCst)
+        self.server.connections()
     }
 
     /// Every request body received so far, in order (a body that is not JSON is kept as a string).
     pub fn requests(&self) -> Vec<Value> {
-        lock(&self.state.requests)
-            .iter()
-            .map(|(_, b)| b.clone())
-            .collect()
+        self.server.requests()
     }
 
     /// The headers of every request received so far, in order.
     pub fn request_headers(&self) -> Vec<HeaderMap> {
-        lock(&self.state.requests)
-            .iter()
-            .map(|(h, _)| h.clone())
-            .collect()
+        self.server.request_headers()
     }
 
     /// Waits until at least `n` requests have arrived, then returns them all.
     pub async fn wait_requests(&self, n: usize) -> Vec<Value> {
-        loop {
-            let arrived = self.state.arrived.notified();
-            tokio::pin!(arrived);
-            arrived.as_mut().enable();
-            if lock(&self.state.requests).len() >= n {
-                return self.requests();
-            }
-            arrived.await;
-        }
-    }
-}
-
-impl Drop for FakeOpenAi {
-    fn drop(&mut self) {
-        // The accept loop owns the connections' JoinSet: aborting it ends them all.
-        self.server.abort();
-    }
-}
-
-async fn accept_loop(listener: TcpListener, state: Arc<State>) {
-    let mut connections = JoinSet::new();
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
-                let _ = stream.set_nodelay(true);
-                state.connections.fetch_add(1, Ordering::SeqCst);
-                let state = state.clone();
-                connections.spawn(async move {
-                    let service = service_fn(move |req| handle(req, state.clone()));
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
-        }
-    }
-}
-
-fn full(status: StatusCode, body: Value) -> Response<Body> {
-    let mut resp = Response::new(
-        Full::new(Bytes::from(body.to_string()))
-            .map_err(|never: Infallible| match never {})
-            .boxed(),
-    );
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    resp
-}
-
-async fn handle(req: Request<Incoming>, state: Arc<State>) -> Result<Response<Body>, Infallible> {
-    if req.method() != Method::POST || req.uri().path() != "/v1/chat/completions" {
-        return Ok(full(
-            StatusCode::NOT_FOUND,
-            json!({"error": {"message": format!("fake upstream: no route {} {}", req.method(), req.uri().path()), "type": "invalid_request_error"}}),
-        ));
-    }
-    let (parts, body) = req.into_parts();
-    let bytes = match body.collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(_) => {
-            return Ok(full(
-                StatusCode::BAD_REQUEST,
-                json!({"error": {"message": "fake upstream: unreadable body"}}),
-            ))
-        }
-    };
-    let parsed: Result<Value, _> = serde_json::from_slice(&bytes);
-    let is_json = parsed.is_ok();
-    let body = match parsed {
-        Ok(v) => v,
-        Err(_) => Value::String(String::from_utf8_lossy(&bytes).into_owned()),
-    };
-    state.received.fetch_add(1, Ordering::SeqCst);
-    if state.record.load(Ordering::Relaxed) {
-        lock(&state.requests).push((parts.headers, body.clone()));
-    }
-    state.arrived.notify_waiters();
-    if !is_json {
-        return Ok(full(
-            StatusCode::BAD_REQUEST,
-            json!({"error": {"message": "fake upstream: request body is not JSON", "type": "invalid_request_error"}}),
-        ));
-    }
-
-    let queued = lock(&state.replies).pop_front();
-    let Some(reply) = queued.or_else(|| lock(&state.fallback).clone()) else {
-        return Ok(full(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            json!({"error": {"message": "fake upstream: no scripted reply", "type": "server_error"}}),
-        ));
-    };
-    let mut resp = match &reply.error {
-        Some((code, err_body)) => full(
-            StatusCode::from_u16(*code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-            err_body.clone(),
-        ),
-        None => stream_reply(&reply, &body, &state),
-    };
-    for (name, value) in &reply.headers {
-        if let (Ok(n), Ok(v)) = (
-            HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_str(value),
-        ) {
-            resp.headers_mut().insert(n, v);
-        }
-    }
-    Ok(resp)
-}
-
-fn stream_reply(reply: &Reply, request: &Value, state: &State) -> Response<Body> {
-    let n = state.next_id.fetch_add(1, Ordering::Relaxed);
-    let id = format!("chatcmpl-fake{n:06}");
-    let model = request.get("model").cloned().unwrap_or(Value::Null);
-    let include_usage = request
-        .pointer("/stream_options/include_usage")
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
-    let (deltas, ending) = match &reply.raw {
-        Some(raw) => (
-            raw.as_bytes()
-                .chunks(reply.chunk_chars)
-                .map(Bytes::copy_from_slice)
-                .collect(),
-            Vec::new(),
-        ),
-        None => reply.events(&id, &model, include_usage),
-    };
-    let hold_at = reply
-        .hold
-        .as_ref()
-        .map(|(n, g)| (if *n == usize::MAX { deltas.len() } else { *n }, g.clone()));
-    let events: VecDeque<Bytes> = deltas.into_iter().chain(ending).collect();
-    let break_after = reply.break_after;
-    let pace = reply.pace;
-    let send_log = reply.send_log.clone();
-    let body = if hold_at.is_none() && break_after.is_none() && pace.is_none() && send_log.is_none()
-    {
-        // Nothing to wait for: hand hyper the events as they are (no task, no channel).
-        BodyExt::boxed(ReadyBody { events })
-    } else {
-        BodyExt::boxed(ChannelBody {
-            rx: scripted_sender(events, hold_at, break_after, pace, send_log),
-            error: None,
-        })
-    };
-    let mut resp = Response::new(body);
-    let h = resp.headers_mut();
-    h.insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    h.insert(
-        http::header::CACHE_CONTROL,
-        HeaderValue::from_static("no-cache"),
-    );
-    resp
-}
-
-/// Sends `events` on a channel from a task, following the reply's hold, break and pacing.
-fn scripted_sender(
-    events: VecDeque<Bytes>,
-    hold_at: Option<(usize, Gate)>,
-    break_after: Option<usize>,
-    pace: Option<Duration>,
-    send_log: Option<SendLog>,
-) -> mpsc::Receiver<io::Result<Bytes>> {
-    let (tx, rx) = mpsc::channel(16);
-    tokio::spawn(async move {
-        let start = tokio::time::Instant::now();
-        for (i, ev) in events.into_iter().enumerate() {
-            if break_after == Some(i) {
-                let _ = tx
-                    .send(Err(io::Error::other("fake upstream: scripted break")))
-                    .await;
-                return;
-            }
-            if let Some((at, gate)) = &hold_at {
-                if *at == i {
-                    tokio::select! {
-                        _ = gate.wait() => {}
-                        _ = tx.closed() => return, // the client went away meanwhile
-                    }
-                }
-            }
-            if let (Some(every), true) = (pace, i > 0) {
-                let due = start + every.saturating_mul(u32::try_from(i).unwrap_or(u32::MAX));
-                tokio::time::sleep_until(due).await;
-            }
-            if let Some(log) = &send_log {
-                lock(&log.0).push(std::time::Instant::now());
-            }
-            if tx.send(Ok(ev)).await.is_err() {
-                return; // the client went away
-            }
-        }
-        if break_after.is_some() {
-            // Asked to break after the whole stream: still never end it cleanly.
-            let _ = tx
-                .send(Err(io::Error::other("fake upstream: scripted break")))
-                .await;
-        }
-    });
-    rx
-}
-
-/// A response body of events that are all ready: one frame per event, never pending.
-struct ReadyBody {
-    events: VecDeque<Bytes>,
-}
-
-impl hyper::body::Body for ReadyBody {
-    type Data = Bytes;
-    type Error = io::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
-        Poll::Ready(self.events.pop_front().map(|b| Ok(Frame::data(b))))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.events.is_empty()
-    }
-}
-
-/// A response body fed by the reply task; an `Err` item makes hyper abort the connection.
-///
-/// The error is held back for one poll: hyper buffers the frames before it and would drop them
-/// unsent on the error, so returning `Pending` once (with a wake-up) lets it flush them first.
-struct ChannelBody {
-    rx: mpsc::Receiver<io::Result<Bytes>>,
-    error: Option<io::Error>,
-}
-
-impl hyper::body::Body for ChannelBody {
-    type Data = Bytes;
-    type Error = io::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
-        if let Some(e) = self.error.take() {
-            return Poll::Ready(Some(Err(e)));
-        }
-        match self.rx.poll_recv(cx) {
-            Poll::Ready(Some(Err(e))) => {
-                self.error = Some(e);
-                cx.waker().wake_by_ref();
-                Poll::Pending
-            }
-            other => other.map(|item| item.map(|r| r.map(Frame::data))),
-        }
+        self.server.wait_requests(n).await
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::Request;
+    use http_body_util::{BodyExt, Full};
     use hyper_util::client::legacy::Client;
     use hyper_util::rt::TokioExecutor;
+    use std::sync::Arc;
 
     type TestClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
 

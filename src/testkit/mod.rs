@@ -3,3 +3,4 @@
 
 pub mod fake_anthropic;
 pub mod fake_openai;
+mod server;
