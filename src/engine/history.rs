@@ -18,6 +18,9 @@ pub struct Projector {
     assistant: Vec<Block>,
     /// Files attached to user messages: (index in `messages`, the files).
     attachments: Vec<(usize, Vec<FileRef>)>,
+    /// Where the current turn's messages start, and whether it has produced anything yet.
+    turn_start: usize,
+    turn_output: bool,
 }
 
 /// How an attached file appears in history: one line naming it and where it is.
@@ -35,6 +38,8 @@ impl Projector {
             messages: seed.to_vec(),
             assistant: Vec::new(),
             attachments: Vec::new(),
+            turn_start: seed.len(),
+            turn_output: false,
         }
     }
 
@@ -42,6 +47,8 @@ impl Projector {
         match ev {
             EventBody::UserMessage { content, files, .. } => {
                 self.close_assistant();
+                self.turn_start = self.messages.len();
+                self.turn_output = false;
                 let content = user_content(content);
                 if files.is_empty() {
                     if let Some(content) = content {
@@ -88,9 +95,20 @@ impl Projector {
                     content: to_content(content),
                 });
             }
+            // A turn cancelled before it ever ran (queued) was never part of the
+            // conversation: its message leaves the history (the log keeps it).
+            EventBody::TurnCancelled { usage: None } if !self.turn_output => {
+                self.assistant.clear();
+                self.messages.truncate(self.turn_start);
+                let start = self.turn_start;
+                self.attachments.retain(|(i, _)| *i < start);
+            }
             EventBody::TurnCompleted { .. }
             | EventBody::TurnFailed { .. }
             | EventBody::TurnCancelled { .. } => self.close_assistant(),
+        }
+        if !matches!(ev, EventBody::UserMessage { .. }) && !ev.is_terminal() {
+            self.turn_output = true;
         }
     }
 
@@ -256,6 +274,41 @@ mod tests {
                 {"role": "tool", "toolCallId": "call_1", "content": "18C"},
                 {"role": "assistant", "content": "It is 18C."}
             ])
+        );
+    }
+
+    #[test]
+    fn a_turn_cancelled_while_queued_leaves_no_message() {
+        let mut p = Projector::default();
+        let user = |t: &str| EventBody::UserMessage {
+            content: json!(t),
+            files: vec![],
+            skills: vec![],
+        };
+        p.apply(&user("one"));
+        p.apply(&EventBody::AgentMessage {
+            content: "answer".into(),
+            plan: false,
+        });
+        p.apply(&EventBody::TurnCompleted {
+            usage: None,
+            stop_reason: StopReason::EndTurn,
+        });
+        p.apply(&user("two"));
+        p.apply(&EventBody::TurnCancelled { usage: None });
+        p.apply(&user("three"));
+        p.apply(&EventBody::TurnCancelled {
+            usage: Some(crate::message::Usage::default()),
+        });
+        let v = serde_json::to_value(p.into_messages()).unwrap();
+        assert_eq!(
+            v,
+            json!([
+                {"role": "user", "content": "one"},
+                {"role": "assistant", "content": "answer"},
+                {"role": "user", "content": "three"}
+            ]),
+            "a turn cancelled while it ran keeps its message"
         );
     }
 
