@@ -471,8 +471,8 @@ async fn upstream_failures_end_the_turn_with_error_and_model_error() {
         .unwrap()
         .contains("upstream exploded"));
 
-    // A stream that breaks midway, in delta mode: the deltas already sent are retracted in the
-    // log, and the stream ends with turn_stop error.
+    // A stream that breaks midway, in message mode: the client was shown nothing yet, so the
+    // streamed text is retracted in the log (an empty agent.message) and the turn fails.
     fake.push(
         Reply::text("this will break off somewhere")
             .chunk_chars(3)
@@ -482,10 +482,10 @@ async fn upstream_failures_end_the_turn_with_error_and_model_error() {
         .http
         .post_sse(
             &turns,
-            &json!({"stream": "delta", "messages": [{"role": "user", "content": "y"}]}),
+            &json!({"stream": "message", "messages": [{"role": "user", "content": "y"}]}),
         )
         .await;
-    assert_eq!(events.last().unwrap().event, "turn_stop");
+    assert_eq!(names(&events), vec!["turn_start", "turn_stop"]);
     assert_eq!(events.last().unwrap().data["stopReason"], "error");
     let log = check_log(server.engine().store(), &sid).await;
     let types: Vec<&str> = log.iter().map(|e| e.body.type_name()).collect();
@@ -507,6 +507,51 @@ async fn upstream_failures_end_the_turn_with_error_and_model_error() {
         .get(&format!("/sessions/{sid}/history?type=full"))
         .await;
     assert_eq!(hist["history"]["full"].as_array().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn in_delta_mode_text_already_streamed_is_kept_and_never_retried_away() {
+    let fake = FakeOpenAi::start().await;
+    let cfg = config_text(&fake, AGENT).replace("retries = 0", "retries = 2");
+    let server = TestServer::start(&cfg).await;
+    let sid = server.session(json!({})).await;
+    fake.push(
+        Reply::text("this will break off somewhere")
+            .chunk_chars(3)
+            .break_after(4),
+    );
+    fake.push(Reply::text("a different second answer"));
+    let events = server
+        .http
+        .post_sse(
+            &format!("/sessions/{sid}/turns"),
+            &json!({"stream": "delta", "messages": [{"role": "user", "content": "y"}]}),
+        )
+        .await;
+    let shown: String = events
+        .iter()
+        .filter(|e| e.event == "text_delta")
+        .map(|e| e.data["delta"].as_str().unwrap())
+        .collect();
+    assert!(!shown.is_empty(), "the client was shown part of the answer");
+    assert_eq!(events.last().unwrap().data["stopReason"], "error");
+    assert_eq!(
+        fake.requests().len(),
+        1,
+        "no retry once the client holds streamed text"
+    );
+    // The history holds exactly what the client was shown.
+    let (_, hist) = server
+        .http
+        .get(&format!("/sessions/{sid}/history?type=full"))
+        .await;
+    assert_eq!(
+        hist["history"]["full"][1],
+        json!({"role": "assistant", "content": shown})
+    );
+    let log = check_log(server.engine().store(), &sid).await;
+    let types: Vec<&str> = log.iter().map(|e| e.body.type_name()).collect();
+    assert_eq!(types, vec!["user.message", "agent.message", "turn.failed"]);
 }
 
 #[tokio::test]

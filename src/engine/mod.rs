@@ -92,6 +92,11 @@ pub struct TurnRequest {
     pub plan: bool,
     /// Overrides the agent's `max_steps` for this turn (`POST /run`).
     pub max_steps: Option<u32>,
+    /// The watcher shows streamed text as it arrives and has no way to take it back (AAP
+    /// `delta` mode): an upstream attempt that fails after streaming text is then kept in the
+    /// log and ends the turn, instead of being retracted and retried, so the client never holds
+    /// text the history does not.
+    pub irrevocable: bool,
 }
 
 impl TurnRequest {
@@ -109,6 +114,7 @@ impl TurnRequest {
             queue: false,
             plan: false,
             max_steps: None,
+            irrevocable: false,
         }
     }
 }
@@ -613,6 +619,7 @@ impl Engine {
             interactive: req.interactive,
             plan: req.plan,
             max_steps: req.max_steps,
+            irrevocable: req.irrevocable,
         };
         let run_now = if st.running.is_some() {
             st.queue.push_back(turn::Queued {

@@ -68,6 +68,7 @@ pub(crate) struct TurnJob {
     /// Plan mode (runs API): propose a plan without tools and wait for its approval first.
     pub plan: bool,
     pub max_steps: Option<u32>,
+    pub irrevocable: bool,
 }
 
 /// A turn waiting for the running one to end.
@@ -137,6 +138,8 @@ struct Turn {
     extra: Vec<Message>,
     /// Attached files as the model sees them, read once per turn.
     inlined: HashMap<String, Vec<crate::message::Block>>,
+    /// The watcher shows streamed text as it comes and cannot take it back (AAP `delta`).
+    irrevocable: bool,
 }
 
 pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
@@ -149,6 +152,7 @@ pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
         interactive,
         plan,
         max_steps,
+        irrevocable,
     } = job;
     let agent_name = session.record().agent;
     let timeout = inner
@@ -169,6 +173,7 @@ pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
         stop_on: Vec::new(),
         extra: Vec::new(),
         inlined: HashMap::new(),
+        irrevocable,
     };
     // Pushes coalesced deltas whose 50 ms are up while the turn waits on the upstream.
     let flusher = {
@@ -568,12 +573,24 @@ impl Turn {
                 turn_id: &self.turn_id,
                 thinking,
                 streamed_text: false,
+                kept: self.irrevocable.then(String::new),
             };
             let result = self.inner.provider.complete(req, &mut deltas).await;
             let streamed = deltas.streamed_text;
+            let kept = deltas.kept.take().filter(|t| !t.is_empty());
             match result {
                 Ok(out) => return Ok(out),
                 Err(e) => {
+                    if let Some(text) = kept {
+                        // The watcher already shows this text and cannot take it back: the log
+                        // keeps it too, and the turn ends here rather than retrying.
+                        self.emit(EventBody::AgentMessage {
+                            content: text,
+                            plan: false,
+                        });
+                        tracing::warn!(turn = %self.turn_id, error = %e, "upstream call failed after text was streamed to a client that cannot retract it");
+                        return Err(End::Failed(FailReason::ModelError, e.message));
+                    }
                     if streamed {
                         self.emit(EventBody::AgentMessage {
                             content: String::new(),
@@ -767,6 +784,8 @@ struct Deltas<'a> {
     turn_id: &'a Arc<str>,
     thinking: bool,
     streamed_text: bool,
+    /// The attempt's text, kept when the watcher cannot retract what it was sent.
+    kept: Option<String>,
 }
 
 impl Deltas<'_> {
@@ -785,6 +804,9 @@ impl DeltaSink for Deltas<'_> {
     fn text(&mut self, fragment: &str) {
         if !fragment.is_empty() {
             self.streamed_text = true;
+            if let Some(kept) = self.kept.as_mut() {
+                kept.push_str(fragment);
+            }
             self.send(DeltaKind::Message, fragment);
         }
     }

@@ -86,6 +86,7 @@ pub async fn send_message(
             queue: true,
             plan: false,
             max_steps: None,
+            irrevocable: false,
         },
     );
     let handle = match started {

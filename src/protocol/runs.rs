@@ -223,6 +223,7 @@ pub async fn run(app: &App, caller: &Caller, req: Request) -> Result<Response, A
             queue: false,
             plan: false,
             max_steps: None,
+            irrevocable: false,
         }
         .with_max_steps(body.max_steps),
     );
@@ -310,6 +311,7 @@ pub async fn session_run(
             queue: true,
             plan: body.plan,
             max_steps: None,
+            irrevocable: false,
         },
     )?;
     Ok(json_response(

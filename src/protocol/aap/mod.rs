@@ -375,9 +375,10 @@ pub async fn turns(
         update.options = agent.options;
     }
     let input = turn_input(body.messages)?;
-    let mut handle = app
-        .engine
-        .start_turn(&session, TurnRequest::interactive(input, update))?;
+    let mut req = TurnRequest::interactive(input, update);
+    // Delta mode shows text as it streams and the AAP wire cannot take it back.
+    req.irrevocable = body.stream == StreamMode::Delta;
+    let mut handle = app.engine.start_turn(&session, req)?;
     let mode = body.stream;
     let mut renderer = TurnRenderer::default();
     if mode == StreamMode::None {
