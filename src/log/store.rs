@@ -378,7 +378,14 @@ fn writer_loop(
                 Err(_) => break,
             }
         }
-        let result = write_batch(&mut conn, &batch).map_err(|e| {
+        // A batch of barriers only (nothing new to write) needs no transaction.
+        let writes = batch.iter().any(|op| !matches!(op, WriteOp::Barrier(_)));
+        let result = if !writes {
+            Ok(())
+        } else {
+            write_batch(&mut conn, &batch)
+        }
+        .map_err(|e| {
             tracing::error!(error = %e, "store: a group commit failed");
             e.to_string()
         });
@@ -387,7 +394,7 @@ fn writer_loop(
                 let _ = ack.send(result.clone());
             }
         }
-        commits += 1;
+        commits += u32::from(writes);
         if commits >= CHECKPOINT_EVERY || last_checkpoint.elapsed() >= CHECKPOINT_AFTER {
             // A request already pending is enough: never block the writer on it.
             let _ = checkpoint.try_send(());
