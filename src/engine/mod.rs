@@ -100,6 +100,20 @@ pub struct TurnRequest {
 }
 
 impl TurnRequest {
+    /// A turn no client watches (runs, `POST /messages`): client tools and `ask` tools get an
+    /// error result, and the turn waits behind a running one.
+    pub fn unattended(input: TurnInput) -> TurnRequest {
+        TurnRequest {
+            input,
+            update: SessionUpdate::default(),
+            interactive: false,
+            queue: true,
+            plan: false,
+            max_steps: None,
+            irrevocable: false,
+        }
+    }
+
     pub fn with_max_steps(mut self, max_steps: Option<u32>) -> TurnRequest {
         self.max_steps = max_steps;
         self
@@ -715,7 +729,7 @@ impl Engine {
         after_seq: u64,
         limit: usize,
     ) -> Result<(Vec<Arc<crate::log::Event>>, bool), EngineError> {
-        let (tail, _) = session.subscribe();
+        let tail = session.tail();
         let mut out: Vec<Arc<crate::log::Event>> = self
             .inner
             .store
@@ -736,7 +750,7 @@ impl Engine {
     /// The position of an event id in a session's log; an unknown id is an error, never a
     /// silent restart from the beginning.
     pub async fn seq_of(&self, session: &Session, event_id: &str) -> Result<u64, EngineError> {
-        if let Some(ev) = session.subscribe().0.iter().find(|e| e.id == event_id) {
+        if let Some(ev) = session.tail().iter().find(|e| e.id == event_id) {
             return Ok(ev.seq);
         }
         match self.inner.store.seq_of(&session.id, event_id).await? {

@@ -383,6 +383,11 @@ impl Session {
         (st.tail.clone(), self.feed.subscribe())
     }
 
+    /// The events of the current (or last) turn.
+    pub fn tail(&self) -> Vec<Arc<Event>> {
+        self.lock().tail.clone()
+    }
+
     pub fn record(&self) -> SessionRecord {
         self.lock().record.clone()
     }

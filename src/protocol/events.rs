@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::engine::follow::Follow;
-use crate::engine::{Feed, SessionUpdate, TurnInput, TurnRequest};
+use crate::engine::{Feed, TurnInput, TurnRequest};
 use crate::http::routes::{App, Caller};
 use crate::http::{body, json_response, query_param, sse, ApiError, Request, Response};
 use crate::message::Content;
@@ -75,19 +75,11 @@ pub async fn send_message(
         files.iter().map(|f| workspace.join(&f.filename)).collect();
     let started = app.engine.start_turn(
         &session,
-        TurnRequest {
-            input: TurnInput::User {
-                content: serde_json::to_value(&msg.content).unwrap_or(Value::Null),
-                files,
-                skills: msg.skills,
-            },
-            update: SessionUpdate::default(),
-            interactive: false,
-            queue: true,
-            plan: false,
-            max_steps: None,
-            irrevocable: false,
-        },
+        TurnRequest::unattended(TurnInput::User {
+            content: serde_json::to_value(&msg.content).unwrap_or(Value::Null),
+            files,
+            skills: msg.skills,
+        }),
     );
     let handle = match started {
         Ok(h) => h,

@@ -19,9 +19,7 @@ use serde_json::{json, Value};
 
 use crate::engine::follow::Follow;
 use crate::engine::history::Projector;
-use crate::engine::{
-    DeltaKind, Feed, NewSession, PlanDecision, SessionUpdate, TurnInput, TurnRequest,
-};
+use crate::engine::{DeltaKind, Feed, NewSession, PlanDecision, TurnInput, TurnRequest};
 use crate::http::routes::{App, Caller};
 use crate::http::{body, json_response, sse, ApiError, Request, Response};
 use crate::log::{EventBody, StopReason};
@@ -53,6 +51,15 @@ struct Confirm {
 #[serde(deny_unknown_fields)]
 struct Reject {
     reason: Option<String>,
+}
+
+/// A run's goal as the turn's user message.
+fn goal(text: String) -> TurnInput {
+    TurnInput::User {
+        content: Value::String(text),
+        files: vec![],
+        skills: vec![],
+    }
 }
 
 fn limit(app: &App) -> u64 {
@@ -212,20 +219,7 @@ pub async fn run(app: &App, caller: &Caller, req: Request) -> Result<Response, A
         .await?;
     let started = app.engine.start_turn(
         &session,
-        TurnRequest {
-            input: TurnInput::User {
-                content: Value::String(body.goal),
-                files: vec![],
-                skills: vec![],
-            },
-            update: SessionUpdate::default(),
-            interactive: false,
-            queue: false,
-            plan: false,
-            max_steps: None,
-            irrevocable: false,
-        }
-        .with_max_steps(body.max_steps),
+        TurnRequest::unattended(goal(body.goal)).with_max_steps(body.max_steps),
     );
     let result = match started {
         Ok(mut handle) => {
@@ -301,17 +295,8 @@ pub async fn session_run(
     let handle = app.engine.start_turn(
         &session,
         TurnRequest {
-            input: TurnInput::User {
-                content: Value::String(body.goal),
-                files: vec![],
-                skills: vec![],
-            },
-            update: SessionUpdate::default(),
-            interactive: false,
-            queue: true,
             plan: body.plan,
-            max_steps: None,
-            irrevocable: false,
+            ..TurnRequest::unattended(goal(body.goal))
         },
     )?;
     Ok(json_response(
@@ -324,8 +309,7 @@ pub async fn session_run(
 pub async fn events(app: &App, caller: &Caller, id: &str) -> Result<Response, ApiError> {
     let session = app.engine.session(caller.owner.as_deref(), id).await?;
     let start = session
-        .subscribe()
-        .0
+        .tail()
         .first()
         .map_or(0, |e| e.seq.saturating_sub(1));
     let mut follow = Follow::new(&app.engine, session, start).await?;
