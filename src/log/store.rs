@@ -1,9 +1,12 @@
-//! The embedded store: SQLite in WAL mode, written by one thread with group commit.
+//! The embedded store: SQLite in WAL mode, with group commit done by the callers themselves.
 //!
-//! Appends are queued to the writer thread, which takes everything queued, writes it in one
-//! transaction and commits. A caller that needs to know its writes are durable queues a
-//! [`Store::flush`] barrier after them; the barrier resolves after the commit that holds them.
-//! So a turn costs one commit wait (at its terminal event), not one per event.
+//! Writes are queued in memory ([`Store::append`] and friends cost a push under a lock). A caller
+//! that needs its writes durable calls [`Store::flush`], which commits on the caller's own thread
+//! (no hand-off to a writer thread, whose wake-ups cost more than the commit on a small machine):
+//! the first caller to take the write connection commits everything queued so far in one
+//! transaction, and callers whose writes that transaction held return without committing again
+//! (leader/follower group commit). A turn flushes before it waits on anything outside the process
+//! (the model, a tool, the client), so it costs a commit or two, not one per event.
 //!
 //! Checkpoints (copying the WAL back into the database, with its fsyncs) run on a thread of
 //! their own, never inside a commit, so a turn never waits behind one.
@@ -16,7 +19,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use rusqlite::{params, Connection, OptionalExtension};
-use tokio::sync::{mpsc, oneshot};
 
 use super::event::Event;
 
@@ -29,8 +31,6 @@ pub enum StoreError {
     },
     #[error("store error: {0}")]
     Sql(#[from] rusqlite::Error),
-    #[error("the store's writer has stopped")]
-    WriterGone,
     #[error("a write to the store failed: {0}")]
     WriteFailed(String),
     #[error("a stored event is corrupt: {0}")]
@@ -70,15 +70,48 @@ enum WriteOp {
     PutSession(SessionRow),
     DeleteSession(String),
     PutFile(FileRow),
-    Barrier(oneshot::Sender<Result<(), String>>),
 }
 
 /// Handle to the store; cheap to clone.
 #[derive(Clone)]
 pub struct Store {
-    writer: mpsc::UnboundedSender<WriteOp>,
-    reader: Arc<Mutex<Connection>>,
+    shared: Arc<Shared>,
 }
+
+struct Shared {
+    queue: Mutex<Queue>,
+    /// Every ticket up to this one has been through a commit.
+    committed: std::sync::atomic::AtomicU64,
+    writer: Mutex<Writer>,
+    reader: Mutex<Connection>,
+    /// Commits run on a blocking thread (each waits for an fsync).
+    fsync: bool,
+}
+
+/// Writes not yet committed. Every write gets a ticket, counting from 1.
+#[derive(Default)]
+struct Queue {
+    ops: Vec<WriteOp>,
+    /// The ticket of the last write queued.
+    last: u64,
+}
+
+struct Writer {
+    conn: Connection,
+    /// Every ticket up to this one has been through a commit (which may have failed).
+    done: u64,
+    /// Recent failed commits: their ticket ranges and errors.
+    failures: std::collections::VecDeque<(u64, u64, String)>,
+    commits: u32,
+    last_checkpoint: std::time::Instant,
+    checkpoint: std::sync::mpsc::SyncSender<()>,
+}
+
+/// Schema version 2 (`PRAGMA user_version`). Events sit in a rowid table in the order they were
+/// written, so a commit appends to its last page; `(session_id, seq)` is a small index beside it.
+/// Version 1 kept events in a `WITHOUT ROWID` table keyed by `(session_id, seq)`, whose large
+/// rows split pages on most commits (several pages written per commit); it is migrated on open.
+const SCHEMA_VERSION: i64 = 2;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS sessions (
@@ -88,15 +121,17 @@ CREATE TABLE IF NOT EXISTS sessions (
     record TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS events (
+    n INTEGER PRIMARY KEY,
     session_id TEXT NOT NULL,
     seq INTEGER NOT NULL,
     id TEXT NOT NULL,
     turn_id TEXT NOT NULL,
     type TEXT NOT NULL,
-    json TEXT NOT NULL,
-    PRIMARY KEY (session_id, seq)
-) WITHOUT ROWID;
-CREATE UNIQUE INDEX IF NOT EXISTS events_by_id ON events (session_id, id);
+    json TEXT NOT NULL
+);
+-- No index on (session_id, id): ids sort like seqs within a session, so `seq_of` finds an id by
+-- bisection on this one, and every commit writes one page less.
+CREATE UNIQUE INDEX IF NOT EXISTS events_by_seq ON events (session_id, seq);
 CREATE TABLE IF NOT EXISTS files (
     id TEXT PRIMARY KEY,
     owner TEXT,
@@ -107,6 +142,39 @@ CREATE TABLE IF NOT EXISTS files (
     created_at TEXT NOT NULL
 );
 ";
+
+/// Bring a store of an older schema to [`SCHEMA_VERSION`], in one transaction.
+fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    if version >= SCHEMA_VERSION {
+        return Ok(());
+    }
+    let tx = conn.transaction()?;
+    let old_events: Option<String> = tx
+        .query_row(
+            "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'events'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()?;
+    if old_events.is_some_and(|sql| sql.contains("WITHOUT ROWID")) {
+        tx.execute_batch(
+            "ALTER TABLE events RENAME TO events_v1;
+             DROP INDEX IF EXISTS events_by_id;",
+        )?;
+        tx.execute_batch(SCHEMA)?;
+        tx.execute_batch(
+            "INSERT INTO events (session_id, seq, id, turn_id, type, json)
+                 SELECT session_id, seq, id, turn_id, type, json FROM events_v1
+                 ORDER BY session_id, seq;
+             DROP TABLE events_v1;",
+        )?;
+    } else {
+        tx.execute_batch(SCHEMA)?;
+    }
+    tx.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))?;
+    tx.commit()
+}
 
 fn open_conn(path: &Path, fsync: bool) -> Result<Connection, StoreError> {
     let open_err = |source| StoreError::Open {
@@ -131,53 +199,74 @@ impl Store {
             source: rusqlite::Error::ToSqlConversionFailure(Box::new(e)),
         })?;
         let path = dir.join("turnstile.db");
-        let writer_conn = open_conn(&path, fsync)?;
-        writer_conn.execute_batch(SCHEMA)?;
+        let mut writer_conn = open_conn(&path, fsync)?;
+        migrate(&mut writer_conn)?;
         // No checkpoint inside a commit: the checkpointer thread does them.
         writer_conn.pragma_update(None, "wal_autocheckpoint", 0)?;
         let reader = open_conn(&path, fsync)?;
         let checkpoint_conn = open_conn(&path, fsync)?;
-        let (tx, rx) = mpsc::unbounded_channel();
         let (ck_tx, ck_rx) = std::sync::mpsc::sync_channel::<()>(1);
         std::thread::Builder::new()
             .name("turnstile-checkpoint".into())
             .spawn(move || checkpoint_loop(checkpoint_conn, ck_rx))
             .map_err(|e| StoreError::WriteFailed(e.to_string()))?;
-        std::thread::Builder::new()
-            .name("turnstile-store".into())
-            .spawn(move || writer_loop(writer_conn, rx, ck_tx))
-            .map_err(|e| StoreError::WriteFailed(e.to_string()))?;
         Ok(Store {
-            writer: tx,
-            reader: Arc::new(Mutex::new(reader)),
+            shared: Arc::new(Shared {
+                queue: Mutex::new(Queue::default()),
+                committed: Default::default(),
+                writer: Mutex::new(Writer {
+                    conn: writer_conn,
+                    done: 0,
+                    failures: Default::default(),
+                    commits: 0,
+                    last_checkpoint: std::time::Instant::now(),
+                    checkpoint: ck_tx,
+                }),
+                reader: Mutex::new(reader),
+                fsync,
+            }),
         })
     }
 
-    /// Queue an event for the next group commit.
-    pub fn append(&self, session_id: &Arc<str>, ev: &Event) {
-        let _ = self.writer.send(WriteOp::Event {
+    fn queue(&self, op: WriteOp) -> u64 {
+        let mut q = lock(&self.shared.queue);
+        q.ops.push(op);
+        q.last += 1;
+        q.last
+    }
+
+    /// Queue an event for the next commit; its ticket (see [`Store::committed`]).
+    pub fn append(&self, session_id: &Arc<str>, ev: &Event) -> u64 {
+        self.queue(WriteOp::Event {
             session_id: session_id.clone(),
             seq: ev.seq,
             id: ev.id.clone(),
             turn_id: ev.turn_id.clone(),
             kind: ev.body.type_name(),
             json: ev.json.clone(),
-        });
+        })
     }
 
     /// Queue an insert or replacement of a session row.
     pub fn put_session(&self, row: SessionRow) {
-        let _ = self.writer.send(WriteOp::PutSession(row));
+        self.queue(WriteOp::PutSession(row));
     }
 
     /// Queue the removal of a session and all its events.
     pub fn delete_session(&self, id: &str) {
-        let _ = self.writer.send(WriteOp::DeleteSession(id.to_string()));
+        self.queue(WriteOp::DeleteSession(id.to_string()));
     }
 
     /// Queue a file's metadata.
     pub fn put_file(&self, row: FileRow) {
-        let _ = self.writer.send(WriteOp::PutFile(row));
+        self.queue(WriteOp::PutFile(row));
+    }
+
+    /// Every write whose ticket is at most this has been through a commit.
+    pub fn committed(&self) -> u64 {
+        self.shared
+            .committed
+            .load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// A file's metadata.
@@ -204,16 +293,58 @@ impl Store {
         .await
     }
 
-    /// Resolves once everything queued before it is committed.
+    /// Returns once everything queued before the call is committed. Commits on this thread
+    /// (a small transaction with no fsync costs less than waking another thread), or on a
+    /// blocking thread when every commit waits for an fsync.
     pub async fn flush(&self) -> Result<(), StoreError> {
-        let (tx, rx) = oneshot::channel();
-        self.writer
-            .send(WriteOp::Barrier(tx))
-            .map_err(|_| StoreError::WriterGone)?;
-        match rx.await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(StoreError::WriteFailed(e)),
-            Err(_) => Err(StoreError::WriterGone),
+        if !self.shared.fsync {
+            return self.commit();
+        }
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || store.commit())
+            .await
+            .map_err(|e| StoreError::WriteFailed(format!("commit task failed: {e}")))?
+    }
+
+    /// [`Store::flush`] on the calling thread.
+    pub fn commit(&self) -> Result<(), StoreError> {
+        let target = lock(&self.shared.queue).last;
+        let mut w = lock(&self.shared.writer);
+        if w.done < target {
+            // Leader: commit everything queued, ours and whatever came after it.
+            let (ops, last) = {
+                let mut q = lock(&self.shared.queue);
+                (std::mem::take(&mut q.ops), q.last)
+            };
+            let first = w.done + 1;
+            match write_batch(&mut w.conn, &ops) {
+                Ok(()) => w.commits += 1,
+                Err(e) => {
+                    tracing::error!(error = %e, "store: a group commit failed");
+                    if w.failures.len() == MAX_FAILURES {
+                        w.failures.pop_front();
+                    }
+                    w.failures.push_back((first, last, e.to_string()));
+                }
+            }
+            w.done = last;
+            self.shared
+                .committed
+                .store(last, std::sync::atomic::Ordering::Release);
+            if w.commits >= CHECKPOINT_EVERY || w.last_checkpoint.elapsed() >= CHECKPOINT_AFTER {
+                // A request already pending is enough: never block a commit on it.
+                let _ = w.checkpoint.try_send(());
+                w.commits = 0;
+                w.last_checkpoint = std::time::Instant::now();
+            }
+        }
+        match w
+            .failures
+            .iter()
+            .find(|(lo, hi, _)| (*lo..=*hi).contains(&target))
+        {
+            Some((_, _, e)) => Err(StoreError::WriteFailed(e.clone())),
+            None => Ok(()),
         }
     }
 
@@ -221,13 +352,10 @@ impl Store {
         &self,
         f: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
-        let reader = self.reader.clone();
-        tokio::task::spawn_blocking(move || {
-            let conn = reader.lock().unwrap_or_else(|p| p.into_inner());
-            f(&conn)
-        })
-        .await
-        .map_err(|e| StoreError::WriteFailed(format!("reader task failed: {e}")))?
+        let shared = self.shared.clone();
+        tokio::task::spawn_blocking(move || f(&lock(&shared.reader)))
+            .await
+            .map_err(|e| StoreError::WriteFailed(format!("reader task failed: {e}")))?
     }
 
     /// One session row.
@@ -297,6 +425,9 @@ impl Store {
     }
 
     /// The `seq` of the event with this id in this session.
+    ///
+    /// Event ids sort in creation order within a session, as seqs do, so this bisects the
+    /// session's seqs on the primary key: about log2(events) point reads, no index to keep.
     pub async fn seq_of(
         &self,
         session_id: &str,
@@ -304,13 +435,40 @@ impl Store {
     ) -> Result<Option<u64>, StoreError> {
         let (sid, eid) = (session_id.to_string(), event_id.to_string());
         self.read(move |c| {
-            Ok(c.query_row(
-                "SELECT seq FROM events WHERE session_id = ?1 AND id = ?2",
-                params![sid, eid],
-                |r| r.get::<_, i64>(0),
-            )
-            .optional()?
-            .map(|s| s as u64))
+            let id_at = |seq: i64| -> rusqlite::Result<Option<String>> {
+                c.prepare_cached("SELECT id FROM events WHERE session_id = ?1 AND seq = ?2")?
+                    .query_row(params![sid, seq], |r| r.get(0))
+                    .optional()
+            };
+            let bounds: Option<(i64, i64)> = c
+                .prepare_cached(
+                    "SELECT MIN(seq), MAX(seq) FROM events WHERE session_id = ?1 HAVING COUNT(*) > 0",
+                )?
+                .query_row(params![sid], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()?;
+            let Some((mut lo, mut hi)) = bounds else {
+                return Ok(None);
+            };
+            while lo <= hi {
+                let mid = lo + (hi - lo) / 2;
+                let Some(id) = id_at(mid)? else {
+                    // A hole (a commit that failed): scan the session instead.
+                    return Ok(c
+                        .query_row(
+                            "SELECT seq FROM events WHERE session_id = ?1 AND id = ?2",
+                            params![sid, eid],
+                            |r| r.get::<_, i64>(0),
+                        )
+                        .optional()?
+                        .map(|s| s as u64));
+                };
+                match id.as_str().cmp(eid.as_str()) {
+                    std::cmp::Ordering::Equal => return Ok(Some(mid as u64)),
+                    std::cmp::Ordering::Less => lo = mid + 1,
+                    std::cmp::Ordering::Greater => hi = mid - 1,
+                }
+            }
+            Ok(None)
         })
         .await
     }
@@ -320,9 +478,9 @@ impl Store {
     pub async fn unfinished_sessions(&self) -> Result<Vec<String>, StoreError> {
         self.read(|c| {
             let mut stmt = c.prepare(
-                "SELECT e.session_id FROM events e
-                 JOIN (SELECT session_id, MAX(seq) AS m FROM events GROUP BY session_id) last
-                   ON e.session_id = last.session_id AND e.seq = last.m
+                "SELECT s.id FROM sessions s JOIN events e
+                   ON e.session_id = s.id
+                  AND e.seq = (SELECT MAX(seq) FROM events WHERE session_id = s.id)
                  WHERE e.type NOT IN ('turn.completed', 'turn.failed', 'turn.cancelled')",
             )?;
             let ids = stmt
@@ -334,6 +492,10 @@ impl Store {
     }
 }
 
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn row_to_session(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
     Ok(SessionRow {
         id: r.get(0)?,
@@ -343,8 +505,8 @@ fn row_to_session(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
     })
 }
 
-/// Most operations one group commit takes; a larger backlog is split over several commits.
-const MAX_GROUP: usize = 4096;
+/// Failed commits remembered, so that the callers whose writes they held learn of it.
+const MAX_FAILURES: usize = 64;
 
 /// Commits between checkpoint requests (about 1,000 pages of WAL at the default page size
 /// for small events), and the longest time between them.
@@ -362,50 +524,17 @@ fn checkpoint_loop(conn: Connection, rx: std::sync::mpsc::Receiver<()>) {
     let _ = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
 }
 
-fn writer_loop(
-    mut conn: Connection,
-    mut rx: mpsc::UnboundedReceiver<WriteOp>,
-    checkpoint: std::sync::mpsc::SyncSender<()>,
-) {
-    let mut batch = Vec::with_capacity(64);
-    let mut commits = 0u32;
-    let mut last_checkpoint = std::time::Instant::now();
-    while let Some(first) = rx.blocking_recv() {
-        batch.push(first);
-        while batch.len() < MAX_GROUP {
-            match rx.try_recv() {
-                Ok(op) => batch.push(op),
-                Err(_) => break,
-            }
-        }
-        // A batch of barriers only (nothing new to write) needs no transaction.
-        let writes = batch.iter().any(|op| !matches!(op, WriteOp::Barrier(_)));
-        let result = if !writes {
-            Ok(())
-        } else {
-            write_batch(&mut conn, &batch)
-        }
-        .map_err(|e| {
-            tracing::error!(error = %e, "store: a group commit failed");
-            e.to_string()
-        });
-        for op in batch.drain(..) {
-            if let WriteOp::Barrier(ack) = op {
-                let _ = ack.send(result.clone());
-            }
-        }
-        commits += u32::from(writes);
-        if commits >= CHECKPOINT_EVERY || last_checkpoint.elapsed() >= CHECKPOINT_AFTER {
-            // A request already pending is enough: never block the writer on it.
-            let _ = checkpoint.try_send(());
-            commits = 0;
-            last_checkpoint = std::time::Instant::now();
-        }
+fn write_batch(conn: &mut Connection, batch: &[WriteOp]) -> rusqlite::Result<()> {
+    // Cached BEGIN/COMMIT statements: `Connection::transaction` parses them on every call.
+    conn.prepare_cached("BEGIN")?.execute([])?;
+    let result = write_ops(conn, batch).and_then(|()| conn.prepare_cached("COMMIT")?.execute([]));
+    if result.is_err() && !conn.is_autocommit() {
+        let _ = conn.execute_batch("ROLLBACK");
     }
+    result.map(|_| ())
 }
 
-fn write_batch(conn: &mut Connection, batch: &[WriteOp]) -> rusqlite::Result<()> {
-    let tx = conn.transaction()?;
+fn write_ops(tx: &Connection, batch: &[WriteOp]) -> rusqlite::Result<()> {
     {
         let mut insert = tx.prepare_cached(
             "INSERT INTO events (session_id, seq, id, turn_id, type, json) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
@@ -447,9 +576,303 @@ fn write_batch(conn: &mut Connection, batch: &[WriteOp]) -> rusqlite::Result<()>
                         params![f.id, f.owner, f.filename, f.mime_type, f.size_bytes as i64, f.sha256, f.created_at],
                     )?;
                 }
-                WriteOp::Barrier(_) => {}
             }
         }
     }
-    tx.commit()
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use rusqlite::{params, Connection};
+
+    use super::{SessionRow, Store};
+    use crate::log::{Event, EventBody, StopReason};
+
+    const CREATED: &str = "2026-01-01T00:00:00.000Z";
+
+    fn event(seq: u64, body: EventBody) -> Event {
+        Event::new(
+            seq,
+            crate::ids::new("evt"),
+            "turn_1".into(),
+            CREATED.into(),
+            body,
+        )
+    }
+
+    fn message(seq: u64) -> Event {
+        event(
+            seq,
+            EventBody::AgentMessage {
+                content: format!("message {seq}"),
+                plan: false,
+            },
+        )
+    }
+
+    fn session_row(id: &str) -> SessionRow {
+        SessionRow {
+            id: id.into(),
+            owner: None,
+            created_at: CREATED.into(),
+            record: "{}".into(),
+        }
+    }
+
+    /// What identifies a stored event: its seq, id and exact bytes.
+    fn keys(events: &[Event]) -> Vec<(u64, String, String)> {
+        events
+            .iter()
+            .map(|e| (e.seq, e.id.clone(), e.json.to_string()))
+            .collect()
+    }
+
+    async fn all_events(store: &Store, session: &str) -> Vec<Event> {
+        store.events(session, 0, 100_000).await.unwrap()
+    }
+
+    /// The schema of version 1: events in a `WITHOUT ROWID` table, with an index on their ids.
+    const V1_SCHEMA: &str = "
+        CREATE TABLE sessions (id TEXT PRIMARY KEY, owner TEXT, created_at TEXT NOT NULL,
+            record TEXT NOT NULL);
+        CREATE TABLE events (session_id TEXT NOT NULL, seq INTEGER NOT NULL, id TEXT NOT NULL,
+            turn_id TEXT NOT NULL, type TEXT NOT NULL, json TEXT NOT NULL,
+            PRIMARY KEY (session_id, seq)) WITHOUT ROWID;
+        CREATE UNIQUE INDEX events_by_id ON events (session_id, id);
+        CREATE TABLE files (id TEXT PRIMARY KEY, owner TEXT, filename TEXT NOT NULL,
+            mime_type TEXT NOT NULL, size_bytes INTEGER NOT NULL, sha256 TEXT NOT NULL,
+            created_at TEXT NOT NULL);
+    ";
+
+    #[tokio::test]
+    async fn a_version_1_store_is_migrated_without_losing_events() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("turnstile.db");
+        let sessions = ["sess_a", "sess_b"];
+        let mut written: [Vec<Event>; 2] = Default::default();
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(V1_SCHEMA).unwrap();
+            conn.execute(
+                "INSERT INTO sessions (id, owner, created_at, record) VALUES (?1, NULL, ?2, ?3)",
+                params![sessions[0], CREATED, r#"{"v":1}"#],
+            )
+            .unwrap();
+            for i in 0..50 {
+                let (s, evs) = (i % 2, &mut written[i % 2]);
+                let ev = message(evs.len() as u64 + 1);
+                conn.execute(
+                    "INSERT INTO events (session_id, seq, id, turn_id, type, json)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                    params![
+                        sessions[s],
+                        ev.seq as i64,
+                        ev.id,
+                        ev.turn_id,
+                        ev.body.type_name(),
+                        &*ev.json
+                    ],
+                )
+                .unwrap();
+                evs.push(ev);
+            }
+        }
+
+        let store = Store::open(dir.path(), false).unwrap();
+        for (s, evs) in sessions.iter().zip(&written) {
+            assert_eq!(keys(&all_events(&store, s).await), keys(evs));
+            for ev in evs {
+                assert_eq!(store.seq_of(s, &ev.id).await.unwrap(), Some(ev.seq));
+            }
+        }
+        let row = store.session(sessions[0]).await.unwrap().unwrap();
+        assert_eq!(row.record, r#"{"v":1}"#);
+        {
+            let conn = Connection::open(&path).unwrap();
+            let version: i64 = conn
+                .query_row("PRAGMA user_version", [], |r| r.get(0))
+                .unwrap();
+            assert_eq!(version, 2);
+            let leftovers: i64 = conn
+                .query_row(
+                    "SELECT COUNT(*) FROM sqlite_master WHERE name IN ('events_by_id', 'events_v1')",
+                    [],
+                    |r| r.get(0),
+                )
+                .unwrap();
+            assert_eq!(leftovers, 0);
+        }
+
+        // Writes work on the migrated schema.
+        let sid: Arc<str> = sessions[0].into();
+        let new = message(written[0].len() as u64 + 1);
+        let ticket = store.append(&sid, &new);
+        store.commit().unwrap();
+        assert_eq!(store.committed(), ticket);
+        written[0].push(new.clone());
+        assert_eq!(keys(&all_events(&store, &sid).await), keys(&written[0]));
+        assert_eq!(store.seq_of(&sid, &new.id).await.unwrap(), Some(new.seq));
+        drop(store);
+
+        // A second open finds version 2 and leaves the store as it is.
+        let store = Store::open(dir.path(), false).unwrap();
+        for (s, evs) in sessions.iter().zip(&written) {
+            assert_eq!(keys(&all_events(&store, s).await), keys(evs));
+        }
+    }
+
+    #[tokio::test]
+    async fn seq_of_finds_every_id_by_bisection_and_none_for_unknown() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), false).unwrap();
+        let sessions: Vec<Arc<str>> = ["sess_a", "sess_b", "sess_c"]
+            .into_iter()
+            .map(Into::into)
+            .collect();
+        let mut written: Vec<Vec<Event>> = vec![Vec::new(); sessions.len()];
+        for i in 0..600 {
+            let s = i % sessions.len();
+            let ev = message(written[s].len() as u64 + 1);
+            store.append(&sessions[s], &ev);
+            written[s].push(ev);
+            if i % 4 == 3 {
+                store.commit().unwrap();
+            }
+        }
+        store.commit().unwrap();
+
+        for (s, evs) in sessions.iter().zip(&written) {
+            assert_eq!(evs.len(), 200);
+            for ev in evs {
+                assert_eq!(store.seq_of(s, &ev.id).await.unwrap(), Some(ev.seq));
+            }
+        }
+        let (a, b) = (&sessions[0], &sessions[1]);
+        // Well-formed ids that were never written: after every event, before every event, and
+        // between two events of the session (same time part as an event, smaller random part).
+        let later = crate::ids::new("evt");
+        let earliest = format!("evt_{}", "0".repeat(24));
+        let stored = &written[0][100].id;
+        let between = format!("{}00000000", &stored[..stored.len() - 8]);
+        assert_ne!(
+            &between, stored,
+            "pick an event whose random part is not zero"
+        );
+        for unknown in [&later, &earliest, &between] {
+            assert_eq!(store.seq_of(a, unknown).await.unwrap(), None, "{unknown}");
+        }
+        // An id of session A is not found in session B, though it sorts among B's ids.
+        for ev in &written[0] {
+            assert_eq!(store.seq_of(b, &ev.id).await.unwrap(), None);
+        }
+        assert_eq!(
+            store.seq_of("sess_empty", &written[0][0].id).await.unwrap(),
+            None
+        );
+    }
+
+    #[tokio::test]
+    async fn seq_of_still_finds_ids_across_a_hole() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), false).unwrap();
+        // The hole at every place in 1..=20. The first probe of a bisection over 1..=20 is
+        // seq 10, so a hole there sends every lookup down the fallback scan; a hole elsewhere
+        // is met only by the lookups whose probes land on it.
+        for hole in 1..=20u64 {
+            let sid: Arc<str> = format!("sess_hole_{hole}").into();
+            let mut kept = Vec::new();
+            let mut lost = None;
+            for seq in 1..=20 {
+                let ev = message(seq);
+                if seq == hole {
+                    lost = Some(ev); // Its commit failed: never stored.
+                } else {
+                    store.append(&sid, &ev);
+                    kept.push(ev);
+                }
+            }
+            store.commit().unwrap();
+            assert_eq!(keys(&all_events(&store, &sid).await), keys(&kept));
+            for ev in &kept {
+                assert_eq!(
+                    store.seq_of(&sid, &ev.id).await.unwrap(),
+                    Some(ev.seq),
+                    "hole at {hole}"
+                );
+            }
+            let lost = lost.unwrap();
+            assert_eq!(store.seq_of(&sid, &lost.id).await.unwrap(), None);
+        }
+    }
+
+    #[tokio::test]
+    async fn concurrent_commits_from_many_threads_make_every_write_durable() {
+        const THREADS: usize = 8;
+        const EVENTS: u64 = 200;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), false).unwrap();
+        let threads: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let store = store.clone();
+                std::thread::spawn(move || {
+                    let sid: Arc<str> = format!("sess_{t}").into();
+                    let mut written = Vec::new();
+                    let mut last_ticket = 0;
+                    for seq in 1..=EVENTS {
+                        let ev = message(seq);
+                        last_ticket = store.append(&sid, &ev);
+                        store.commit().unwrap();
+                        // Our own write is through a commit once commit() returns.
+                        assert!(store.committed() >= last_ticket);
+                        written.push(ev);
+                    }
+                    (sid, written, last_ticket)
+                })
+            })
+            .collect();
+        let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        let last_ticket = results.iter().map(|r| r.2).max().unwrap();
+        assert_eq!(last_ticket, THREADS as u64 * EVENTS);
+        assert_eq!(store.committed(), last_ticket);
+        drop(store);
+
+        let store = Store::open(dir.path(), false).unwrap();
+        let mut total = 0;
+        for (sid, written, _) in &results {
+            let read = all_events(&store, sid).await;
+            assert_eq!(keys(&read), keys(written), "{sid}");
+            total += read.len();
+        }
+        assert_eq!(total, THREADS * EVENTS as usize);
+    }
+
+    #[tokio::test]
+    async fn unfinished_sessions_lists_sessions_whose_last_event_is_not_terminal() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), false).unwrap();
+        let (done, running): (Arc<str>, Arc<str>) = ("sess_done".into(), "sess_running".into());
+        store.put_session(session_row(&done));
+        store.put_session(session_row(&running));
+        store.append(&done, &message(1));
+        store.append(&running, &message(1));
+        store.append(
+            &done,
+            &event(
+                2,
+                EventBody::TurnCompleted {
+                    usage: None,
+                    stop_reason: StopReason::EndTurn,
+                },
+            ),
+        );
+        store.append(&running, &message(2));
+        store.commit().unwrap();
+        assert_eq!(
+            store.unfinished_sessions().await.unwrap(),
+            vec![running.to_string()]
+        );
+    }
 }
