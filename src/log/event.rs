@@ -179,21 +179,31 @@ impl Event {
     }
 }
 
+/// `{"id", "type", "turn_id", "created_at", ...the body's fields}`, written straight out (no
+/// `Value` in between): the body serializes as `{"type":"…",<fields>}` (an internally tagged
+/// enum writes its tag first), and its fields are spliced in after the envelope.
 fn serialize(id: &str, turn_id: &str, created_at: &str, body: &EventBody) -> String {
-    let mut out = Map::new();
-    out.insert("id".into(), Value::String(id.into()));
-    out.insert("type".into(), Value::String(body.type_name().into()));
-    out.insert("turn_id".into(), Value::String(turn_id.into()));
-    out.insert("created_at".into(), Value::String(created_at.into()));
-    // Serializing our own enum into a Value cannot fail: every field is plain data.
-    if let Ok(Value::Object(fields)) = serde_json::to_value(body) {
-        for (k, v) in fields {
-            if k != "type" {
-                out.insert(k, v);
-            }
-        }
-    }
-    Value::Object(out).to_string()
+    // Serializing our own enum cannot fail: every field is plain data.
+    let body_json = serde_json::to_string(body).unwrap_or_default();
+    let tag = format!("{{\"type\":\"{}\"", body.type_name());
+    let fields = body_json.strip_prefix(tag.as_str()).unwrap_or("}");
+    let mut out = String::with_capacity(body_json.len() + id.len() + turn_id.len() + 64);
+    out.push_str("{\"id\":");
+    push_json_str(&mut out, id);
+    out.push_str(",\"type\":\"");
+    out.push_str(body.type_name());
+    out.push_str("\",\"turn_id\":");
+    push_json_str(&mut out, turn_id);
+    out.push_str(",\"created_at\":");
+    push_json_str(&mut out, created_at);
+    // `fields` is `}` or `,<fields>}`.
+    out.push_str(fields);
+    out
+}
+
+fn push_json_str(out: &mut String, s: &str) {
+    // A string always serializes.
+    out.push_str(&serde_json::to_string(s).unwrap_or_default());
 }
 
 #[cfg(test)]
@@ -223,6 +233,90 @@ mod tests {
         assert_eq!(back.body, ev.body);
         assert_eq!(back.id, "evt_1");
         assert_eq!(&*back.json, &*ev.json);
+    }
+
+    /// The envelope as a `Value` map, the way events were first serialized: the direct writer
+    /// must give exactly these bytes for every kind of event.
+    fn via_value(id: &str, turn_id: &str, created_at: &str, body: &EventBody) -> String {
+        let mut out = Map::new();
+        out.insert("id".into(), Value::String(id.into()));
+        out.insert("type".into(), Value::String(body.type_name().into()));
+        out.insert("turn_id".into(), Value::String(turn_id.into()));
+        out.insert("created_at".into(), Value::String(created_at.into()));
+        if let Ok(Value::Object(fields)) = serde_json::to_value(body) {
+            for (k, v) in fields {
+                if k != "type" {
+                    out.insert(k, v);
+                }
+            }
+        }
+        Value::Object(out).to_string()
+    }
+
+    #[test]
+    fn every_kind_of_event_serializes_as_its_envelope_then_its_fields() {
+        let file = FileRef {
+            id: "file_1".into(),
+            filename: "a \"q\".txt".into(),
+            mime_type: "text/plain".into(),
+            size_bytes: 3,
+        };
+        let usage = Some(Usage::default());
+        let bodies = vec![
+            EventBody::UserMessage {
+                content: json!([{"type": "text", "text": "héllo\n\u{1F600} \"x\""}]),
+                files: vec![file.clone()],
+                skills: vec![json!({"name": "s"})],
+            },
+            EventBody::AgentThinking {
+                content: "\t<b>&</b>".into(),
+            },
+            EventBody::AgentMessage {
+                content: String::new(),
+                plan: false,
+            },
+            EventBody::AgentMessage {
+                content: "1. plan".into(),
+                plan: true,
+            },
+            EventBody::ToolUse {
+                tool_use_id: "call_1".into(),
+                name: "mcp__t__x".into(),
+                input: json!({"z": 1, "a": [null, 2.5, "\\"]}),
+            },
+            EventBody::ToolResult {
+                tool_use_id: "call_1".into(),
+                content: json!([{"type": "text", "text": "ok"}]),
+                is_error: true,
+                files: vec![file],
+            },
+            EventBody::TurnCompleted {
+                usage,
+                stop_reason: StopReason::MaxSteps,
+            },
+            EventBody::TurnFailed {
+                reason: FailReason::WorkerLost,
+                usage: None,
+                message: Some("gone \u{7}".into()),
+            },
+            EventBody::TurnFailed {
+                reason: FailReason::Timeout,
+                usage,
+                message: None,
+            },
+            EventBody::TurnCancelled { usage: None },
+        ];
+        for body in bodies {
+            let ev = Event::new(
+                1,
+                "evt_\"1".into(),
+                "turn_1".into(),
+                "2026".into(),
+                body.clone(),
+            );
+            assert_eq!(&*ev.json, via_value("evt_\"1", "turn_1", "2026", &body));
+            assert_eq!(Event::parse(1, &ev.json).unwrap().body, body);
+        }
     }
 
     #[test]
