@@ -1247,3 +1247,61 @@ async fn the_event_stream_has_sse_headers_and_unknown_sessions_are_404() {
         .await;
     assert_eq!(status, 400, "{v}");
 }
+
+#[tokio::test]
+async fn every_event_a_subscriber_sees_is_already_in_the_log() {
+    let (fake, server) = setup_mcp().await;
+    let sid = server.session(json!({})).await;
+    let mut s = stream(&server, &sid, "", &[]).await;
+    // The tool runs for a while: its tool use is seen, and checked, while it runs.
+    fake.push(Reply::tool_calls(&[(
+        "call_1",
+        "mcp__ex__slow",
+        json!({"ms": 300}),
+    )]));
+    fake.push(Reply::text("done"));
+    let turn_id = send(&server, &sid, "go").await;
+    let mut seen = Vec::new();
+    loop {
+        let f = s.frame().await;
+        if f.is_delta() {
+            continue;
+        }
+        // The moment an event is seen, the log holds it, byte for byte: nothing a subscriber
+        // is shown can be lost to a crash.
+        let (status, text, _) = history_raw(&server, &sid, "?limit=1000").await;
+        assert_eq!(status, 200, "{text}");
+        assert!(
+            raw_array_elements(&text, "events").contains(&f.data),
+            "{} was on the stream before it was in the log: {text}",
+            f.event
+        );
+        seen.push(f.event.clone());
+        if f.is_terminal() && f.json()["turn_id"] == turn_id {
+            break;
+        }
+    }
+    assert_eq!(
+        seen,
+        [
+            "user.message",
+            "agent.tool_use",
+            "agent.tool_result",
+            "agent.message",
+            "turn.completed"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn deleting_a_session_ends_its_event_streams() {
+    let (_fake, server) = setup(AGENT).await;
+    let sid = server.session(json!({})).await;
+    let mut s = stream(&server, &sid, "", &[]).await;
+    let (status, _) = server.http.delete(&format!("/sessions/{sid}")).await;
+    assert_eq!(status, 204);
+    assert!(
+        s.next().await.is_none(),
+        "the stream of a deleted session ends"
+    );
+}

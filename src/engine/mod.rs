@@ -252,7 +252,6 @@ impl Engine {
                         is_error: true,
                         files: vec![],
                     },
-                    true,
                 );
             }
             session.append(
@@ -263,8 +262,9 @@ impl Engine {
                     usage: None,
                     message: Some("the process running this turn stopped before it ended".into()),
                 },
-                true,
             );
+            store.flush().await?;
+            session.publish_durable(store);
             tracing::warn!(session = %id, turn = %turn_id, "closed a turn left unfinished by a previous process (worker_lost)");
         }
         store.flush().await?;
@@ -561,6 +561,7 @@ impl Engine {
         let running = {
             let mut st = session.lock();
             st.deleted = true;
+            st.close_feed();
             st.running.clone()
         };
         if let Some(control) = running {
@@ -616,13 +617,20 @@ impl Engine {
                 st.record.agent
             ))
         })?;
-        let mut record = st.record.clone();
         let changed = !is_empty_update(&req.update);
-        self.apply_update(agent, &mut record, req.update)?;
+        let record = if changed {
+            let mut record = (*st.record).clone();
+            self.apply_update(agent, &mut record, req.update)?;
+            Some(record)
+        } else {
+            None
+        };
         if let TurnInput::Resume { .. } = &req.input {
             st.pending.clear();
         }
-        st.record = record;
+        if let Some(record) = record {
+            st.record = Arc::new(record);
+        }
         let control = session::TurnControl::new(ids::new("turn"));
         let job = turn::TurnJob {
             session: session.clone(),
@@ -648,6 +656,12 @@ impl Engine {
         drop(st);
         if changed {
             self.persist(session);
+            // A turn that runs now commits it with its first events; a queued one may wait.
+            if run_now.is_none() {
+                if let Err(e) = self.inner.store.commit() {
+                    tracing::error!(session = %session.id, error = %e, "the session's new settings could not be stored");
+                }
+            }
         }
         if let Some(job) = run_now {
             self.inner.spawn_turn(job);
@@ -914,7 +928,7 @@ fn view(session: &Session) -> SessionView {
     SessionView {
         id: session.id.to_string(),
         created_at: session.created_at.clone(),
-        record: st.record.clone(),
+        record: (*st.record).clone(),
         status,
         running_turn,
         pending: st.pending.clone(),

@@ -1,9 +1,10 @@
 //! A session: its persisted record, its in-memory state, and the one place events are appended.
 //!
 //! All state of a session sits behind one mutex that is never held across an await. Appending an
-//! event assigns its sequence number and id, queues it for the store, folds it into the history
-//! projection and publishes it to live subscribers, all under that lock, so the log, the
-//! projection and every live stream see one order.
+//! event assigns its sequence number and id, queues it for the store and folds it into the
+//! history projection, under that lock, so the log and the projection see one order. An event
+//! is published to live subscribers only once it is durable ([`Session::publish_durable`], after
+//! a [`Store::flush`]): nobody ever sees an event that a crash could take back.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -173,18 +174,40 @@ impl TurnControl {
 }
 
 pub(crate) struct State {
-    pub record: SessionRecord,
+    /// Shared with readers (a turn reads it at every step); replaced, never changed in place.
+    pub record: Arc<SessionRecord>,
     pub next_seq: u64,
     pub history: Projector,
     pub pending: Vec<Pending>,
     pub running: Option<Arc<TurnControl>>,
     /// Turns waiting for the running one to end, in order.
     pub queue: std::collections::VecDeque<super::turn::Queued>,
-    /// The events of the current (or last) turn, for subscribers that join mid-turn.
+    /// The published events of the current (or last) turn, for subscribers that join mid-turn.
     pub tail: Vec<Arc<Event>>,
+    /// Events appended but not yet published, with their store tickets, in order.
+    pub held: Vec<(u64, Arc<Event>)>,
     pub coalescer: Option<Coalescer>,
     pub plan: Option<PlanWait>,
     pub deleted: bool,
+    /// The live feed, made when the first subscriber comes and dropped when the last has gone
+    /// (its buffer is sizeable, and most sessions never have a subscriber).
+    feed: Option<broadcast::Sender<Feed>>,
+}
+
+impl State {
+    /// Send an item to live subscribers, if there are any.
+    fn send(&mut self, item: Feed) {
+        if let Some(tx) = &self.feed {
+            if tx.send(item).is_err() {
+                self.feed = None;
+            }
+        }
+    }
+
+    /// End every live subscription (the session is gone).
+    pub fn close_feed(&mut self) {
+        self.feed = None;
+    }
 }
 
 /// A session in memory.
@@ -193,7 +216,6 @@ pub struct Session {
     pub owner: Option<String>,
     pub created_at: String,
     state: Mutex<State>,
-    feed: broadcast::Sender<Feed>,
 }
 
 /// Live subscribers may lag this many items behind before they must refill from the log.
@@ -225,18 +247,19 @@ impl Session {
             owner,
             created_at,
             state: Mutex::new(State {
-                record,
+                record: Arc::new(record),
                 next_seq,
                 history,
                 pending,
                 running: None,
                 queue: Default::default(),
                 tail: last_turn,
+                held: Vec::new(),
                 coalescer: None,
                 plan: None,
                 deleted: false,
+                feed: None,
             }),
-            feed: broadcast::channel(FEED_CAPACITY).0,
         }
     }
 
@@ -244,18 +267,16 @@ impl Session {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Append an event to the log. `publish: false` holds it back from live subscribers (the
-    /// caller publishes it with [`Session::publish`] once it is durable). `None` when the
-    /// session has been deleted.
+    /// Append an event to the log. It reaches live subscribers once it is durable: see
+    /// [`Session::publish_durable`]. `None` when the session has been deleted.
     pub(crate) fn append(
         &self,
         store: &Store,
         turn_id: &str,
         body: EventBody,
-        publish: bool,
     ) -> Option<Arc<Event>> {
         let mut st = self.lock();
-        self.append_locked(&mut st, store, turn_id, body, publish)
+        self.append_locked(&mut st, store, turn_id, body)
     }
 
     pub(crate) fn append_locked(
@@ -264,7 +285,6 @@ impl Session {
         store: &Store,
         turn_id: &str,
         body: EventBody,
-        publish: bool,
     ) -> Option<Arc<Event>> {
         if st.deleted {
             return None;
@@ -272,9 +292,6 @@ impl Session {
         // Deltas gathered so far go out before any other event.
         self.flush_deltas(st);
         st.next_seq += 1;
-        if matches!(body, EventBody::UserMessage { .. }) {
-            st.tail.clear();
-        }
         let ev = Arc::new(Event::new(
             st.next_seq,
             ids::new("evt"),
@@ -282,23 +299,48 @@ impl Session {
             clock::now(),
             body,
         ));
-        store.append(&self.id, &ev);
+        let ticket = store.append(&self.id, &ev);
         st.history.apply(&ev.body);
-        st.tail.push(ev.clone());
-        if publish {
-            let _ = self.feed.send(Feed::Event(ev.clone()));
-        }
+        st.held.push((ticket, ev.clone()));
         Some(ev)
     }
 
-    /// Send an item to live subscribers.
-    pub fn publish(&self, item: Feed) {
-        let _ = self.feed.send(item);
+    /// Publish, in order, the held events the store has committed; returns them.
+    pub(crate) fn publish_durable(&self, store: &Store) -> Vec<Arc<Event>> {
+        let mut st = self.lock();
+        self.publish_durable_locked(&mut st, store)
+    }
+
+    pub(crate) fn publish_durable_locked(&self, st: &mut State, store: &Store) -> Vec<Arc<Event>> {
+        let committed = store.committed();
+        let n = st.held.iter().take_while(|(t, _)| *t <= committed).count();
+        let mut out = Vec::with_capacity(n);
+        let held: Vec<_> = st.held.drain(..n).collect();
+        for (_, ev) in held {
+            if matches!(ev.body, EventBody::UserMessage { .. }) {
+                st.tail.clear();
+            }
+            st.tail.push(ev.clone());
+            st.send(Feed::Event(ev.clone()));
+            out.push(ev);
+        }
+        out
     }
 
     /// Add a streamed fragment to the turn's coalescer, pushing a delta at every 200 characters.
-    pub(crate) fn push_fragment(&self, turn_id: &Arc<str>, kind: DeltaKind, fragment: &str) {
+    /// Returns whether the buffer now waits on its 50 ms deadline (someone must push it then:
+    /// see [`Session::flush_due`]). Without live subscribers there is nobody to coalesce for.
+    pub(crate) fn push_fragment(
+        &self,
+        turn_id: &Arc<str>,
+        kind: DeltaKind,
+        fragment: &str,
+    ) -> bool {
         let mut st = self.lock();
+        if st.feed.is_none() {
+            st.coalescer = None;
+            return false;
+        }
         if st
             .coalescer
             .as_ref()
@@ -328,14 +370,15 @@ impl Session {
             c.deadline = Some(tokio::time::Instant::now() + DELTA_WAIT);
         }
         let turn_id = c.turn_id.clone();
-        drop(st);
+        let waits = c.deadline.is_some();
         for text in full {
-            self.publish(Feed::Delta {
+            st.send(Feed::Delta {
                 turn_id: turn_id.clone(),
                 kind,
                 text: text.into(),
             });
         }
+        waits
     }
 
     /// Push what the coalescer holds (called before every stored event, and by the timer).
@@ -344,12 +387,12 @@ impl Session {
             c.deadline = None;
             c.chars = 0;
             if !c.buf.is_empty() {
-                let text = std::mem::take(&mut c.buf);
-                let _ = self.feed.send(Feed::Delta {
+                let item = Feed::Delta {
                     turn_id: c.turn_id.clone(),
                     kind: c.kind,
-                    text: text.into(),
-                });
+                    text: std::mem::take(&mut c.buf).into(),
+                };
+                st.send(item);
             }
         }
     }
@@ -380,7 +423,20 @@ impl Session {
     /// so nothing falls between them).
     pub fn subscribe(&self) -> (Vec<Arc<Event>>, broadcast::Receiver<Feed>) {
         let st = self.lock();
-        (st.tail.clone(), self.feed.subscribe())
+        let mut st = st;
+        if st.deleted {
+            // A closed feed: the subscriber ends at once.
+            return (st.tail.clone(), broadcast::channel(1).1);
+        }
+        let rx = match &st.feed {
+            Some(tx) => tx.subscribe(),
+            None => {
+                let (tx, rx) = broadcast::channel(FEED_CAPACITY);
+                st.feed = Some(tx);
+                rx
+            }
+        };
+        (st.tail.clone(), rx)
     }
 
     /// The events of the current (or last) turn.
@@ -388,7 +444,7 @@ impl Session {
         self.lock().tail.clone()
     }
 
-    pub fn record(&self) -> SessionRecord {
+    pub fn record(&self) -> Arc<SessionRecord> {
         self.lock().record.clone()
     }
 

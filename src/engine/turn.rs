@@ -6,6 +6,7 @@
 //! a timeout or a shutdown gets `"Cancelled."`).
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -140,6 +141,9 @@ struct Turn {
     inlined: HashMap<String, Vec<crate::message::Block>>,
     /// The watcher shows streamed text as it comes and cannot take it back (AAP `delta`).
     irrevocable: bool,
+    /// Pushes coalesced deltas whose 50 ms are up while the turn waits on the upstream; started
+    /// with the first delta that has to wait.
+    flusher: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
@@ -154,10 +158,9 @@ pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
         max_steps,
         irrevocable,
     } = job;
-    let agent_name = session.record().agent;
     let timeout = inner
         .config
-        .agent(&agent_name)
+        .agent(&session.record().agent)
         .map(|a| a.turn_timeout)
         .unwrap_or(Duration::from_secs(3600));
     let mut turn = Turn {
@@ -174,22 +177,7 @@ pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
         extra: Vec::new(),
         inlined: HashMap::new(),
         irrevocable,
-    };
-    // Pushes coalesced deltas whose 50 ms are up while the turn waits on the upstream.
-    let flusher = {
-        let session = turn.session.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(super::session::DELTA_WAIT / 5);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                match session.flush_due() {
-                    Some(deadline) => tokio::time::sleep_until(deadline).await,
-                    None => {
-                        tick.tick().await;
-                    }
-                }
-            }
-        })
+        flusher: Default::default(),
     };
     let result = tokio::select! {
         r = turn.body(input, answering, plan, max_steps) => r,
@@ -199,7 +187,14 @@ pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
             format!("the turn ran longer than turn_timeout_s ({} s)", timeout.as_secs()),
         )),
     };
-    flusher.abort();
+    if let Some(flusher) = turn
+        .flusher
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+    {
+        flusher.abort();
+    }
     turn.finish(result, &control).await;
 }
 
@@ -211,13 +206,26 @@ impl Turn {
             EventBody::AgentMessage { content, .. } if !content.is_empty() => self.said = true,
             _ => {}
         }
-        let ev = self
-            .session
-            .append(&self.inner.store, &self.turn_id, body, true)?;
-        if let Some(sink) = &self.sink {
-            let _ = sink.send(Feed::Event(ev.clone()));
+        self.session.append(&self.inner.store, &self.turn_id, body)
+    }
+
+    /// Make the events emitted so far durable, then let the watcher and the session's
+    /// subscribers see them. Called before the turn waits on anything outside the process (the
+    /// model, a tool, the client), so nothing it has said is lost to a crash or held back.
+    async fn sync(&self) -> Result<(), End> {
+        if let Err(e) = self.inner.store.flush().await {
+            return Err(End::Failed(
+                FailReason::InternalError,
+                format!("the log could not be written: {e}"),
+            ));
         }
-        Some(ev)
+        let published = self.session.publish_durable(&self.inner.store);
+        if let Some(sink) = &self.sink {
+            for ev in published {
+                let _ = sink.send(Feed::Event(ev));
+            }
+        }
+        Ok(())
     }
 
     fn emit_result(&mut self, call_id: &str, out: ToolOutput) {
@@ -242,51 +250,37 @@ impl Turn {
             permissions,
         } = input
         {
-            self.resume(answering, results, permissions).await;
-        }
-        // A turn that has begun is durably known before the model is called: if the process
-        // dies from here on, the next start closes it as `worker_lost` instead of losing it.
-        if let Err(e) = self.inner.store.flush().await {
-            return Err(End::Failed(
-                FailReason::InternalError,
-                format!("the log could not be written: {e}"),
-            ));
+            self.resume(answering, results, permissions).await?;
         }
 
         let record = self.session.record();
         let config = self.inner.config.clone();
-        let agent = config
-            .agent(&record.agent)
-            .ok_or_else(|| {
-                End::Failed(
-                    FailReason::InternalError,
-                    format!(
-                        "the session's agent {:?} is no longer configured",
-                        record.agent
-                    ),
-                )
-            })?
-            .clone();
-        let mut agent = agent;
-        if let Some(m) = max_steps {
-            agent.max_steps = m;
-        }
+        let agent = config.agent(&record.agent).ok_or_else(|| {
+            End::Failed(
+                FailReason::InternalError,
+                format!(
+                    "the session's agent {:?} is no longer configured",
+                    record.agent
+                ),
+            )
+        })?;
+        let max_steps = max_steps.unwrap_or(agent.max_steps);
         let mut step = 0;
         if plan {
-            step = self.plan(&agent).await?;
+            step = self.plan(agent, max_steps).await?;
         }
-        while step < agent.max_steps {
+        while step < max_steps {
             step += 1;
             let record = self.session.record();
             let host_tools = self.inner.tools.tools();
-            let catalog = Catalog::new(&agent, &host_tools, &record, self.interactive);
+            let catalog = Catalog::new(agent, &host_tools, &record, self.interactive);
             let thinking = match record.options.get("thinking").map(String::as_str) {
                 Some("on") => true,
                 Some("off") => false,
                 _ => agent.thinking,
             };
             self.prepare_attachments().await;
-            let req = self.request(&agent, &record, catalog.offered(), thinking);
+            let req = self.request(agent, &record, catalog.offered(), thinking);
             let out = self.call_model(&req, thinking).await?;
             self.usage.add(out.usage);
 
@@ -322,7 +316,7 @@ impl Turn {
                     input: call.input.clone(),
                 });
             }
-            if step == agent.max_steps {
+            if step == max_steps {
                 for call in &tool_calls {
                     self.emit_result(
                         &call.id,
@@ -353,7 +347,7 @@ impl Turn {
                     kind,
                 });
             }
-            self.run_tools(inline).await;
+            self.run_tools(inline).await?;
             if !stop_on.is_empty() {
                 self.open
                     .retain(|id| !stop_on.iter().any(|p| &p.call_id == id));
@@ -368,7 +362,11 @@ impl Turn {
     /// Plan mode: ask for a plan with no tools offered, log it (`agent.message`, `plan: true`),
     /// and wait for the client: confirmed, the plan (or its edit) goes into the context; rejected,
     /// the reason does and another plan is asked for. Returns the model calls spent.
-    async fn plan(&mut self, agent: &crate::config::AgentConfig) -> Result<u32, End> {
+    async fn plan(
+        &mut self,
+        agent: &crate::config::AgentConfig,
+        max_steps: u32,
+    ) -> Result<u32, End> {
         let mut steps = 0;
         self.extra = vec![Message::User {
             content: crate::message::Content::Text(
@@ -376,7 +374,7 @@ impl Turn {
             ),
         }];
         loop {
-            if steps >= agent.max_steps {
+            if steps >= max_steps {
                 return Err(End::Failed(
                     FailReason::EmptyOutput,
                     "the step budget was spent on plans that were not approved".into(),
@@ -405,6 +403,7 @@ impl Turn {
                 content: out.text.clone(),
                 plan: true,
             });
+            self.sync().await?;
             let decision = rx.await.map_err(|_| End::Stopped)?;
             self.session.lock().plan = None;
             match decision {
@@ -436,7 +435,7 @@ impl Turn {
         answering: Vec<Pending>,
         results: Vec<ClientResult>,
         permissions: Vec<Permission>,
-    ) {
+    ) -> Result<(), End> {
         self.open = answering.iter().map(|p| p.call_id.clone()).collect();
 
         let mut results: HashMap<String, ClientResult> = results
@@ -482,7 +481,7 @@ impl Turn {
                 }
             }
         }
-        self.run_tools(granted).await;
+        self.run_tools(granted).await
     }
 
     /// Read the session's attached files once, as the model will see them.
@@ -499,10 +498,11 @@ impl Turn {
     }
 
     /// Run server tool calls in parallel (bounded), logging each result as it completes.
-    async fn run_tools(&mut self, calls: Vec<ToolCall>) {
+    async fn run_tools(&mut self, calls: Vec<ToolCall>) -> Result<(), End> {
         if calls.is_empty() {
-            return;
+            return Ok(());
         }
+        let mut left = calls.len();
         let host = self.inner.tools.clone();
         let ctx = CallContext {
             session_id: self.session.id.to_string(),
@@ -520,9 +520,22 @@ impl Turn {
                 }
             })
             .buffer_unordered(TOOL_PARALLELISM);
-        while let Some((id, out)) = done.next().await {
+        // The calls start, then what the turn said before them (its tool uses) is committed and
+        // published while they run.
+        let mut next = overlapped(done.next(), self.sync(), &AtomicBool::new(true)).await?;
+        while let Some((id, out)) = next {
             self.emit_result(&id, out);
+            left -= 1;
+            if left == 0 {
+                // The last result goes out with the next commit, which comes at once: the next
+                // model call's, or the terminal event's.
+                break;
+            }
+            // Each result is published as its call completes.
+            self.sync().await?;
+            next = done.next().await;
         }
+        Ok(())
     }
 
     fn request(
@@ -567,6 +580,7 @@ impl Turn {
         loop {
             self.model_called = true;
             crate::metrics::inc(&crate::metrics::MODEL_CALLS);
+            let released = AtomicBool::new(false);
             let mut deltas = Deltas {
                 session: &self.session,
                 sink: self.sink.as_ref(),
@@ -574,8 +588,19 @@ impl Turn {
                 thinking,
                 streamed_text: false,
                 kept: self.irrevocable.then(String::new),
+                released: &released,
+                early: Vec::new(),
+                flusher: &self.flusher,
             };
-            let result = self.inner.provider.complete(req, &mut deltas).await;
+            // What the turn has said so far (its `user.message` first of all) is committed while
+            // the upstream works on the request, and published before anything the model says.
+            let result = overlapped(
+                self.inner.provider.complete(req, &mut deltas),
+                self.sync(),
+                &released,
+            )
+            .await?;
+            deltas.release();
             let streamed = deltas.streamed_text;
             let kept = deltas.kept.take().filter(|t| !t.is_empty());
             match result {
@@ -645,24 +670,18 @@ impl Turn {
             _ => &crate::metrics::TURNS_FAILED,
         });
         let stop_on = std::mem::take(&mut self.stop_on);
-        let ev = {
+        {
             let mut st = self.session.lock();
-            let ev = self.session.append_locked(
-                &mut st,
-                &self.inner.store,
-                &self.turn_id,
-                terminal,
-                false,
-            );
+            self.session
+                .append_locked(&mut st, &self.inner.store, &self.turn_id, terminal);
             st.pending = stop_on;
-            ev
-        };
+        }
         if let Err(e) = self.inner.store.flush().await {
             tracing::error!(turn = %self.turn_id, error = %e, "the turn's events could not be made durable");
         }
         // Under one lock: the terminal event reaches subscribers before anything of the next
         // turn, and the next queued turn takes the session.
-        let next = {
+        let (published, next) = {
             let mut st = self.session.lock();
             if st
                 .running
@@ -673,13 +692,18 @@ impl Turn {
             }
             st.coalescer = None;
             st.plan = None;
-            if let Some(ev) = &ev {
-                self.session.publish(Feed::Event(ev.clone()));
-            }
-            next_queued(&self.session, &mut st, &self.inner.store)
+            let published = self
+                .session
+                .publish_durable_locked(&mut st, &self.inner.store);
+            (
+                published,
+                next_queued(&self.session, &mut st, &self.inner.store),
+            )
         };
-        if let (Some(ev), Some(sink)) = (ev, &self.sink) {
-            let _ = sink.send(Feed::Event(ev));
+        if let Some(sink) = &self.sink {
+            for ev in published {
+                let _ = sink.send(Feed::Event(ev));
+            }
         }
         if let Some(job) = next {
             self.inner.spawn_turn(job);
@@ -754,15 +778,18 @@ pub(crate) fn next_queued(
     while let Some(q) = st.queue.pop_front() {
         if q.control.token.is_cancelled() {
             let turn_id = q.control.turn_id.clone();
-            let mut sent = Vec::new();
             for body in [
                 user_message(&q.job.input),
                 EventBody::TurnCancelled { usage: None },
             ] {
-                if let Some(ev) = session.append_locked(st, store, &turn_id, body, true) {
-                    sent.push(ev);
-                }
+                session.append_locked(st, store, &turn_id, body);
             }
+            // Rare enough to commit here, under the session's lock, so that the events are
+            // published in their place.
+            if let Err(e) = store.commit() {
+                tracing::error!(turn = %turn_id, error = %e, "a cancelled queued turn could not be logged");
+            }
+            let sent = session.publish_durable_locked(st, store);
             if let Some(sink) = &q.job.sink {
                 for ev in sent {
                     let _ = sink.send(Feed::Event(ev));
@@ -777,26 +804,95 @@ pub(crate) fn next_queued(
     None
 }
 
+/// Runs `call` (a model or tool call) and `sync` (making the turn's events durable) side by side:
+/// `call` is polled once, so that it hands its request over, then `sync` runs (committing on this
+/// thread) while the other side works, then `call` goes on. `released` tells [`Deltas`] when
+/// fragments may reach subscribers: never before the events that precede them.
+async fn overlapped<T>(
+    call: impl std::future::Future<Output = T>,
+    sync: impl std::future::Future<Output = Result<(), End>>,
+    released: &AtomicBool,
+) -> Result<T, End> {
+    let mut call = std::pin::pin!(call);
+    let first = futures_util::poll!(call.as_mut());
+    if first.is_pending() {
+        // Let the connection's task write the request before this thread commits.
+        tokio::task::yield_now().await;
+    }
+    sync.await?;
+    released.store(true, std::sync::atomic::Ordering::Relaxed);
+    Ok(match first {
+        std::task::Poll::Ready(out) => out,
+        std::task::Poll::Pending => call.await,
+    })
+}
+
 /// Forwards streamed fragments to the turn's watcher and the session's live subscribers.
 struct Deltas<'a> {
-    session: &'a Session,
+    session: &'a Arc<Session>,
     sink: Option<&'a mpsc::UnboundedSender<Feed>>,
     turn_id: &'a Arc<str>,
     thinking: bool,
     streamed_text: bool,
     /// The attempt's text, kept when the watcher cannot retract what it was sent.
     kept: Option<String>,
+    /// Whether the turn's earlier events are published, so fragments may follow them.
+    released: &'a AtomicBool,
+    /// Fragments that came before that, in order.
+    early: Vec<(DeltaKind, String)>,
+    flusher: &'a std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+/// Pushes the session's coalesced deltas when their 50 ms are up, until aborted.
+async fn flush_deltas_on_time(session: Arc<Session>) {
+    let mut tick = tokio::time::interval(super::session::DELTA_WAIT / 5);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        match session.flush_due() {
+            Some(deadline) => tokio::time::sleep_until(deadline).await,
+            None => {
+                tick.tick().await;
+            }
+        }
+    }
 }
 
 impl Deltas<'_> {
-    fn send(&self, kind: DeltaKind, fragment: &str) {
+    /// Send the fragments held back (once the earlier events are out).
+    fn release(&mut self) {
+        for (kind, text) in std::mem::take(&mut self.early) {
+            self.to_feed(kind, &text);
+        }
+    }
+
+    fn send(&mut self, kind: DeltaKind, fragment: &str) {
+        // The watcher gets fragments at once: it renders them only in AAP `delta` mode, which
+        // shows no event of the turn before its text (and never retracts, so no retry's
+        // fragments can pass a retraction).
         if let Some(sink) = self.sink {
             let _ = sink.send(Feed::Fragment {
                 kind,
                 text: fragment.to_string(),
             });
         }
-        self.session.push_fragment(self.turn_id, kind, fragment);
+        if !self.released.load(std::sync::atomic::Ordering::Relaxed) {
+            self.early.push((kind, fragment.to_string()));
+            return;
+        }
+        if !self.early.is_empty() {
+            self.release();
+        }
+        self.to_feed(kind, fragment);
+    }
+
+    /// Into the session's coalescer, for its live subscribers.
+    fn to_feed(&self, kind: DeltaKind, fragment: &str) {
+        if self.session.push_fragment(self.turn_id, kind, fragment) {
+            let mut flusher = self.flusher.lock().unwrap_or_else(|p| p.into_inner());
+            if flusher.is_none() {
+                *flusher = Some(tokio::spawn(flush_deltas_on_time(self.session.clone())));
+            }
+        }
     }
 }
 

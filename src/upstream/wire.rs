@@ -292,7 +292,8 @@ impl Endpoint {
         match tokio::time::timeout(self.timeout, call).await {
             Ok(Ok((output, rest))) => {
                 if let Some(body) = rest {
-                    drain(body).await;
+                    // Off the turn's path: the connection goes back to the pool when it is done.
+                    tokio::spawn(drain(body));
                 }
                 Ok(output)
             }

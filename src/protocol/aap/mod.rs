@@ -365,7 +365,7 @@ pub async fn turns(
         ..SessionUpdate::default()
     };
     if let Some(agent) = body.agent {
-        let current = session.record().agent;
+        let current = session.record().agent.clone();
         if agent.name.as_ref().is_some_and(|n| *n != current) {
             return Err(ApiError::bad_request(format!(
                 "agent.name cannot change after the session is created (it is {current:?}); create another session for another agent"
