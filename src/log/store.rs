@@ -194,6 +194,10 @@ fn open_conn(path: &Path, fsync: bool) -> Result<Connection, StoreError> {
 impl Store {
     /// Open (creating if needed) `dir/turnstile.db` and start the writer thread.
     pub fn open(dir: &Path, fsync: bool) -> Result<Store, StoreError> {
+        Store::open_tuned(dir, fsync, WAL_RESTART_FRAMES)
+    }
+
+    fn open_tuned(dir: &Path, fsync: bool, wal_restart_frames: i64) -> Result<Store, StoreError> {
         std::fs::create_dir_all(dir).map_err(|e| StoreError::Open {
             path: dir.to_path_buf(),
             source: rusqlite::Error::ToSqlConversionFailure(Box::new(e)),
@@ -208,7 +212,7 @@ impl Store {
         let (ck_tx, ck_rx) = std::sync::mpsc::sync_channel::<()>(1);
         std::thread::Builder::new()
             .name("turnstile-checkpoint".into())
-            .spawn(move || checkpoint_loop(checkpoint_conn, ck_rx))
+            .spawn(move || checkpoint_loop(checkpoint_conn, ck_rx, wal_restart_frames))
             .map_err(|e| StoreError::WriteFailed(e.to_string()))?;
         Ok(Store {
             shared: Arc::new(Shared {
@@ -513,12 +517,25 @@ const MAX_FAILURES: usize = 64;
 const CHECKPOINT_EVERY: u32 = 1000;
 const CHECKPOINT_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Runs a passive checkpoint whenever the writer asks; ends when the writer does.
-fn checkpoint_loop(conn: Connection, rx: std::sync::mpsc::Receiver<()>) {
+/// WAL frames (about 64 MiB at the default page size) past which the checkpointer restarts the
+/// WAL: under steady writes a passive checkpoint never catches up with the last commit, and the
+/// WAL, which restarts from its beginning only once wholly copied back, would grow without end.
+const WAL_RESTART_FRAMES: i64 = 16 * 1024;
+
+/// Runs a passive checkpoint whenever a committer asks; ends when the store is dropped.
+fn checkpoint_loop(conn: Connection, rx: std::sync::mpsc::Receiver<()>, restart_frames: i64) {
     while rx.recv().is_ok() {
         // PASSIVE: copy what can be copied without blocking the writer or any reader.
-        if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
-            tracing::warn!(error = %e, "store: checkpoint failed");
+        let frames = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get::<_, i64>(1));
+        match frames {
+            Ok(frames) if frames > restart_frames => {
+                // Commits wait (briefly: the WAL was just copied) while the WAL restarts.
+                if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |_| Ok(())) {
+                    tracing::warn!(error = %e, frames, "store: restarting the WAL failed");
+                }
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "store: checkpoint failed"),
         }
     }
     let _ = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
@@ -874,5 +891,36 @@ mod tests {
             store.unfinished_sessions().await.unwrap(),
             vec![running.to_string()]
         );
+    }
+
+    #[test]
+    fn the_wal_stops_growing_under_steady_commits() {
+        // A small restart threshold, so that a few thousand commits cross it many times.
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_tuned(dir.path(), false, 256).unwrap();
+        let session: Arc<str> = "sess_wal".into();
+        let wal = dir.path().join("turnstile.db-wal");
+        let mut largest = 0;
+        // Commits back to back, as under load: the checkpointer never sees a quiet WAL.
+        for seq in 1..=6_000 {
+            store.append(&session, &message(seq));
+            store.commit().unwrap();
+            largest = largest.max(std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0));
+        }
+        // Every commit writes two or three frames: 6,000 commits would leave a WAL of 12,000+
+        // frames (48 MiB+) if it never restarted.
+        let frame = 4096 + 24;
+        assert!(
+            largest < 4 * 1024 * frame,
+            "the WAL grew to {largest} bytes ({} frames)",
+            largest / frame
+        );
+        drop(store);
+        let store = Store::open(dir.path(), false).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let events = rt.block_on(store.events("sess_wal", 0, 10_000)).unwrap();
+        assert_eq!(events.len(), 6_000);
     }
 }
