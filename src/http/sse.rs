@@ -1,7 +1,8 @@
-//! Server-sent events: a response body fed by a bounded channel, with keep-alive comments while
-//! the producer is quiet. A client that goes away drops the body, and the producer's next send
-//! fails: that is how a producer learns to stop (it never blocks the engine: it reads from its
-//! own feed and writes here).
+//! Server-sent events: a response body that pulls its events from a stream, polled by the
+//! connection's own task (no task or channel in between, so an event costs no extra wake-up on
+//! its way out), with keep-alive comments while the stream is quiet. A client that goes away
+//! drops the body and with it the stream; the stream's source (a turn, the event log) never
+//! waits on it.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -9,47 +10,17 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
+use futures_util::Stream;
 use http::{header, HeaderValue, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::{Body as HttpBody, Frame, SizeHint};
-use tokio::sync::mpsc;
+use std::future::Future;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use super::Response;
 
 /// A comment line about every this often, so that proxies keep the connection open.
 pub const KEEPALIVE: Duration = Duration::from_secs(15);
-
-/// Frames buffered for a slow client before the producer waits.
-const BUFFER: usize = 256;
-
-/// The producer's end of an SSE response.
-pub struct SseWriter {
-    tx: mpsc::Sender<Bytes>,
-}
-
-/// The client went away.
-#[derive(Debug)]
-pub struct Closed;
-
-impl SseWriter {
-    /// Send one event. `id` is written as the `id:` field.
-    pub async fn event(&self, name: &str, data: &str, id: Option<&str>) -> Result<(), Closed> {
-        self.tx
-            .send(format_event(name, data, id))
-            .await
-            .map_err(|_| Closed)
-    }
-
-    /// Whether the client is gone.
-    pub fn is_closed(&self) -> bool {
-        self.tx.is_closed()
-    }
-
-    /// Resolves when the client is gone.
-    pub async fn closed(&self) {
-        self.tx.closed().await
-    }
-}
 
 /// One SSE event in wire form.
 pub fn format_event(name: &str, data: &str, id: Option<&str>) -> Bytes {
@@ -67,12 +38,19 @@ pub fn format_event(name: &str, data: &str, id: Option<&str>) -> Bytes {
     b.freeze()
 }
 
-/// A new SSE response and its writer.
-pub fn response() -> (SseWriter, Response) {
-    let (tx, rx) = mpsc::channel(BUFFER);
+/// An SSE response sending what `events` yields (each item one or more events in wire form, see
+/// [`format_event`]) until it ends or `stop` is cancelled.
+pub fn response(
+    events: impl Stream<Item = Bytes> + Send + 'static,
+    stop: &CancellationToken,
+) -> Response {
     let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + KEEPALIVE, KEEPALIVE);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let body = SseBody { rx, ticker };
+    let body = SseBody {
+        events: Box::pin(events),
+        stop: Box::pin(stop.clone().cancelled_owned()),
+        ticker,
+    };
     let mut resp = http::Response::new(body.boxed_unsync());
     *resp.status_mut() = StatusCode::OK;
     let h = resp.headers_mut();
@@ -82,11 +60,12 @@ pub fn response() -> (SseWriter, Response) {
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    (SseWriter { tx }, resp)
+    resp
 }
 
 struct SseBody {
-    rx: mpsc::Receiver<Bytes>,
+    events: Pin<Box<dyn Stream<Item = Bytes> + Send>>,
+    stop: Pin<Box<WaitForCancellationFutureOwned>>,
     ticker: tokio::time::Interval,
 }
 
@@ -98,7 +77,10 @@ impl HttpBody for SseBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        match self.rx.poll_recv(cx) {
+        if self.stop.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(None);
+        }
+        match self.events.as_mut().poll_next(cx) {
             Poll::Ready(Some(b)) => {
                 self.ticker.reset();
                 Poll::Ready(Some(Ok(Frame::data(b))))

@@ -159,41 +159,26 @@ pub async fn stream(
         Some(c) => app.engine.seq_of(&session, c).await?,
         None => 0,
     };
-    let mut follow = Follow::new(&app.engine, session, after_seq).await?;
-    let (writer, response) = sse::response();
-    let stop = app.streams.clone();
-    tokio::spawn(async move {
+    let follow = Follow::new(&app.engine, session, after_seq).await?;
+    let events = futures_util::stream::unfold(follow, |mut follow| async move {
         loop {
-            let item = tokio::select! {
-                item = follow.next() => item,
-                _ = writer.closed() => return,
-                _ = stop.cancelled() => return,
-            };
-            let Some(item) = item else { return };
-            let sent = match &item {
-                Feed::Event(ev) => {
-                    writer
-                        .event(ev.body.type_name(), &ev.json, Some(&ev.id))
-                        .await
-                }
+            let wire = match follow.next().await? {
+                Feed::Event(ev) => sse::format_event(ev.body.type_name(), &ev.json, Some(&ev.id)),
                 Feed::Delta {
                     turn_id,
                     kind,
                     text,
                 } => {
-                    let data = json!({"type": kind.type_name(), "turn_id": &**turn_id, "content": &**text});
-                    writer
-                        .event(kind.type_name(), &data.to_string(), None)
-                        .await
+                    let data =
+                        json!({"type": kind.type_name(), "turn_id": &*turn_id, "content": &*text});
+                    sse::format_event(kind.type_name(), &data.to_string(), None)
                 }
-                Feed::Fragment { .. } => Ok(()),
+                Feed::Fragment { .. } => continue,
             };
-            if sent.is_err() {
-                return;
-            }
+            return Some((wire, follow));
         }
     });
-    Ok(response)
+    Ok(sse::response(events, &app.streams))
 }
 
 /// `POST /sessions/{id}/cancel` (`{"turn_id"}` optional): `200 {"cancelled": [turn ids]}`.

@@ -312,26 +312,22 @@ pub async fn events(app: &App, caller: &Caller, id: &str) -> Result<Response, Ap
         .tail()
         .first()
         .map_or(0, |e| e.seq.saturating_sub(1));
-    let mut follow = Follow::new(&app.engine, session, start).await?;
-    let (writer, response) = sse::response();
-    let stop = app.streams.clone();
-    tokio::spawn(async move {
-        let mut renderer = RunRenderer::default();
+    let follow = Follow::new(&app.engine, session, start).await?;
+    let state = (follow, RunRenderer::default());
+    let events = futures_util::stream::unfold(state, |(mut follow, mut renderer)| async move {
         loop {
-            let item = tokio::select! {
-                item = follow.next() => item,
-                _ = writer.closed() => return,
-                _ = stop.cancelled() => return,
-            };
-            let Some(item) = item else { return };
+            let item = follow.next().await?;
+            // One item may render as several events: they go out as one chunk.
+            let mut wire = bytes::BytesMut::new();
             for (name, data) in renderer.render(&item) {
-                if writer.event(name, &data.to_string(), None).await.is_err() {
-                    return;
-                }
+                wire.extend_from_slice(&sse::format_event(name, &data.to_string(), None));
+            }
+            if !wire.is_empty() {
+                return Some((wire.freeze(), (follow, renderer)));
             }
         }
     });
-    Ok(response)
+    Ok(sse::response(events, &app.streams))
 }
 
 /// `POST /sessions/{id}/plan/confirm {"edits"?}`.

@@ -396,23 +396,25 @@ pub async fn turns(
             ),
         ));
     }
-    let (writer, response) = sse::response();
-    tokio::spawn(async move {
-        if writer.event("turn_start", "{}", None).await.is_err() {
-            return;
-        }
+    // A client that goes away drops this stream; the turn goes on and is logged.
+    let start = sse::format_event("turn_start", "{}", None);
+    let events = futures_util::stream::unfold(Some((handle, renderer)), move |state| async move {
+        let (mut handle, mut renderer) = state?;
         while let Some(item) = handle.feed.recv().await {
             let terminal = matches!(&item, Feed::Event(ev) if ev.body.is_terminal());
             if let Some((name, data)) = renderer.sse(mode, &item) {
-                if writer.event(name, &data, None).await.is_err() {
-                    // The client went away; the turn goes on and is logged.
-                    return;
-                }
+                let next = (!terminal).then_some((handle, renderer));
+                return Some((sse::format_event(name, &data, None), next));
             }
             if terminal {
-                return;
+                return None;
             }
         }
+        None
     });
-    Ok(response)
+    let events = futures_util::StreamExt::chain(
+        futures_util::stream::once(std::future::ready(start)),
+        events,
+    );
+    Ok(sse::response(events, &app.streams))
 }
