@@ -593,13 +593,13 @@ struct Latency {
     /// CPU time of this whole process (client, fake upstream and turnstile) per request at
     /// c=1, direct and through, in µs (medians over rounds): what is not CPU is waiting.
     c1_cpu: (f64, f64),
-    /// One durable-log barrier on an idle store, and the slowest.
+    /// One commit of one event on an idle store, and the slowest.
     barrier: (Pcts, f64),
 }
 
-/// One durable-log barrier as a turn at c=1 meets it: one event appended to an idle store, then
-/// `flush` (the writer thread wakes, commits, answers). A turn waits on two: its first event
-/// before the model is called, its terminal event before the client sees it.
+/// One commit as a turn at c=1 meets it: one event appended to an idle store, then `flush`
+/// (which commits on the calling thread). A plain turn commits twice: its first events while
+/// the upstream works on the request, its last ones before the client sees them.
 async fn store_barrier(count: usize) -> Result<(Pcts, f64)> {
     use turnstile::log::{Event, EventBody, Store};
     let dir = tempfile::Builder::new()
@@ -619,7 +619,7 @@ async fn store_barrier(count: usize) -> Result<(Pcts, f64)> {
                 plan: false,
             },
         );
-        // Idle between barriers, as at c=1 (the writer thread parks).
+        // Idle between commits, as at c=1.
         tokio::time::sleep(Duration::from_micros(200)).await;
         let t = Instant::now();
         store.append(&session, &ev);
@@ -1614,7 +1614,7 @@ async fn run_on_worker(opts: &Options) -> Result<Report> {
         );
         let (barrier, barrier_max) = lat_v.map_or((nan, f64::NAN), |l| l.barrier);
         row(
-            "one durable-log barrier (append + flush, idle store); a turn waits on two",
+            "one durable-log commit (append + flush, idle store); a plain turn makes two, the first while the upstream works",
             format!(
                 "{} p50, {} p99, {} max",
                 us(barrier.p50),
