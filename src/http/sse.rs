@@ -39,7 +39,7 @@ pub fn format_event(name: &str, data: &str, id: Option<&str>) -> Bytes {
 }
 
 /// An SSE response sending what `events` yields (each item one or more events in wire form, see
-/// [`format_event`]) until it ends or `stop` is cancelled.
+/// [`format_event`]) until it ends, or `stop` is cancelled and it has nothing ready.
 pub fn response(
     events: impl Stream<Item = Bytes> + Send + 'static,
     stop: &CancellationToken,
@@ -77,15 +77,15 @@ impl HttpBody for SseBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        if self.stop.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(None);
-        }
         match self.events.as_mut().poll_next(cx) {
             Poll::Ready(Some(b)) => {
                 self.ticker.reset();
                 Poll::Ready(Some(Ok(Frame::data(b))))
             }
             Poll::Ready(None) => Poll::Ready(None),
+            // Stopping ends the stream once what is ready has gone out (a turn's last event,
+            // written as the server shuts down, is not cut off).
+            Poll::Pending if self.stop.as_mut().poll(cx).is_ready() => Poll::Ready(None),
             Poll::Pending => match self.ticker.poll_tick(cx) {
                 Poll::Ready(_) => Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(
                     b": keep-alive\n\n",
