@@ -6,6 +6,7 @@
 
 pub mod anthropic;
 pub mod echo;
+mod http1;
 pub mod openai;
 pub mod sse;
 pub mod wire;

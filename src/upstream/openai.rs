@@ -949,6 +949,76 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_server_that_closes_each_connection_after_answering_costs_no_call() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        // Answers one request per connection, then closes it without saying so (no
+        // `Connection: close`): the pooled connection is dead when the next call comes.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((mut sock, _)) = listener.accept().await {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut req = Vec::new();
+                let mut buf = [0u8; 4096];
+                // The head, then as many body bytes as Content-Length says.
+                let (head_end, length) = loop {
+                    let n = sock.read(&mut buf).await.unwrap();
+                    assert!(n > 0, "the client closed before sending a request");
+                    req.extend_from_slice(&buf[..n]);
+                    if let Some(i) = req.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let head = String::from_utf8_lossy(&req[..i]).to_lowercase();
+                        let length: usize = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .map(|v| v.trim().parse().unwrap())
+                            .unwrap_or(0);
+                        break (i + 4, length);
+                    }
+                };
+                while req.len() < head_end + length {
+                    let n = sock.read(&mut buf).await.unwrap();
+                    req.extend_from_slice(&buf[..n]);
+                }
+                let body = sse(&[
+                    json!({"choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": null}]}),
+                    json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+                ]) + "data: [DONE]\n\n";
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                sock.write_all(resp.as_bytes()).await.unwrap();
+                // Dropping the socket closes it.
+            }
+        });
+        let p = OpenAi::new(format!("http://{addr}/v1"), None, Duration::from_secs(5));
+        for _ in 0..5 {
+            let out = p.complete(&ask("hi"), &mut Rec::default()).await.unwrap();
+            assert_eq!(out.text, "ok");
+        }
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 5);
+    }
+
+    #[tokio::test]
+    async fn the_request_names_its_host_and_path() {
+        let fake = FakeOpenAi::start().await;
+        fake.record_requests(true);
+        fake.push(Reply::text("done"));
+        provider(&fake)
+            .complete(&ask("hi"), &mut Rec::default())
+            .await
+            .unwrap();
+        let headers = fake.request_headers();
+        assert_eq!(headers.len(), 1, "one request reached /chat/completions");
+        assert_eq!(
+            headers[0].get("host").and_then(|h| h.to_str().ok()),
+            Some(fake.addr().to_string().as_str())
+        );
+    }
+
+    #[tokio::test]
     async fn the_request_carries_the_history_tools_and_key() {
         let fake = FakeOpenAi::start().await;
         fake.push(Reply::text("done"));

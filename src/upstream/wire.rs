@@ -12,11 +12,11 @@
 use std::error::Error as StdError;
 use std::time::Duration;
 
+use super::http1::{Body, CallError, Pool};
 use bytes::Bytes;
 use http::header::{ACCEPT, CONTENT_TYPE, RETRY_AFTER, USER_AGENT};
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Uri};
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
+use http_body_util::Full;
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -213,9 +213,9 @@ impl Collected {
 /// A `2xx` answer to [`Endpoint::post`], by how it must be read.
 enum Answer {
     /// An event stream (what was asked for).
-    Stream(Incoming),
+    Stream(Body),
     /// A whole `application/json` document: a server or gateway that ignored `stream: true`.
-    Json(Incoming),
+    Json(Body),
 }
 
 /// Where a provider sends its calls and how: the URL, the API key header, the timeout and the
@@ -228,7 +228,7 @@ pub(crate) struct Endpoint {
     /// The key's header and value (marked sensitive), or why the key is not a header value.
     key: Result<Option<(HeaderName, HeaderValue)>, String>,
     timeout: Duration,
-    client: HttpsClient,
+    pool: std::sync::Arc<Pool>,
 }
 
 impl Endpoint {
@@ -260,7 +260,7 @@ impl Endpoint {
             uri,
             key,
             timeout,
-            client: https_client(None),
+            pool: Pool::new(),
         }
     }
 
@@ -319,30 +319,34 @@ impl Endpoint {
     ) -> Result<Answer, UpstreamError> {
         let uri = self.uri.clone().map_err(config_error)?;
         let key = self.key.clone().map_err(config_error)?;
-        let body = serde_json::to_vec(body).map_err(|e| protocol(e.to_string()))?;
-        let mut builder = Request::post(uri)
-            .header(CONTENT_TYPE, "application/json")
-            .header(ACCEPT, "text/event-stream");
-        for (name, value) in headers {
-            builder = builder.header(*name, *value);
-        }
-        builder = builder.header(USER_AGENT, concat!("turnstile/", env!("CARGO_PKG_VERSION")));
-        if let Some((name, value)) = key {
-            builder = builder.header(name, value);
-        }
-        let http_req = builder
-            .body(Full::new(Bytes::from(body)))
-            .map_err(|e| config_error(e.to_string()))?;
+        let body = Bytes::from(serde_json::to_vec(body).map_err(|e| protocol(e.to_string()))?);
+        let make = || {
+            let mut builder = Request::post(uri.clone())
+                .header(CONTENT_TYPE, "application/json")
+                .header(ACCEPT, "text/event-stream");
+            for (name, value) in headers {
+                builder = builder.header(*name, *value);
+            }
+            builder = builder.header(USER_AGENT, concat!("turnstile/", env!("CARGO_PKG_VERSION")));
+            if let Some((name, value)) = &key {
+                builder = builder.header(name, value);
+            }
+            // Parts checked above (the URI) or static: building cannot fail.
+            builder.body(Full::new(body.clone())).unwrap_or_default()
+        };
 
-        let resp = self.client.request(http_req).await.map_err(|e| {
-            let what = if e.is_connect() {
-                "could not connect to"
-            } else {
-                "could not send the request to"
+        let resp = self.pool.send(&uri, make).await.map_err(|e| {
+            let (what, e) = match e {
+                CallError::Connect(e) => ("could not connect to", e),
+                CallError::Send(e) => ("could not send the request to", e),
             };
             UpstreamError::new(
                 UpstreamErrorKind::Connect,
-                format!("{what} the upstream {}: {}", self.base_url, error_chain(&e)),
+                format!(
+                    "{what} the upstream {}: {}",
+                    self.base_url,
+                    error_chain(&*e)
+                ),
             )
         })?;
 
@@ -394,9 +398,9 @@ pub(crate) trait Accumulate: Default {
 /// (the last, unterminated event is still applied), the output if a stop reason came, else a
 /// `Stream` error.
 async fn read_stream<A: Accumulate>(
-    mut body: Incoming,
+    mut body: Body,
     sink: &mut dyn DeltaSink,
-) -> Result<(ModelOutput, Option<Incoming>), UpstreamError> {
+) -> Result<(ModelOutput, Option<Body>), UpstreamError> {
     let mut parser = SseParser::with_limit(DEFAULT_MAX_EVENT_BYTES);
     let mut acc = A::default();
     let sse_error = |e: SseError| protocol(format!("bad event stream: {e}"));
@@ -407,7 +411,7 @@ async fn read_stream<A: Accumulate>(
             Some(Err(e)) => {
                 return Err(UpstreamError::new(
                     UpstreamErrorKind::Stream,
-                    format!("the upstream stream broke off: {}", error_chain(&e)),
+                    format!("the upstream stream broke off: {}", error_chain(&*e)),
                 ))
             }
         };
@@ -480,13 +484,13 @@ pub(crate) fn call_id(id: String, prefix: &str) -> String {
 
 /// Reads a whole `2xx` JSON answer (bounded like one event) and parses it as `T`; returns the
 /// bytes too, for quoting in the caller's errors.
-async fn read_json<T: DeserializeOwned>(body: Incoming) -> Result<(T, Vec<u8>), UpstreamError> {
+async fn read_json<T: DeserializeOwned>(body: Body) -> Result<(T, Vec<u8>), UpstreamError> {
     let (bytes, truncated) = read_capped(body, DEFAULT_MAX_EVENT_BYTES)
         .await
         .map_err(|e| {
             UpstreamError::new(
                 UpstreamErrorKind::Stream,
-                format!("the upstream response broke off: {}", error_chain(&e)),
+                format!("the upstream response broke off: {}", error_chain(&*e)),
             )
         })?;
     if truncated {
@@ -508,12 +512,12 @@ async fn read_json<T: DeserializeOwned>(body: Incoming) -> Result<(T, Vec<u8>), 
 async fn status_error(
     code: u16,
     headers: &HeaderMap,
-    body: Incoming,
+    body: Body,
     error_message: fn(&[u8]) -> String,
 ) -> UpstreamError {
     let detail = match read_capped(body, MAX_ERROR_BODY).await {
         Ok((bytes, _)) => error_message(&bytes),
-        Err(e) => format!("(the error body broke off: {})", error_chain(&e)),
+        Err(e) => format!("(the error body broke off: {})", error_chain(&*e)),
     };
     let mut err = UpstreamError::new(
         UpstreamErrorKind::Status(code),
@@ -528,7 +532,7 @@ async fn status_error(
 
 /// Reads what follows the final event (normally just the body's end), briefly and boundedly, so
 /// the connection returns to the pool; otherwise it is dropped.
-async fn drain(mut body: Incoming) {
+async fn drain(mut body: Body) {
     let _ = tokio::time::timeout(DRAIN_WAIT, async {
         let mut seen = 0;
         while let Some(Ok(frame)) = body.frame().await {
@@ -545,7 +549,10 @@ async fn drain(mut body: Incoming) {
 
 /// Reads up to `cap` bytes of a body, and whether it was cut there; `Err` when the body broke
 /// before that. Error bodies and whole JSON answers are read through it, never unbounded.
-async fn read_capped(mut body: Incoming, cap: usize) -> Result<(Vec<u8>, bool), hyper::Error> {
+async fn read_capped(
+    mut body: Body,
+    cap: usize,
+) -> Result<(Vec<u8>, bool), Box<dyn StdError + Send + Sync>> {
     let mut out = Vec::new();
     while let Some(frame) = body.frame().await {
         if let Ok(data) = frame?.into_data() {
