@@ -3,6 +3,7 @@
 //! `worker_shutdown`, which their clients see.
 
 mod common;
+mod sse_reader;
 
 use std::process::Stdio;
 
@@ -146,7 +147,15 @@ async fn a_completed_turn_survives_kill_9_and_an_unfinished_one_is_closed_as_wor
         )
         .await;
     assert_eq!(resp["stopReason"], "end_turn");
-    // A second turn is mid-flight (its upstream reply held) when the process is killed.
+    // A second turn is mid-flight (its upstream reply held) when the process is killed, after
+    // a subscriber has seen its user message (published only once durable).
+    let mut events_stream = sse_reader::get(
+        &p.http.base,
+        &format!("/sessions/{sid}/events/stream"),
+        &[],
+    )
+    .await
+    .ok();
     let gate = Gate::new();
     fake.push(Reply::text("never finished").hold(gate.clone()));
     let http = p.http.clone();
@@ -162,6 +171,9 @@ async fn a_completed_turn_survives_kill_9_and_an_unfinished_one_is_closed_as_wor
         .await
     });
     fake.wait_requests(2).await;
+    events_stream
+        .until(|f| f.event == "user.message" && f.json()["content"] == "cut off")
+        .await;
     kill9(&p);
     let _ = p.child.wait().await;
     let _ = cut.await;
@@ -177,8 +189,8 @@ async fn a_completed_turn_survives_kill_9_and_an_unfinished_one_is_closed_as_wor
         full[1],
         json!({"role": "assistant", "content": "durable answer"})
     );
-    // The cut-off turn began (its user message is durable before the model is called), so
-    // the restart closed it as worker_lost.
+    // The cut-off turn began (its user message, seen by a subscriber, was durable), so the
+    // restart closed it as worker_lost.
     let events = stored(dir.path(), &sid).await;
     common::logcheck::check_events(&events);
     let types: Vec<&str> = events.iter().map(|e| e.body.type_name()).collect();
