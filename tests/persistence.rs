@@ -149,13 +149,10 @@ async fn a_completed_turn_survives_kill_9_and_an_unfinished_one_is_closed_as_wor
     assert_eq!(resp["stopReason"], "end_turn");
     // A second turn is mid-flight (its upstream reply held) when the process is killed, after
     // a subscriber has seen its user message (published only once durable).
-    let mut events_stream = sse_reader::get(
-        &p.http.base,
-        &format!("/sessions/{sid}/events/stream"),
-        &[],
-    )
-    .await
-    .ok();
+    let mut events_stream =
+        sse_reader::get(&p.http.base, &format!("/sessions/{sid}/events/stream"), &[])
+            .await
+            .ok();
     let gate = Gate::new();
     fake.push(Reply::text("never finished").hold(gate.clone()));
     let http = p.http.clone();
