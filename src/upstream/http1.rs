@@ -20,7 +20,7 @@ use http::{HeaderValue, Request, Response, Uri};
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Frame, Incoming};
 use hyper::client::conn::http1;
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder, MaybeHttpsStream};
+use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioIo;
 use tower_service::Service;
@@ -41,8 +41,7 @@ pub(crate) enum CallError {
     Send(BoxError),
 }
 
-/// Connections to upstreams (`http://` and `https://`, TLS trusting the webpki roots,
-/// `TCP_NODELAY`), kept for reuse.
+/// Connections to an upstream (made by [`super::wire::connector`]), kept for reuse.
 pub(crate) struct Pool {
     connector: HttpsConnector<HttpConnector>,
     idle: Mutex<Vec<(Conn, Instant)>>,
@@ -50,16 +49,8 @@ pub(crate) struct Pool {
 
 impl Pool {
     pub(crate) fn new() -> Arc<Pool> {
-        let mut http = HttpConnector::new();
-        http.set_nodelay(true);
-        http.enforce_http(false);
-        let connector = HttpsConnectorBuilder::new()
-            .with_webpki_roots()
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
         Arc::new(Pool {
-            connector,
+            connector: super::wire::connector(None),
             idle: Mutex::new(Vec::new()),
         })
     }

@@ -1,13 +1,14 @@
 //! The HTTP plumbing the streaming providers share, so it is written (and fixed) once.
 //!
 //! [`openai`](super::openai) and [`anthropic`](super::anthropic) speak different protocols over
-//! the same transport: a pooled hyper client, a JSON `POST` answered by an event stream (or, from
-//! a server that ignored `stream`, a whole JSON document), errors read from bounded bodies, a
-//! call bounded by a timeout and a connection handed back to the pool afterwards. That transport
-//! lives here; what each provider sends and how it reads the events stays in its own file.
+//! the same transport: connections the calling task drives itself ([`super::http1`]), a JSON
+//! `POST` answered by an event stream (or, from a server that ignored `stream`, a whole JSON
+//! document), errors read from bounded bodies, a call bounded by a timeout and a connection
+//! handed back to the pool afterwards. That transport lives here; what each provider sends and
+//! how it reads the events stays in its own file.
 //!
-//! The pooled client builder (`https_client`) is also used by the MCP HTTP client
-//! ([`crate::mcp::http_client`]), so that every outbound connection is built the same way.
+//! Every outbound connection (the providers', and the MCP HTTP client's pooled client built by
+//! [`https_client`]) is made by one [`connector`].
 
 use std::error::Error as StdError;
 use std::time::Duration;
@@ -28,8 +29,8 @@ use super::sse::{SseError, SseParser, DEFAULT_MAX_EVENT_BYTES};
 use super::{DeltaSink, ModelOutput, ModelStop, UpstreamError, UpstreamErrorKind};
 use crate::message::{ToolCall, Usage};
 
-/// The pooled HTTP/1 client (http and https) every outbound call goes through: one type, so the
-/// providers and the MCP client can hold what [`https_client`] builds.
+/// The pooled HTTP/1 client (http and https) the MCP HTTP client holds: what [`https_client`]
+/// builds.
 pub(crate) type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// How much of an error body is read: enough for any API's error object, bounded against a
@@ -41,22 +42,25 @@ const DRAIN_WAIT: Duration = Duration::from_millis(250);
 /// How many bytes after the final event are read before giving the connection up.
 const DRAIN_MAX: usize = 64 * 1024;
 
-/// Builds a pooled client for `http://` and `https://` URLs (TLS trusting the webpki roots,
-/// HTTP/1, `TCP_NODELAY`), so the model providers and the MCP HTTP client connect alike.
-/// `connect_timeout` bounds the TCP connect (`None`: no bound of its own).
-pub(crate) fn https_client(connect_timeout: Option<Duration>) -> HttpsClient {
+/// Connects to `http://` and `https://` URLs (TLS trusting the webpki roots, HTTP/1,
+/// `TCP_NODELAY`). `connect_timeout` bounds the TCP connect (`None`: no bound of its own).
+pub(crate) fn connector(connect_timeout: Option<Duration>) -> HttpsConnector<HttpConnector> {
     let mut http = HttpConnector::new();
     http.set_nodelay(true);
     http.enforce_http(false);
     http.set_connect_timeout(connect_timeout);
-    let https = HttpsConnectorBuilder::new()
+    HttpsConnectorBuilder::new()
         .with_webpki_roots()
         .https_or_http()
         .enable_http1()
-        .wrap_connector(http);
+        .wrap_connector(http)
+}
+
+/// A pooled client (hyper-util's, a task per connection) over [`connector`].
+pub(crate) fn https_client(connect_timeout: Option<Duration>) -> HttpsClient {
     Client::builder(TokioExecutor::new())
         .pool_timer(TokioTimer::new())
-        .build(https)
+        .build(connector(connect_timeout))
 }
 
 /// A provider's settings that retrying cannot fix (a bad base URL or key): a non-retryable
@@ -219,7 +223,7 @@ enum Answer {
 }
 
 /// Where a provider sends its calls and how: the URL, the API key header, the timeout and the
-/// pooled client. Both providers hold one; only the path, the key's header and the extra headers
+/// connection pool. Both providers hold one; only the path, the key's header and the extra headers
 /// differ between them.
 pub(crate) struct Endpoint {
     base_url: String,
