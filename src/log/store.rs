@@ -192,7 +192,7 @@ fn open_conn(path: &Path, fsync: bool) -> Result<Connection, StoreError> {
 }
 
 impl Store {
-    /// Open (creating if needed) `dir/turnstile.db` and start the writer thread.
+    /// Open (creating if needed, migrating if older) `dir/turnstile.db`, and start the checkpointer.
     pub fn open(dir: &Path, fsync: bool) -> Result<Store, StoreError> {
         Store::open_tuned(dir, fsync, WAL_RESTART_FRAMES)
     }
