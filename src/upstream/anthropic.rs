@@ -130,7 +130,7 @@ impl Provider for Anthropic {
             let body = request_body(req, self.max_tokens);
             let headers = [(&ANTHROPIC_VERSION_HEADER, ANTHROPIC_VERSION)];
             self.endpoint
-                .call::<Acc>(body, &headers, error_message, sink)
+                .call::<Acc>(&body, &headers, error_message, sink)
                 .await
         })
     }

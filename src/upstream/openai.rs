@@ -90,9 +90,9 @@ impl Provider for OpenAi {
         sink: &'a mut dyn DeltaSink,
     ) -> BoxFuture<'a, Result<ModelOutput, UpstreamError>> {
         Box::pin(async move {
-            let body = request_body(req);
+            let body = RequestBody::new(req);
             self.endpoint
-                .call::<Acc>(body, &[], error_message, sink)
+                .call::<Acc>(&body, &[], error_message, sink)
                 .await
         })
     }
@@ -101,38 +101,70 @@ impl Provider for OpenAi {
 // ---------------------------------------------------------------------------------------------
 // Request
 
-/// The JSON body of a chat-completions request.
-pub(crate) fn request_body(req: &ModelRequest) -> Value {
-    let mut messages = Vec::with_capacity(req.messages.len() + 1);
-    if let Some(system) = &req.system {
-        messages.push(json!({"role": "system", "content": system}));
+/// The body of a chat-completions request, serialized straight from the request it borrows
+/// (tool schemas are written out, never copied into a `Value` first: they are most of a body).
+#[derive(serde::Serialize)]
+pub(crate) struct RequestBody<'a> {
+    model: &'a str,
+    messages: Vec<Value>,
+    stream: bool,
+    stream_options: StreamOptions,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<WireTool<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u32>,
+}
+
+#[derive(serde::Serialize)]
+struct StreamOptions {
+    include_usage: bool,
+}
+
+#[derive(serde::Serialize)]
+struct WireTool<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: ToolFunction<'a>,
+}
+
+#[derive(serde::Serialize)]
+struct ToolFunction<'a> {
+    name: &'a str,
+    description: &'a str,
+    parameters: &'a Value,
+}
+
+impl<'a> RequestBody<'a> {
+    pub(crate) fn new(req: &'a ModelRequest) -> RequestBody<'a> {
+        let mut messages = Vec::with_capacity(req.messages.len() + 1);
+        if let Some(system) = &req.system {
+            messages.push(json!({"role": "system", "content": system}));
+        }
+        for m in &req.messages {
+            messages.push(wire_message(m));
+        }
+        RequestBody {
+            model: &req.model,
+            messages,
+            stream: true,
+            stream_options: StreamOptions {
+                include_usage: true,
+            },
+            tools: req
+                .tools
+                .iter()
+                .map(|t| WireTool {
+                    kind: "function",
+                    function: ToolFunction {
+                        name: &t.name,
+                        description: &t.description,
+                        parameters: &t.parameters,
+                    },
+                })
+                .collect(),
+            max_tokens: req.max_tokens,
+        }
     }
-    for m in &req.messages {
-        messages.push(wire_message(m));
-    }
-    let mut body = Map::new();
-    body.insert("model".into(), Value::String(req.model.clone()));
-    body.insert("messages".into(), Value::Array(messages));
-    body.insert("stream".into(), Value::Bool(true));
-    body.insert("stream_options".into(), json!({"include_usage": true}));
-    if !req.tools.is_empty() {
-        let tools = req
-            .tools
-            .iter()
-            .map(|t| {
-                json!({"type": "function", "function": {
-                    "name": t.name,
-                    "description": t.description,
-                    "parameters": t.parameters,
-                }})
-            })
-            .collect();
-        body.insert("tools".into(), Value::Array(tools));
-    }
-    if let Some(max) = req.max_tokens {
-        body.insert("max_tokens".into(), Value::from(max));
-    }
-    Value::Object(body)
 }
 
 fn wire_message(m: &Message) -> Value {

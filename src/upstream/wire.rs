@@ -279,13 +279,13 @@ impl Endpoint {
     /// back to the pool (outside the timeout: a finished answer is never lost to the drain).
     pub(crate) async fn call<A: Accumulate>(
         &self,
-        body: Value,
+        body: &(impl serde::Serialize + Sync),
         headers: &[(&HeaderName, &'static str)],
         error_message: fn(&[u8]) -> String,
         sink: &mut dyn DeltaSink,
     ) -> Result<ModelOutput, UpstreamError> {
         let call = async {
-            match self.post(&body, headers, error_message).await? {
+            match self.post(body, headers, error_message).await? {
                 Answer::Json(body) => {
                     let (answer, bytes) = read_json(body).await?;
                     Ok((A::whole(answer, &bytes, sink)?, None))
@@ -317,7 +317,7 @@ impl Endpoint {
     /// error [`status_error`] makes, its message read from the body by `error_message`.
     async fn post(
         &self,
-        body: &Value,
+        body: &(impl serde::Serialize + Sync),
         headers: &[(&HeaderName, &'static str)],
         error_message: fn(&[u8]) -> String,
     ) -> Result<Answer, UpstreamError> {
