@@ -422,8 +422,7 @@ impl Session {
     /// Subscribe to live items, with the events of the current turn so far (taken atomically,
     /// so nothing falls between them).
     pub fn subscribe(&self) -> (Vec<Arc<Event>>, broadcast::Receiver<Feed>) {
-        let st = self.lock();
-        let mut st = st;
+        let mut st = self.lock();
         if st.deleted {
             // A closed feed: the subscriber ends at once.
             return (st.tail.clone(), broadcast::channel(1).1);

@@ -220,11 +220,7 @@ impl Turn {
             ));
         }
         let published = self.session.publish_durable(&self.inner.store);
-        if let Some(sink) = &self.sink {
-            for ev in published {
-                let _ = sink.send(Feed::Event(ev));
-            }
-        }
+        to_watcher(self.sink.as_ref(), published);
         Ok(())
     }
 
@@ -700,11 +696,7 @@ impl Turn {
                 next_queued(&self.session, &mut st, &self.inner.store),
             )
         };
-        if let Some(sink) = &self.sink {
-            for ev in published {
-                let _ = sink.send(Feed::Event(ev));
-            }
-        }
+        to_watcher(self.sink.as_ref(), published);
         if let Some(job) = next {
             self.inner.spawn_turn(job);
         }
@@ -764,6 +756,15 @@ async fn inline_file(
     }
 }
 
+/// Hand published events to the turn's watcher, if it has one.
+fn to_watcher(sink: Option<&mpsc::UnboundedSender<Feed>>, events: Vec<Arc<Event>>) {
+    if let Some(sink) = sink {
+        for ev in events {
+            let _ = sink.send(Feed::Event(ev));
+        }
+    }
+}
+
 /// Take the next queued turn for the session (with its lock held). Queued turns cancelled
 /// while they waited are logged now, `user.message` then `turn.cancelled` with no usage, and
 /// never reach the model.
@@ -789,12 +790,10 @@ pub(crate) fn next_queued(
             if let Err(e) = store.commit() {
                 tracing::error!(turn = %turn_id, error = %e, "a cancelled queued turn could not be logged");
             }
-            let sent = session.publish_durable_locked(st, store);
-            if let Some(sink) = &q.job.sink {
-                for ev in sent {
-                    let _ = sink.send(Feed::Event(ev));
-                }
-            }
+            to_watcher(
+                q.job.sink.as_ref(),
+                session.publish_durable_locked(st, store),
+            );
             crate::metrics::inc(&crate::metrics::TURNS_CANCELLED);
             continue;
         }
