@@ -6,7 +6,9 @@
 //! and reads the body, so a model call costs no hand-off at all. Idle connections wait in a
 //! small pool, unpolled; one the server has closed is seen (polled once, without waiting) and
 //! dropped when taken, and a request that fails on a reused connection before any answer is sent
-//! again once on a new one.
+//! again once on a new one. A call that stops reading at the answer's final event gives the
+//! connection back with the body's rest ([`Body::release`]): whoever takes it next reads that
+//! rest (normally just the body's end, long arrived) without waiting, or drops the connection.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -31,6 +33,8 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// Idle connections kept, and for how long.
 const MAX_IDLE: usize = 64;
 const IDLE_FOR: Duration = Duration::from_secs(60);
+/// How many bytes of a released body's rest are read before giving the connection up.
+const REST_MAX: usize = 64 * 1024;
 
 /// Why a call failed, for the caller's error message and kind.
 #[derive(Debug)]
@@ -44,7 +48,15 @@ pub(crate) enum CallError {
 /// Connections to an upstream (made by [`super::wire::connector`]), kept for reuse.
 pub(crate) struct Pool {
     connector: HttpsConnector<HttpConnector>,
-    idle: Mutex<Vec<(Conn, Instant)>>,
+    idle: Mutex<Vec<Idle>>,
+}
+
+/// A connection waiting in the pool, with the unread rest of its last answer if it was
+/// released before the end.
+struct Idle {
+    conn: Conn,
+    rest: Option<Incoming>,
+    since: Instant,
 }
 
 impl Pool {
@@ -105,26 +117,36 @@ impl Pool {
         })
     }
 
-    /// The most recently used idle connection that is still open.
+    /// The most recently used idle connection that is still open (and whose last answer has
+    /// ended).
     fn idle(&self) -> Option<Conn> {
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        while let Some((mut conn, since)) = idle.pop() {
-            if since.elapsed() < IDLE_FOR && conn.open() {
+        loop {
+            let Idle {
+                mut conn,
+                rest,
+                since,
+            } = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop()?;
+            let ended = rest.is_none_or(|rest| conn.finish(rest));
+            if ended && since.elapsed() < IDLE_FOR && conn.open() {
                 conn.reused = true;
                 return Some(conn);
             }
         }
-        None
     }
 
-    fn put(&self, mut conn: Conn) {
-        if !conn.open() {
+    /// Keeps `conn` for the next call: open and idle, or (`rest`) still in its last answer.
+    fn put(&self, mut conn: Conn, rest: Option<Incoming>) {
+        if rest.is_none() && !conn.open() {
             return;
         }
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        idle.retain(|(_, since)| since.elapsed() < IDLE_FOR);
+        idle.retain(|i| i.since.elapsed() < IDLE_FOR);
         if idle.len() < MAX_IDLE {
-            idle.push((conn, Instant::now()));
+            idle.push(Idle {
+                conn,
+                rest,
+                since: Instant::now(),
+            });
         }
     }
 }
@@ -168,6 +190,29 @@ impl Conn {
         self.send.is_ready()
     }
 
+    /// Reads what has arrived of an answer's rest, without waiting: whether the answer ended
+    /// (a rest that has not, or that runs past [`REST_MAX`], costs the connection).
+    fn finish(&mut self, mut rest: Incoming) -> bool {
+        use hyper::body::Body as _;
+        let mut cx = Context::from_waker(futures_util::task::noop_waker_ref());
+        let mut seen = 0;
+        loop {
+            if !self.done && Pin::new(&mut self.conn).poll(&mut cx).is_ready() {
+                self.done = true;
+            }
+            match Pin::new(&mut rest).poll_frame(&mut cx) {
+                Poll::Ready(None) => return !self.done,
+                Poll::Ready(Some(Ok(frame))) => {
+                    seen += frame.data_ref().map_or(0, Bytes::len);
+                    if seen > REST_MAX {
+                        return false;
+                    }
+                }
+                Poll::Ready(Some(Err(_))) | Poll::Pending => return false,
+            }
+        }
+    }
+
     async fn request(&mut self, req: Request<Full<Bytes>>) -> Result<Response<Incoming>, BoxError> {
         let answer = self.send.send_request(req);
         self.drive(answer).await?.map_err(Into::into)
@@ -205,7 +250,8 @@ impl Conn {
 }
 
 /// An answer's body, read by polling its connection; the connection goes back to the pool when
-/// the body is read to its end ([`Body::frame`] returns `None`), and is closed otherwise.
+/// the body is read to its end ([`Body::frame`] returns `None`) or released, and is closed
+/// otherwise.
 pub(crate) struct Body {
     conn: Option<Conn>,
     body: Incoming,
@@ -213,6 +259,14 @@ pub(crate) struct Body {
 }
 
 impl Body {
+    /// Gives the connection back before the body's end (the caller read all it wanted): the
+    /// next call that takes it reads the rest first.
+    pub(crate) fn release(mut self) {
+        if let Some(conn) = self.conn.take() {
+            self.pool.put(conn, Some(self.body));
+        }
+    }
+
     /// The next frame; `None` at the end of the body.
     pub(crate) async fn frame(&mut self) -> Option<Result<Frame<Bytes>, BoxError>> {
         let conn = self.conn.as_mut()?;
@@ -224,7 +278,7 @@ impl Body {
             }
             Ok(None) => {
                 if let Some(conn) = self.conn.take() {
-                    self.pool.put(conn);
+                    self.pool.put(conn, None);
                 }
                 None
             }

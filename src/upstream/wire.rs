@@ -36,11 +36,6 @@ pub(crate) type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>
 /// How much of an error body is read: enough for any API's error object, bounded against a
 /// misbehaving server.
 const MAX_ERROR_BODY: usize = 64 * 1024;
-/// How long to wait, after the final event, for the body's end so the connection can go back to
-/// the pool.
-const DRAIN_WAIT: Duration = Duration::from_millis(250);
-/// How many bytes after the final event are read before giving the connection up.
-const DRAIN_MAX: usize = 64 * 1024;
 
 /// Connects to `http://` and `https://` URLs (TLS trusting the webpki roots, HTTP/1,
 /// `TCP_NODELAY`). `connect_timeout` bounds the TCP connect (`None`: no bound of its own).
@@ -275,8 +270,8 @@ impl Endpoint {
 
     /// One model call: POSTs `body` (with `headers`, see [`Endpoint::post`]) and reads the
     /// answer into an `A`, event by event or whole, all within the timeout. When the answer
-    /// stopped at its final event the body's rest is drained afterwards, so the connection can go
-    /// back to the pool (outside the timeout: a finished answer is never lost to the drain).
+    /// stopped at its final event the connection goes back to the pool with the body's rest,
+    /// for the next call to read (a finished answer is never lost to what follows it).
     pub(crate) async fn call<A: Accumulate>(
         &self,
         body: &(impl serde::Serialize + Sync),
@@ -296,8 +291,7 @@ impl Endpoint {
         match tokio::time::timeout(self.timeout, call).await {
             Ok(Ok((output, rest))) => {
                 if let Some(body) = rest {
-                    // Off the turn's path: the connection goes back to the pool when it is done.
-                    tokio::spawn(drain(body));
+                    body.release();
                 }
                 Ok(output)
             }
@@ -398,7 +392,7 @@ pub(crate) trait Accumulate: Default {
 
 /// Reads an event stream as it arrives into a fresh `A`: body frames go through an
 /// [`SseParser`] and each event's data to [`Accumulate::event`]. At the final event returns the
-/// output and the body's unread rest (for [`Endpoint::call`] to drain); when the body ends first
+/// output and the body's unread rest (for [`Endpoint::call`] to release); when the body ends first
 /// (the last, unterminated event is still applied), the output if a stop reason came, else a
 /// `Stream` error.
 async fn read_stream<A: Accumulate>(
@@ -532,23 +526,6 @@ async fn status_error(
         .and_then(|v| v.to_str().ok())
         .and_then(parse_retry_after);
     err
-}
-
-/// Reads what follows the final event (normally just the body's end), briefly and boundedly, so
-/// the connection returns to the pool; otherwise it is dropped.
-async fn drain(mut body: Body) {
-    let _ = tokio::time::timeout(DRAIN_WAIT, async {
-        let mut seen = 0;
-        while let Some(Ok(frame)) = body.frame().await {
-            if let Some(d) = frame.data_ref() {
-                seen += d.len();
-                if seen > DRAIN_MAX {
-                    return;
-                }
-            }
-        }
-    })
-    .await;
 }
 
 /// Reads up to `cap` bytes of a body, and whether it was cut there; `Err` when the body broke
