@@ -26,7 +26,9 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::task::JoinSet;
 use turnstile::app::{self, Running, StartOptions};
+use turnstile::message::{Block, Content, Message};
 use turnstile::testkit::fake_openai::{FakeOpenAi, Reply, SendLog};
+use turnstile::upstream::{ModelRequest, NoDeltas, Provider as _, ToolDef};
 
 /// How turnstile is run for the idle-stream RSS figure.
 #[derive(Debug, Clone)]
@@ -887,18 +889,23 @@ async fn deltas(
 // 3. A trusted MCP tool inside a turn vs a direct rmcp call
 
 struct Mcp {
+    /// Whole turns, for context: one without tools, one that calls the tool.
     plain: f64,
     tool: f64,
-    upstream: f64,
+    /// What the upstream sees between the last event of the model's tool-call answer and the
+    /// first event of its answer to the next request: through a turn that runs the tool, and
+    /// through turnstile's own upstream client asking again at once (the same two requests, no
+    /// tool, no turn). The difference is the tool's time inside the turn.
+    gap_turn: f64,
+    gap_again: f64,
     rmcp: f64,
     /// The same call through turnstile's tool host alone (no turn around it).
     host: f64,
 }
 
 impl Mcp {
-    /// The tool's cost inside the turn.
     fn in_turn(&self) -> f64 {
-        self.tool - self.plain - self.upstream
+        self.gap_turn - self.gap_again
     }
     fn overhead(&self) -> f64 {
         self.in_turn() - self.rmcp
@@ -967,9 +974,68 @@ async fn mcp(
     let plain_body = turn_body("none");
     let tool_body =
         Bytes::from(json!({"messages": [{"role": "user", "content": "add 2 and 3"}]}).to_string());
-    let direct_uri: Uri = format!("{}/chat/completions", fake.base_url()).parse()?;
     let mut call_no = 0u64;
-    let mut rounds: [Vec<f64>; 5] = Default::default();
+    let (answered, asked) = (SendLog::new(), SendLog::new());
+    // The two model requests of the tool turn, as turnstile's upstream client sends them.
+    let upstream =
+        turnstile::upstream::openai::OpenAi::new(fake.base_url(), None, Duration::from_secs(30));
+    let offered: Vec<ToolDef> = host
+        .tools()
+        .iter()
+        .map(|t| ToolDef {
+            name: t.spec.name.clone(),
+            description: t.spec.description.clone(),
+            parameters: t.spec.parameters.clone(),
+        })
+        .collect();
+    let ask = Message::User {
+        content: Content::Text("add 2 and 3".into()),
+    };
+    let first = ModelRequest {
+        model: MODEL.into(),
+        system: None,
+        messages: vec![ask.clone()],
+        tools: offered,
+        max_tokens: None,
+        thinking: false,
+    };
+    let second = |call_id: &str| ModelRequest {
+        messages: vec![
+            ask.clone(),
+            Message::Assistant {
+                content: Content::Blocks(vec![Block::ToolUse {
+                    tool_call_id: call_id.into(),
+                    name: "mcp__ex__add".into(),
+                    input: json!({"a": 2, "b": 3}),
+                }]),
+            },
+            Message::Tool {
+                tool_call_id: call_id.into(),
+                content: Content::Text("5".into()),
+            },
+        ],
+        ..first.clone()
+    };
+    let script = |call_id: &str| {
+        fake.push(
+            Reply::tool_calls(&[(call_id, "mcp__ex__add", json!({"a": 2, "b": 3}))])
+                .log_sends(answered.clone()),
+        );
+        fake.push(
+            Reply::text("The sum is 5.")
+                .chunk_chars(16)
+                .log_sends(asked.clone()),
+        );
+    };
+    let gap = || match (answered.take().last(), asked.take().first()) {
+        (Some(&end), Some(&next)) => Ok(signed_ns(next, end).max(0) as u64),
+        _ => Err(anyhow!(
+            "the fake upstream logged no tool-call answer and next request"
+        )),
+    };
+    // Variants: plain turn, tool turn, direct rmcp call, tool host call, the two model requests
+    // asked back to back; then the gaps of variants 1 and 4.
+    let mut rounds: [Vec<f64>; 7] = Default::default();
     for r in 0..n.mcp_rounds {
         let plain_plan = srv
             .turn_plans(client, 1, n.mcp_calls, ALL_TOOLS, &plain_body)
@@ -981,6 +1047,7 @@ async fn mcp(
             .remove(0);
         for v in order(r, 5) {
             let mut samples = Vec::with_capacity(n.mcp_calls);
+            let mut gaps = Vec::with_capacity(n.mcp_calls);
             match v {
                 0 => {
                     for (uri, body) in &plain_plan {
@@ -997,16 +1064,12 @@ async fn mcp(
                     for (uri, body) in &tool_plan {
                         call_no += 1;
                         let id = format!("call_{call_no}");
-                        fake.push(Reply::tool_calls(&[(
-                            id.as_str(),
-                            "mcp__ex__add",
-                            json!({"a": 2, "b": 3}),
-                        )]));
-                        fake.push(Reply::text("The sum is 5.").chunk_chars(16));
+                        script(&id);
                         let t = Instant::now();
                         let (status, bytes) =
                             post_collect(client, uri.clone(), body.clone()).await?;
                         samples.push(t.elapsed().as_nanos() as u64);
+                        gaps.push(gap()?);
                         let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
                         let ran = v["messages"].as_array().is_some_and(|m| {
                             m.iter().any(|m| {
@@ -1018,18 +1081,28 @@ async fn mcp(
                         }
                     }
                 }
-                2 => {
+                4 => {
                     for _ in 0..n.mcp_calls {
+                        call_no += 1;
+                        let id = format!("call_{call_no}");
+                        script(&id);
                         let t = Instant::now();
-                        let (status, bytes) =
-                            post_collect(client, direct_uri.clone(), direct_body()).await?;
-                        samples.push(t.elapsed().as_nanos() as u64);
-                        if status != StatusCode::OK || !contains(&bytes, DIRECT_DONE) {
-                            bail!("direct upstream call: {status}");
+                        let out = upstream
+                            .complete(&first, &mut NoDeltas)
+                            .await
+                            .map_err(|e| anyhow!("first model request: {}", e.message))?;
+                        if out.tool_calls.is_empty() {
+                            bail!("the fake answered the first request without a tool call");
                         }
+                        upstream
+                            .complete(&second(&id), &mut NoDeltas)
+                            .await
+                            .map_err(|e| anyhow!("second model request: {}", e.message))?;
+                        samples.push(t.elapsed().as_nanos() as u64);
+                        gaps.push(gap()?);
                     }
                 }
-                4 => {
+                3 => {
                     for _ in 0..n.mcp_calls {
                         let t = Instant::now();
                         let out = host
@@ -1057,9 +1130,13 @@ async fn mcp(
                     }
                 }
             }
-            let p = pcts(samples);
             if r > 0 {
-                rounds[v].push(p.p50);
+                rounds[v].push(pcts(samples).p50);
+                match v {
+                    1 => rounds[5].push(pcts(gaps).p50),
+                    4 => rounds[6].push(pcts(gaps).p50),
+                    _ => {}
+                }
             }
         }
         log(opts, format!("mcp round {}/{} done", r + 1, n.mcp_rounds));
@@ -1069,9 +1146,10 @@ async fn mcp(
     Ok(Mcp {
         plain: median(&rounds[0]),
         tool: median(&rounds[1]),
-        upstream: median(&rounds[2]),
-        rmcp: median(&rounds[3]),
-        host: median(&rounds[4]),
+        rmcp: median(&rounds[2]),
+        host: median(&rounds[3]),
+        gap_turn: median(&rounds[5]),
+        gap_again: median(&rounds[6]),
     })
 }
 
@@ -1667,16 +1745,17 @@ async fn run_on_worker(opts: &Options) -> Result<Report> {
     }
     if let Some(m) = &mcp_fig {
         row(
-            "MCP tool overhead p50 (in-turn cost − direct rmcp call)",
+            "MCP tool overhead p50 (the tool's time inside the turn − a direct rmcp call)",
             format!(
-                "{} (tool turn {} − plain turn {} − upstream call {} = {} in turn; direct rmcp call {}; through turnstile's tool host alone {})",
+                "{} (in the turn {}: the upstream waits {} between the model's tool call and the next request, {} when turnstile's client asks again at once; direct rmcp call {}; turnstile's tool host alone {}; whole turns: {} with the tool, {} without)",
                 us(m.overhead()),
-                us(m.tool),
-                us(m.plain),
-                us(m.upstream),
                 us(m.in_turn()),
+                us(m.gap_turn),
+                us(m.gap_again),
                 us(m.rmcp),
-                us(m.host)
+                us(m.host),
+                us(m.tool),
+                us(m.plain)
             ),
             "≤ 100 µs",
             Some(m.overhead() <= 100.0),
