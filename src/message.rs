@@ -59,19 +59,34 @@ pub enum Block {
 impl Content {
     /// The content's text: a string as is, blocks' text joined by newlines (non-text blocks skipped).
     pub fn text(&self) -> String {
-        match self {
-            Content::Text(s) => s.clone(),
-            Content::Blocks(blocks) => {
+        self.text_ref().into_owned()
+    }
+
+    /// [`Content::text`], borrowed when there is at most one text block to join.
+    pub fn text_ref(&self) -> std::borrow::Cow<'_, str> {
+        let blocks = match self {
+            Content::Text(s) => return s.as_str().into(),
+            Content::Blocks(blocks) => blocks,
+        };
+        let texts = || {
+            blocks.iter().filter_map(|b| match b {
+                Block::Text { text } => Some(text.as_str()),
+                _ => None,
+            })
+        };
+        let mut it = texts();
+        match (it.next(), it.next()) {
+            (None, _) => "".into(),
+            (Some(only), None) => only.into(),
+            _ => {
                 let mut out = String::new();
-                for b in blocks {
-                    if let Block::Text { text } = b {
-                        if !out.is_empty() {
-                            out.push('\n');
-                        }
-                        out.push_str(text);
+                for text in texts() {
+                    if !out.is_empty() {
+                        out.push('\n');
                     }
+                    out.push_str(text);
                 }
-                out
+                out.into()
             }
         }
     }
@@ -165,6 +180,31 @@ mod tests {
         ]);
         let msgs: Vec<Message> = serde_json::from_value(v.clone()).unwrap();
         assert_eq!(serde_json::to_value(&msgs).unwrap(), v);
+    }
+
+    #[test]
+    fn text_joins_text_blocks_by_newlines_and_borrows_a_single_one() {
+        use std::borrow::Cow;
+        let text = |t: &str| Block::Text { text: t.into() };
+        let image = Block::Image {
+            url: "data:image/png;base64,AAAA".into(),
+        };
+        let one = Content::Blocks(vec![image.clone(), text("only")]);
+        assert!(matches!(one.text_ref(), Cow::Borrowed("only")));
+        let cases = [
+            (Content::Text("plain".into()), "plain"),
+            (Content::Blocks(vec![]), ""),
+            (Content::Blocks(vec![image.clone()]), ""),
+            (Content::Blocks(vec![text("a"), image, text("b")]), "a\nb"),
+            // An empty first block adds no separator; an empty later one does.
+            (
+                Content::Blocks(vec![text(""), text("a"), text(""), text("b")]),
+                "a\n\nb",
+            ),
+        ];
+        for (content, want) in cases {
+            assert_eq!(content.text(), want, "{content:?}");
+        }
     }
 
     #[test]

@@ -34,7 +34,8 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use http::header::AUTHORIZATION;
-use serde::Deserialize;
+use serde::ser::{SerializeMap, SerializeSeq};
+use serde::{Deserialize, Serialize, Serializer};
 use serde_json::{json, Map, Value};
 
 #[cfg(test)]
@@ -106,7 +107,7 @@ impl Provider for OpenAi {
 #[derive(serde::Serialize)]
 pub(crate) struct RequestBody<'a> {
     model: &'a str,
-    messages: Vec<Value>,
+    messages: WireMessages<'a>,
     stream: bool,
     stream_options: StreamOptions,
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -136,16 +137,12 @@ struct ToolFunction<'a> {
 
 impl<'a> RequestBody<'a> {
     pub(crate) fn new(req: &'a ModelRequest) -> RequestBody<'a> {
-        let mut messages = Vec::with_capacity(req.messages.len() + 1);
-        if let Some(system) = &req.system {
-            messages.push(json!({"role": "system", "content": system}));
-        }
-        for m in &req.messages {
-            messages.push(wire_message(m));
-        }
         RequestBody {
             model: &req.model,
-            messages,
+            messages: WireMessages {
+                system: req.system.as_deref(),
+                messages: &req.messages,
+            },
             stream: true,
             stream_options: StreamOptions {
                 include_usage: true,
@@ -167,67 +164,147 @@ impl<'a> RequestBody<'a> {
     }
 }
 
-fn wire_message(m: &Message) -> Value {
-    match m {
-        Message::System { content } => json!({"role": "system", "content": content}),
-        Message::User { content } => json!({"role": "user", "content": user_content(content)}),
-        Message::Assistant { content } => {
-            let text = content.text();
-            let calls: Vec<Value> = content
-                .blocks()
-                .into_iter()
-                .filter_map(|b| match b {
-                    Block::ToolUse {
-                        tool_call_id,
-                        name,
-                        input,
-                    } => Some(json!({
-                        "id": tool_call_id,
-                        "type": "function",
-                        "function": {"name": name, "arguments": input.to_string()},
-                    })),
-                    _ => None,
-                })
-                .collect();
-            let mut msg = Map::new();
-            msg.insert("role".into(), Value::String("assistant".into()));
-            let content = if text.is_empty() && !calls.is_empty() {
-                Value::Null
-            } else {
-                Value::String(text)
-            };
-            msg.insert("content".into(), content);
-            if !calls.is_empty() {
-                msg.insert("tool_calls".into(), Value::Array(calls));
-            }
-            Value::Object(msg)
+/// The conversation in the chat-completions shape (the system prompt first), written straight
+/// from our messages: no JSON tree is built on the way.
+struct WireMessages<'a> {
+    system: Option<&'a str>,
+    messages: &'a [Message],
+}
+
+impl Serialize for WireMessages<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(Some(self.messages.len() + 1))?;
+        if let Some(system) = self.system {
+            seq.serialize_element(&WireMessage::System(system))?;
         }
-        Message::Tool {
-            tool_call_id,
-            content,
-        } => json!({"role": "tool", "tool_call_id": tool_call_id, "content": content.text()}),
+        for m in self.messages {
+            seq.serialize_element(&WireMessage::Ours(m))?;
+        }
+        seq.end()
     }
 }
 
-fn user_content(content: &Content) -> Value {
-    match content {
-        Content::Text(s) => Value::String(s.clone()),
-        Content::Blocks(blocks) => {
-            if !blocks.iter().any(|b| matches!(b, Block::Image { .. })) {
-                return Value::String(content.text());
+enum WireMessage<'a> {
+    System(&'a str),
+    Ours(&'a Message),
+}
+
+impl Serialize for WireMessage<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(None)?;
+        match self {
+            WireMessage::System(content) => {
+                map.serialize_entry("role", "system")?;
+                map.serialize_entry("content", content)?;
             }
-            let parts = blocks
-                .iter()
-                .filter_map(|b| match b {
-                    Block::Text { text } => Some(json!({"type": "text", "text": text})),
-                    Block::Image { url } => {
-                        Some(json!({"type": "image_url", "image_url": {"url": url}}))
-                    }
-                    _ => None,
-                })
-                .collect();
-            Value::Array(parts)
+            WireMessage::Ours(Message::System { content }) => {
+                map.serialize_entry("role", "system")?;
+                map.serialize_entry("content", content)?;
+            }
+            WireMessage::Ours(Message::User { content }) => {
+                map.serialize_entry("role", "user")?;
+                map.serialize_entry("content", &UserContent(content))?;
+            }
+            WireMessage::Ours(Message::Assistant { content }) => {
+                map.serialize_entry("role", "assistant")?;
+                let text = content.text_ref();
+                let calls = ToolCalls(content);
+                if text.is_empty() && calls.any() {
+                    map.serialize_entry("content", &())?;
+                } else {
+                    map.serialize_entry("content", &*text)?;
+                }
+                if calls.any() {
+                    map.serialize_entry("tool_calls", &calls)?;
+                }
+            }
+            WireMessage::Ours(Message::Tool {
+                tool_call_id,
+                content,
+            }) => {
+                map.serialize_entry("role", "tool")?;
+                map.serialize_entry("tool_call_id", tool_call_id)?;
+                map.serialize_entry("content", &*content.text_ref())?;
+            }
         }
+        map.end()
+    }
+}
+
+/// A user message's content: a string, or parts when it carries an image.
+struct UserContent<'a>(&'a Content);
+
+impl Serialize for UserContent<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let blocks = match self.0 {
+            Content::Blocks(blocks) if blocks.iter().any(|b| matches!(b, Block::Image { .. })) => {
+                blocks
+            }
+            other => return s.serialize_str(&other.text_ref()),
+        };
+        let mut seq = s.serialize_seq(None)?;
+        for b in blocks {
+            match b {
+                Block::Text { text } => {
+                    seq.serialize_element(&json!({"type": "text", "text": text}))?
+                }
+                Block::Image { url } => {
+                    seq.serialize_element(&json!({"type": "image_url", "image_url": {"url": url}}))?
+                }
+                _ => {}
+            }
+        }
+        seq.end()
+    }
+}
+
+/// An assistant message's tool uses, as `tool_calls`.
+struct ToolCalls<'a>(&'a Content);
+
+impl ToolCalls<'_> {
+    fn uses(&self) -> impl Iterator<Item = (&str, &str, &Value)> {
+        let blocks: &[Block] = match self.0 {
+            Content::Blocks(blocks) => blocks,
+            Content::Text(_) => &[],
+        };
+        blocks.iter().filter_map(|b| match b {
+            Block::ToolUse {
+                tool_call_id,
+                name,
+                input,
+            } => Some((tool_call_id.as_str(), name.as_str(), input)),
+            _ => None,
+        })
+    }
+
+    fn any(&self) -> bool {
+        self.uses().next().is_some()
+    }
+}
+
+impl Serialize for ToolCalls<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Call<'a> {
+            id: &'a str,
+            #[serde(rename = "type")]
+            kind: &'static str,
+            function: Function<'a>,
+        }
+        #[derive(Serialize)]
+        struct Function<'a> {
+            name: &'a str,
+            /// The input as JSON text, as the API wants it.
+            arguments: String,
+        }
+        s.collect_seq(self.uses().map(|(id, name, input)| Call {
+            id,
+            kind: "function",
+            function: Function {
+                name,
+                arguments: input.to_string(),
+            },
+        }))
     }
 }
 
