@@ -73,6 +73,69 @@ async fn sessions_history_and_pending_calls_survive_a_restart() {
     check_log(server.engine().store(), &sid).await;
 }
 
+#[tokio::test]
+async fn idle_sessions_leave_memory_past_session_cache_and_come_back_whole() {
+    let fake = FakeOpenAi::start().await;
+    let cfg = config_text(&fake, "").replace("[server]\n", "[server]\nsession_cache = 1\n");
+    let server = TestServer::start(&cfg).await;
+    let turn = |sid: &str, text: &str| {
+        let (path, body) = (
+            format!("/sessions/{sid}/turns"),
+            json!({"messages": [{"role": "user", "content": text}]}),
+        );
+        let http = &server.http;
+        async move { http.post(&path, &body).await }
+    };
+    // A session whose last turn stopped on a client tool: its pending call is derived state.
+    let tool = json!({"name": "get_weather", "description": "", "parameters": {"type": "object"}});
+    let sid = server.session(json!({"tools": [tool]})).await;
+    fake.push(Reply::text("first answer"));
+    turn(&sid, "one").await;
+    fake.push(Reply::tool_calls(&[(
+        "call_7",
+        "get_weather",
+        json!({"city": "Rome"}),
+    )]));
+    let (_, resp) = turn(&sid, "two").await;
+    assert_eq!(resp["stopReason"], "tool_use");
+    server.wait_idle(&sid).await;
+    let history = format!("/sessions/{sid}/history?type=full");
+    let (_, before) = server.http.get(&history).await;
+
+    // Other sessions come and go: past the cache's one idle session, the first leaves memory.
+    for i in 0..4 {
+        let other = server.session(json!({})).await;
+        fake.push(Reply::text(&format!("answer {i}")));
+        let (status, _) = turn(&other, "hello").await;
+        assert_eq!(status, 200);
+        server.wait_idle(&other).await;
+    }
+    let (cached, first_cached) = server.engine().in_memory(&sid);
+    assert!(
+        !first_cached && cached <= 2,
+        "{cached} sessions in memory, the first among them: {first_cached}"
+    );
+
+    // Read back from the log as it was: history, pending call, tools; and it goes on from there.
+    let (_, after) = server.http.get(&history).await;
+    assert_eq!(after, before);
+    let (_, info) = server.http.get(&format!("/sessions/{sid}")).await;
+    assert_eq!(info["status"], "awaiting_client", "{info}");
+    assert_eq!(info["pending"][0]["toolCallId"], "call_7");
+    assert_eq!(info["tools"][0]["name"], "get_weather");
+    fake.push(Reply::text("Rome is 25C"));
+    let (status, resp) = server
+        .http
+        .post(
+            &format!("/sessions/{sid}/turns"),
+            &json!({"messages": [{"role": "tool", "toolCallId": "call_7", "content": "25C"}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{resp}");
+    assert_eq!(resp["messages"][0]["content"], "Rome is 25C");
+    check_log(server.engine().store(), &sid).await;
+}
+
 /// The real binary, started on a free port.
 struct Proc {
     child: Child,

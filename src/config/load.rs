@@ -501,8 +501,20 @@ fn server(
                 i64::MAX,
             )?
             .unsigned_abs(),
+        session_cache: cx
+            .int(
+                t.session_cache.as_ref(),
+                "server.session_cache",
+                DEFAULT_SESSION_CACHE,
+                0,
+                i64::MAX,
+            )?
+            .unsigned_abs() as usize,
     })
 }
+
+/// Idle sessions kept in memory by default.
+const DEFAULT_SESSION_CACHE: i64 = 1000;
 
 fn upstream(
     cx: &Cx<'_>,
@@ -1362,8 +1374,10 @@ default = "ask"                              # for a tool that no pattern names
 
     #[test]
     fn other_sections_and_policy_default() {
-        let c = ok("[server]\npublic_meta = false\nmax_body_bytes = 1024\napi_keys_env = \"KEYS\"\nfsync = true\n[files]\nmax_bytes = 10\n[policy]\ndefault = \"deny\"\n");
+        let c = ok("[server]\npublic_meta = false\nmax_body_bytes = 1024\napi_keys_env = \"KEYS\"\nfsync = true\nsession_cache = 0\n[files]\nmax_bytes = 10\n[policy]\ndefault = \"deny\"\n");
         assert!(c.server.fsync);
+        assert_eq!(c.server.session_cache, 0);
+        assert_eq!(ok("").server.session_cache, 1000);
         assert!(!c.server.public_meta);
         assert_eq!(c.server.max_body_bytes, 1024);
         assert_eq!(c.server.api_keys_env.as_deref(), Some("KEYS"));
@@ -1374,6 +1388,8 @@ default = "ask"                              # for a tool that no pattern names
         assert!(e
             .message
             .contains("(expected \"trust\", \"ask\" or \"deny\")"));
+        let e = bad("[server]\nsession_cache = -1\n");
+        assert_eq!(e.key.as_deref(), Some("server.session_cache"));
         let e = bad("[files]\nmax_bytes = -5\n");
         assert_eq!(
             (e.line, e.key.as_deref()),

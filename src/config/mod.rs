@@ -47,6 +47,9 @@ pub struct ServerConfig {
     /// Sync every group commit to disk (survives power loss; costs an fsync per commit).
     /// Default `false`: commits survive the process being killed, not the machine losing power.
     pub fsync: bool,
+    /// Idle sessions kept in memory; past that, idle ones are dropped and read back from the log
+    /// when next used. Default 1,000.
+    pub session_cache: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

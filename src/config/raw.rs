@@ -49,6 +49,8 @@ pub(super) struct RawServer {
     pub max_body_bytes: Option<Spanned<i64>>,
     #[serde(default)]
     pub fsync: Option<bool>,
+    #[serde(default)]
+    pub session_cache: Option<Spanned<i64>>,
 }
 
 /// `[upstream]`

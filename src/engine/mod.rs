@@ -375,22 +375,20 @@ impl Engine {
         ));
         self.persist(&session);
         self.inner.store.flush().await?;
-        self.inner
-            .sessions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, session.clone());
+        let session = self.cache(&id, session);
         Ok(view(&session))
     }
 
     fn persist(&self, session: &Session) {
         let record = session.record();
-        self.inner.store.put_session(SessionRow {
+        let ticket = self.inner.store.put_session(SessionRow {
             id: session.id.to_string(),
             owner: session.owner.clone(),
             created_at: session.created_at.clone(),
             record: serde_json::to_string(&record).unwrap_or_default(),
         });
+        let mut st = session.lock();
+        st.record_written = st.record_written.max(ticket);
     }
 
     /// Validate overrides against the agent and apply them to a record.
@@ -483,13 +481,36 @@ impl Engine {
             record,
             events,
         ));
+        Ok(Some(self.cache(id, session)))
+    }
+
+    /// Keeps `session` in memory (or the one already there: another request may have loaded it
+    /// meanwhile), and past `[server] session_cache` sessions drops those at rest: nobody holds
+    /// one (taking one goes through the map's lock, held here) and it holds nothing that is not
+    /// in the log, so it is read back as it was when next used.
+    fn cache(&self, id: &str, session: Arc<Session>) -> Arc<Session> {
         let mut map = self
             .inner
             .sessions
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        // Another request may have loaded it meanwhile: keep the first.
-        Ok(Some(map.entry(id.to_string()).or_insert(session).clone()))
+        let kept = map.entry(id.to_string()).or_insert(session).clone();
+        if map.len() > self.inner.config.server.session_cache {
+            let committed = self.inner.store.committed();
+            map.retain(|_, s| Arc::strong_count(s) > 1 || !s.at_rest(committed));
+        }
+        kept
+    }
+
+    /// How many sessions are in memory, and whether `id` is one of them (the rest are in the log
+    /// only: see `[server] session_cache`).
+    pub fn in_memory(&self, id: &str) -> (usize, bool) {
+        let map = self
+            .inner
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        (map.len(), map.contains_key(id))
     }
 
     fn cached(&self, id: &str) -> Option<Arc<Session>> {

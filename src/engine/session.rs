@@ -189,6 +189,8 @@ pub(crate) struct State {
     pub coalescer: Option<Coalescer>,
     pub plan: Option<PlanWait>,
     pub deleted: bool,
+    /// The store ticket of the session's last row write (its record).
+    pub record_written: u64,
     /// The live feed, made when the first subscriber comes and dropped when the last has gone
     /// (its buffer is sizeable, and most sessions never have a subscriber).
     feed: Option<broadcast::Sender<Feed>>,
@@ -207,6 +209,18 @@ impl State {
     /// End every live subscription (the session is gone).
     pub fn close_feed(&mut self) {
         self.feed = None;
+    }
+
+    /// Whether the session holds nothing that is not in the log: no turn running or queued or
+    /// waiting on a plan, no live subscriber, every event and record write committed. Such a
+    /// session can be dropped from memory and read back from the log as it is.
+    pub fn at_rest(&self, committed: u64) -> bool {
+        self.running.is_none()
+            && self.queue.is_empty()
+            && self.plan.is_none()
+            && self.held.is_empty()
+            && self.record_written <= committed
+            && self.feed.as_ref().is_none_or(|tx| tx.receiver_count() == 0)
     }
 }
 
@@ -258,9 +272,15 @@ impl Session {
                 coalescer: None,
                 plan: None,
                 deleted: false,
+                record_written: 0,
                 feed: None,
             }),
         }
+    }
+
+    /// [`State::at_rest`], without waiting: a session whose state is locked is in use.
+    pub(crate) fn at_rest(&self, committed: u64) -> bool {
+        self.state.try_lock().is_ok_and(|st| st.at_rest(committed))
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {

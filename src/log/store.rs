@@ -257,8 +257,9 @@ impl Store {
     }
 
     /// Queue an insert or replacement of a session row.
-    pub fn put_session(&self, row: SessionRow) {
-        self.queue(WriteOp::PutSession(row));
+    /// Queue a session's row (created or changed); returns its ticket (see [`Store::committed`]).
+    pub fn put_session(&self, row: SessionRow) -> u64 {
+        self.queue(WriteOp::PutSession(row))
     }
 
     /// Queue the removal of a session and all its events.
