@@ -136,6 +136,36 @@ async fn idle_sessions_leave_memory_past_session_cache_and_come_back_whole() {
     check_log(server.engine().store(), &sid).await;
 }
 
+#[tokio::test]
+async fn the_least_recently_used_idle_sessions_leave_memory_first() {
+    let fake = FakeOpenAi::start().await;
+    let cfg = config_text(&fake, "").replace("[server]\n", "[server]\nsession_cache = 10\n");
+    let server = TestServer::start(&cfg).await;
+    let mut ids = Vec::new();
+    for _ in 0..10 {
+        ids.push(server.session(json!({})).await);
+    }
+    // The oldest is used again; then one more session is one too many: the cache drops the
+    // least recently used idle ones, down to nine.
+    let (status, _) = server.http.get(&format!("/sessions/{}", ids[0])).await;
+    assert_eq!(status, 200);
+    ids.push(server.session(json!({})).await);
+    let cached: Vec<bool> = ids
+        .iter()
+        .map(|id| server.engine().in_memory(id).1)
+        .collect();
+    let mut expected = vec![true; 11];
+    expected[1] = false;
+    expected[2] = false;
+    assert_eq!(cached, expected);
+    // A dropped one is still there, read back from the log.
+    let (status, info) = server.http.get(&format!("/sessions/{}", ids[1])).await;
+    assert_eq!(
+        (status, info["sessionId"].as_str()),
+        (200, Some(ids[1].as_str()))
+    );
+}
+
 /// The real binary, started on a free port.
 struct Proc {
     child: Child,

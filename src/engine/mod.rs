@@ -14,6 +14,7 @@ pub mod session;
 pub mod turn;
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -172,6 +173,8 @@ pub(crate) struct Inner {
     pub tools: Arc<dyn ToolHost>,
     pub files: Option<crate::files::FileStore>,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
+    /// Counts takings from `sessions`: a session's `used` is the tick of its last.
+    tick: std::sync::atomic::AtomicU64,
     tracker: TaskTracker,
     shutting_down: std::sync::atomic::AtomicBool,
 }
@@ -209,6 +212,7 @@ impl Engine {
                 tools,
                 files,
                 sessions: Mutex::new(HashMap::new()),
+                tick: Default::default(),
                 tracker: TaskTracker::new(),
                 shutting_down: false.into(),
             }),
@@ -304,11 +308,7 @@ impl Engine {
     }
 
     fn check_open(&self) -> Result<(), EngineError> {
-        if self
-            .inner
-            .shutting_down
-            .load(std::sync::atomic::Ordering::Acquire)
-        {
+        if self.inner.shutting_down.load(Ordering::Acquire) {
             return Err(EngineError::ShuttingDown);
         }
         Ok(())
@@ -485,21 +485,42 @@ impl Engine {
     }
 
     /// Keeps `session` in memory (or the one already there: another request may have loaded it
-    /// meanwhile), and past `[server] session_cache` sessions drops those at rest: nobody holds
-    /// one (taking one goes through the map's lock, held here) and it holds nothing that is not
-    /// in the log, so it is read back as it was when next used.
+    /// meanwhile). Past `[server] session_cache` sessions, drops the least recently used of
+    /// those at rest, down to nine tenths of it (so that a sweep comes once in many sessions):
+    /// nobody holds one (taking one goes through the map's lock, held here) and it holds nothing
+    /// that is not in the log, so it is read back as it was when next used.
     fn cache(&self, id: &str, session: Arc<Session>) -> Arc<Session> {
         let mut map = self
             .inner
             .sessions
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        let kept = map.entry(id.to_string()).or_insert(session).clone();
-        if map.len() > self.inner.config.server.session_cache {
+        let kept = self.taken(map.entry(id.to_string()).or_insert(session));
+        let bound = self.inner.config.server.session_cache;
+        if map.len() > bound {
             let committed = self.inner.store.committed();
-            map.retain(|_, s| Arc::strong_count(s) > 1 || !s.at_rest(committed));
+            let mut idle: Vec<(u64, String)> = map
+                .iter()
+                .filter(|(_, s)| Arc::strong_count(s) == 1 && s.at_rest(committed))
+                .map(|(id, s)| (s.used.load(Ordering::Relaxed), id.clone()))
+                .collect();
+            let excess = map.len() - bound * 9 / 10;
+            if idle.len() > excess {
+                idle.select_nth_unstable(excess);
+                idle.truncate(excess);
+            }
+            for (_, id) in idle {
+                map.remove(&id);
+            }
         }
         kept
+    }
+
+    /// A session taken from the cache: marked as just used.
+    fn taken(&self, s: &Arc<Session>) -> Arc<Session> {
+        let tick = self.inner.tick.fetch_add(1, Ordering::Relaxed);
+        s.used.store(tick, Ordering::Relaxed);
+        s.clone()
     }
 
     /// How many sessions are in memory, and whether `id` is one of them (the rest are in the log
@@ -519,7 +540,7 @@ impl Engine {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(id)
-            .cloned()
+            .map(|s| self.taken(s))
     }
 
     /// A session this owner may see.

@@ -229,6 +229,9 @@ pub struct Session {
     pub id: Arc<str>,
     pub owner: Option<String>,
     pub created_at: String,
+    /// When it was last taken from the engine's cache (the engine's tick), for dropping the
+    /// least recently used first.
+    pub(crate) used: std::sync::atomic::AtomicU64,
     state: Mutex<State>,
 }
 
@@ -260,6 +263,7 @@ impl Session {
             id: id.into(),
             owner,
             created_at,
+            used: Default::default(),
             state: Mutex::new(State {
                 record: Arc::new(record),
                 next_seq,
