@@ -905,11 +905,12 @@ mod tests {
             largest = largest.max(std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0));
         }
         // Every commit writes two or three frames: 12,000 commits would leave a WAL of 24,000+
-        // frames (96 MiB+) if it never restarted. With restarts it stays near the threshold (the
-        // writer's checkpoint waits a commit or a few if the thread is checkpointing just then).
+        // frames (96 MiB+) if it never restarted. With restarts it stays near the threshold,
+        // past it only while the thread's own checkpoint holds the checkpoint lock (the writer's
+        // waits for the next commit then): a few hundred frames here, more on a busy machine.
         let frame = 4096 + 24;
         assert!(
-            largest < 1024 * frame,
+            largest < 4096 * frame,
             "the WAL grew to {largest} bytes ({} frames)",
             largest / frame
         );
