@@ -256,8 +256,8 @@ impl Store {
         })
     }
 
-    /// Queue an insert or replacement of a session row.
-    /// Queue a session's row (created or changed); returns its ticket (see [`Store::committed`]).
+    /// Queue an insert or replacement of a session row; returns its ticket (see
+    /// [`Store::committed`]).
     pub fn put_session(&self, row: SessionRow) -> u64 {
         self.queue(WriteOp::PutSession(row))
     }
