@@ -54,20 +54,7 @@ async fn sessions_history_and_pending_calls_survive_a_restart() {
         .get(&format!("/sessions/{sid}/history?type=full"))
         .await;
     assert_eq!(after, before);
-    let (_, info) = server.http.get(&format!("/sessions/{sid}")).await;
-    assert_eq!(info["status"], "awaiting_client", "{info}");
-    assert_eq!(info["pending"][0]["toolCallId"], "call_7");
-    assert_eq!(info["tools"][0]["name"], "get_weather");
-    fake.push(Reply::text("Rome is 25C"));
-    let (status, resp) = server
-        .http
-        .post(
-            &format!("/sessions/{sid}/turns"),
-            &json!({"messages": [{"role": "tool", "toolCallId": "call_7", "content": "25C"}]}),
-        )
-        .await;
-    assert_eq!(status, 200, "{resp}");
-    assert_eq!(resp["messages"][0]["content"], "Rome is 25C");
+    resumes_the_pending_call(&server, &fake, &sid).await;
     let (_, list) = server.http.get("/sessions").await;
     assert_eq!(list["sessions"][0]["sessionId"], sid.as_str());
     check_log(server.engine().store(), &sid).await;
@@ -119,20 +106,7 @@ async fn idle_sessions_leave_memory_past_session_cache_and_come_back_whole() {
     // Read back from the log as it was: history, pending call, tools; and it goes on from there.
     let (_, after) = server.http.get(&history).await;
     assert_eq!(after, before);
-    let (_, info) = server.http.get(&format!("/sessions/{sid}")).await;
-    assert_eq!(info["status"], "awaiting_client", "{info}");
-    assert_eq!(info["pending"][0]["toolCallId"], "call_7");
-    assert_eq!(info["tools"][0]["name"], "get_weather");
-    fake.push(Reply::text("Rome is 25C"));
-    let (status, resp) = server
-        .http
-        .post(
-            &format!("/sessions/{sid}/turns"),
-            &json!({"messages": [{"role": "tool", "toolCallId": "call_7", "content": "25C"}]}),
-        )
-        .await;
-    assert_eq!(status, 200, "{resp}");
-    assert_eq!(resp["messages"][0]["content"], "Rome is 25C");
+    resumes_the_pending_call(&server, &fake, &sid).await;
     check_log(server.engine().store(), &sid).await;
 }
 
@@ -164,6 +138,25 @@ async fn the_least_recently_used_idle_sessions_leave_memory_first() {
         (status, info["sessionId"].as_str()),
         (200, Some(ids[1].as_str()))
     );
+}
+
+/// A session of the tests above read back from the log: still awaiting the client's answer to
+/// `call_7` (get_weather) with its tools, and answering it goes on from there.
+async fn resumes_the_pending_call(server: &TestServer, fake: &FakeOpenAi, sid: &str) {
+    let (_, info) = server.http.get(&format!("/sessions/{sid}")).await;
+    assert_eq!(info["status"], "awaiting_client", "{info}");
+    assert_eq!(info["pending"][0]["toolCallId"], "call_7");
+    assert_eq!(info["tools"][0]["name"], "get_weather");
+    fake.push(Reply::text("Rome is 25C"));
+    let (status, resp) = server
+        .http
+        .post(
+            &format!("/sessions/{sid}/turns"),
+            &json!({"messages": [{"role": "tool", "toolCallId": "call_7", "content": "25C"}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{resp}");
+    assert_eq!(resp["messages"][0]["content"], "Rome is 25C");
 }
 
 /// The real binary, started on a free port.

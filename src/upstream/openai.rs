@@ -1057,16 +1057,20 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn a_server_that_closes_each_connection_after_answering_costs_no_call() {
+    /// A raw HTTP/1 upstream that reads each request whole and answers it with the head and
+    /// body `answer` makes of an event stream saying "ok", then drops the connection (closing
+    /// it) or, with `keep_open`, holds it open and silent. Its address and count of connections.
+    async fn raw_upstream(
+        answer: fn(&str) -> String,
+        keep_open: bool,
+    ) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        // Answers one request per connection, then closes it without saying so (no
-        // `Connection: close`): the pooled connection is dead when the next call comes.
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let count = accepted.clone();
         tokio::spawn(async move {
+            let mut open = Vec::new();
             while let Ok((mut sock, _)) = listener.accept().await {
                 count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let mut req = Vec::new();
@@ -1094,14 +1098,29 @@ mod tests {
                     json!({"choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": null}]}),
                     json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
                 ]) + "data: [DONE]\n\n";
-                let resp = format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n{body}",
-                    body.len()
-                );
-                sock.write_all(resp.as_bytes()).await.unwrap();
-                // Dropping the socket closes it.
+                sock.write_all(answer(&body).as_bytes()).await.unwrap();
+                if keep_open {
+                    open.push(sock);
+                }
             }
         });
+        (addr, accepted)
+    }
+
+    #[tokio::test]
+    async fn a_server_that_closes_each_connection_after_answering_costs_no_call() {
+        // Answers one request per connection, then closes it without saying so (no
+        // `Connection: close`): the pooled connection is dead when the next call comes.
+        let (addr, accepted) = raw_upstream(
+            |body| {
+                format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                )
+            },
+            false,
+        )
+        .await;
         let p = OpenAi::new(format!("http://{addr}/v1"), None, Duration::from_secs(5));
         for _ in 0..5 {
             let out = p.complete(&ask("hi"), &mut Rec::default()).await.unwrap();
@@ -1112,37 +1131,19 @@ mod tests {
 
     #[tokio::test]
     async fn an_answer_whose_body_never_ends_costs_its_connection_not_the_next_call() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
         // Sends the final event in a chunked body and never the body's end (the chunk of size
         // 0), keeping the connection open: the call ends at `[DONE]`, and the next one cannot
         // reuse the connection, whose last answer is still going on.
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let count = accepted.clone();
-        tokio::spawn(async move {
-            let mut open = Vec::new();
-            while let Ok((mut sock, _)) = listener.accept().await {
-                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                let mut req = Vec::new();
-                let mut buf = [0u8; 4096];
-                while !req.windows(4).any(|w| w == b"\r\n\r\n") {
-                    let n = sock.read(&mut buf).await.unwrap();
-                    assert!(n > 0, "the client closed before sending a request");
-                    req.extend_from_slice(&buf[..n]);
-                }
-                let body = sse(&[
-                    json!({"choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": null}]}),
-                    json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
-                ]) + "data: [DONE]\n\n";
-                let resp = format!(
+        let (addr, accepted) = raw_upstream(
+            |body| {
+                format!(
                     "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{body}\r\n",
                     body.len()
-                );
-                sock.write_all(resp.as_bytes()).await.unwrap();
-                open.push(sock); // never ended, never closed
-            }
-        });
+                )
+            },
+            true,
+        )
+        .await;
         let p = OpenAi::new(format!("http://{addr}/v1"), None, Duration::from_secs(5));
         for _ in 0..3 {
             let out = p.complete(&ask("hi"), &mut Rec::default()).await.unwrap();
