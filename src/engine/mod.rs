@@ -184,6 +184,11 @@ impl Inner {
         crate::metrics::inc(&crate::metrics::TURNS_STARTED);
         self.tracker.spawn(turn::run(self.clone(), job));
     }
+
+    /// Sessions whose turn task is running (each runs its turns one after another).
+    pub(crate) fn running_turns(&self) -> usize {
+        self.tracker.len()
+    }
 }
 
 /// The engine; cheap to clone.

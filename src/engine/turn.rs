@@ -209,6 +209,16 @@ impl Turn {
         self.session.append(&self.inner.store, &self.turn_id, body)
     }
 
+    /// Whether [`overlapped`] lets other tasks run between handing a model call's request over
+    /// and committing. The request went out in the call's first poll (a tool call's goes out
+    /// through the MCP client's task, so there it always yields). Yielding wakes the other
+    /// worker: worth it only when other turns are running, which it then takes up (and the I/O
+    /// driver) while this thread commits. Measured on 2 cores: alone, not yielding saves a turn
+    /// ~10 µs; with 32 turns at once, yielding gives ~10 % more turns per second.
+    fn yield_before_sync(&self) -> bool {
+        self.inner.running_turns() > 1
+    }
+
     /// Make the events emitted so far durable, then let the watcher and the session's
     /// subscribers see them. Called before the turn waits on anything outside the process (the
     /// model, a tool, the client), so nothing it has said is lost to a crash or held back.
@@ -518,7 +528,7 @@ impl Turn {
             .buffer_unordered(TOOL_PARALLELISM);
         // The calls start, then what the turn said before them (its tool uses) is committed and
         // published while they run.
-        let mut next = overlapped(done.next(), self.sync(), &AtomicBool::new(true)).await?;
+        let mut next = overlapped(done.next(), true, self.sync(), &AtomicBool::new(true)).await?;
         while let Some((id, out)) = next {
             self.emit_result(&id, out);
             left -= 1;
@@ -592,6 +602,7 @@ impl Turn {
             // the upstream works on the request, and published before anything the model says.
             let result = overlapped(
                 self.inner.provider.complete(req, &mut deltas),
+                self.yield_before_sync(),
                 self.sync(),
                 &released,
             )
@@ -806,16 +817,17 @@ pub(crate) fn next_queued(
 /// Runs `call` (a model or tool call) and `sync` (making the turn's events durable) side by side:
 /// `call` is polled once, so that it hands its request over, then `sync` runs (committing on this
 /// thread) while the other side works, then `call` goes on. `released` tells [`Deltas`] when
-/// fragments may reach subscribers: never before the events that precede them.
+/// fragments may reach subscribers: never before the events that precede them. `yield_first`:
+/// see [`Turn::yield_before_sync`].
 async fn overlapped<T>(
     call: impl std::future::Future<Output = T>,
+    yield_first: bool,
     sync: impl std::future::Future<Output = Result<(), End>>,
     released: &AtomicBool,
 ) -> Result<T, End> {
     let mut call = std::pin::pin!(call);
     let first = futures_util::poll!(call.as_mut());
-    if first.is_pending() {
-        // Let the connection's task write the request before this thread commits.
+    if first.is_pending() && yield_first {
         tokio::task::yield_now().await;
     }
     sync.await?;
