@@ -70,6 +70,49 @@ async fn sessions_are_created_listed_in_pages_read_and_deleted() {
     assert_eq!(status, 404);
 }
 
+/// Readers racing a delete never bring the session back: once `DELETE` has answered, it is gone
+/// from the API, the list, and memory (it used to leave memory before its delete was committed,
+/// so a read in between loaded it again from the log).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_read_while_it_is_deleted_stays_deleted() {
+    let (_fake, server) = setup("").await;
+    for _ in 0..40 {
+        let id = server.session(json!({})).await;
+        let path = format!("/sessions/{id}");
+        let readers: Vec<_> = (0..3)
+            .map(|_| {
+                let (http, path) = (server.http.clone(), path.clone());
+                tokio::spawn(async move {
+                    // Until the delete shows; every answer before it is the session itself.
+                    loop {
+                        match http.get(&path).await {
+                            (200, info) => assert_eq!(info["sessionId"], path[10..]),
+                            (404, _) => return,
+                            other => panic!("GET during a delete: {other:?}"),
+                        }
+                    }
+                })
+            })
+            .collect();
+        assert_eq!(server.http.delete(&path).await.0, 204);
+        assert_eq!(server.http.get(&path).await.0, 404);
+        for r in readers {
+            r.await.unwrap();
+        }
+        assert_eq!(server.http.get(&path).await.0, 404);
+        assert!(!server.engine().in_memory(&id).1, "{id} is back in memory");
+        let (_, list) = server.http.get("/sessions").await;
+        assert!(
+            !list["sessions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|s| s["sessionId"] == id),
+            "{id} is still listed: {list}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_session_without_an_agent_object_gets_the_default_agent() {
     let (_fake, server) = setup("[agents.first]\n[agents.second]\n").await;

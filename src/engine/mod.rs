@@ -586,7 +586,9 @@ impl Engine {
         let mut out = Vec::with_capacity(rows.len().min(PAGE_SIZE));
         for row in rows.into_iter().take(PAGE_SIZE) {
             if let Some(s) = self.load(&row.id).await? {
-                out.push(view(&s));
+                if !s.lock().deleted {
+                    out.push(view(&s));
+                }
             }
         }
         let next = if more {
@@ -614,13 +616,16 @@ impl Engine {
         if let Some(control) = running {
             control.stop(StopCause::Cancelled);
         }
+        self.inner.store.delete_session(id);
+        let committed = self.inner.store.flush().await;
+        // Only now: until the delete is committed, a reader that missed the (deleted) session in
+        // memory would read it back from the log.
         self.inner
             .sessions
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(id);
-        self.inner.store.delete_session(id);
-        self.inner.store.flush().await?;
+        committed?;
         self.inner.tools.session_closed(id).await;
         let workspace = self.inner.config.server.sandboxes.join(id);
         match tokio::fs::remove_dir_all(&workspace).await {
