@@ -3,6 +3,8 @@
 //! AAP's history shape is our neutral format: the engine builds model requests from it, the
 //! upstream providers translate it into their wire formats, and the AAP renderer returns it as is.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -130,13 +132,14 @@ pub struct ToolSpec {
     #[serde(default)]
     pub description: String,
     /// JSON Schema of the input object. `inputSchema` (an older AAP spelling) is accepted too.
+    /// Shared: every model request offers it, and a copy per request would cost a deep clone.
     #[serde(alias = "inputSchema", default = "empty_object_schema")]
-    pub parameters: Value,
+    pub parameters: Arc<Value>,
 }
 
 /// `{"type": "object"}`: the schema of a tool that takes no declared parameters.
-pub fn empty_object_schema() -> Value {
-    serde_json::json!({"type": "object", "properties": {}})
+pub fn empty_object_schema() -> Arc<Value> {
+    Arc::new(serde_json::json!({"type": "object", "properties": {}}))
 }
 
 /// A tool call requested by the model.

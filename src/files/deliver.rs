@@ -23,7 +23,8 @@ pub fn spec() -> ToolSpec {
             "properties": {"path": {"type": "string", "description": "The file's path in the workspace, e.g. report.csv or /workspace/out/report.csv"}},
             "required": ["path"],
             "additionalProperties": false
-        }),
+        })
+        .into(),
     }
 }
 

@@ -34,7 +34,7 @@ use crate::tools::ToolOutput;
 pub struct McpTool {
     pub name: String,
     pub description: String,
-    pub input_schema: Value,
+    pub input_schema: std::sync::Arc<Value>,
 }
 
 /// Where the connection stands.
@@ -317,7 +317,7 @@ async fn list(peer: &Peer<RoleClient>) -> Result<Vec<McpTool>, String> {
         .map(|t| McpTool {
             name: t.name.to_string(),
             description: t.description.map(|d| d.to_string()).unwrap_or_default(),
-            input_schema: Value::Object((*t.input_schema).clone()),
+            input_schema: std::sync::Arc::new(Value::Object((*t.input_schema).clone())),
         })
         .collect())
 }

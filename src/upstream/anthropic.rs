@@ -1517,12 +1517,12 @@ mod tests {
                 ToolDef {
                     name: "get_weather".into(),
                     description: "Weather for a city".into(),
-                    parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+                    parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}).into(),
                 },
                 ToolDef {
                     name: "noop".into(),
                     description: "".into(),
-                    parameters: Value::Null,
+                    parameters: Value::Null.into(),
                 },
             ],
             max_tokens: None,

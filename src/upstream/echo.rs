@@ -159,7 +159,7 @@ mod tests {
             tools: vec![ToolDef {
                 name: "get_weather".into(),
                 description: String::new(),
-                parameters: json!({"type": "object"}),
+                parameters: json!({"type": "object"}).into(),
             }],
             max_tokens: None,
             thinking: false,

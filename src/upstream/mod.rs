@@ -23,8 +23,8 @@ use crate::message::{Message, ToolCall, Usage};
 pub struct ToolDef {
     pub name: String,
     pub description: String,
-    /// JSON Schema of the input object.
-    pub parameters: Value,
+    /// JSON Schema of the input object (the tool's own, shared).
+    pub parameters: std::sync::Arc<Value>,
 }
 
 /// One model call.

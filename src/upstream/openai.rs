@@ -1243,7 +1243,7 @@ mod tests {
             tools: vec![ToolDef {
                 name: "get_weather".into(),
                 description: "Weather for a city".into(),
-                parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+                parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}).into(),
             }],
             max_tokens: Some(256),
             thinking: true,
