@@ -898,8 +898,15 @@ struct Mcp {
     /// tool, no turn). The difference is the tool's time inside the turn.
     gap_turn: f64,
     gap_again: f64,
+    /// A direct rmcp call made where a turn makes it: right after the model's tool-call answer
+    /// has come in (untimed). That is the baseline: a call in a loop, back to back with the one
+    /// before, finds the child and the CPUs awake and runs ~35–45 µs faster than any call a turn
+    /// (or any client between two model calls) can make.
     rmcp: f64,
-    /// The same call through turnstile's tool host alone (no turn around it).
+    /// The same direct call back to back, for reference.
+    rmcp_hot: f64,
+    /// The same call through turnstile's tool host alone (no turn around it), after the model's
+    /// answer as well.
     host: f64,
 }
 
@@ -1016,6 +1023,22 @@ async fn mcp(
         ],
         ..first.clone()
     };
+    // What a turn has just done when it calls the tool: received the model's tool-call answer.
+    let answer_first = || async {
+        fake.push(Reply::tool_calls(&[(
+            "call_0",
+            "mcp__ex__add",
+            json!({"a": 2, "b": 3}),
+        )]));
+        let out = upstream
+            .complete(&first, &mut NoDeltas)
+            .await
+            .map_err(|e| anyhow!("first model request: {}", e.message))?;
+        if out.tool_calls.is_empty() {
+            bail!("the fake answered the first request without a tool call");
+        }
+        Ok(())
+    };
     let script = |call_id: &str| {
         fake.push(
             Reply::tool_calls(&[(call_id, "mcp__ex__add", json!({"a": 2, "b": 3}))])
@@ -1034,8 +1057,8 @@ async fn mcp(
         )),
     };
     // Variants: plain turn, tool turn, direct rmcp call, tool host call, the two model requests
-    // asked back to back; then the gaps of variants 1 and 4.
-    let mut rounds: [Vec<f64>; 7] = Default::default();
+    // asked back to back, direct rmcp calls back to back; then the gaps of variants 1 and 4.
+    let mut rounds: [Vec<f64>; 8] = Default::default();
     for r in 0..n.mcp_rounds {
         let plain_plan = srv
             .turn_plans(client, 1, n.mcp_calls, ALL_TOOLS, &plain_body)
@@ -1045,7 +1068,7 @@ async fn mcp(
             .turn_plans(client, 1, n.mcp_calls, ALL_TOOLS, &tool_body)
             .await?
             .remove(0);
-        for v in order(r, 5) {
+        for v in order(r, 6) {
             let mut samples = Vec::with_capacity(n.mcp_calls);
             let mut gaps = Vec::with_capacity(n.mcp_calls);
             match v {
@@ -1104,6 +1127,7 @@ async fn mcp(
                 }
                 3 => {
                     for _ in 0..n.mcp_calls {
+                        answer_first().await?;
                         let t = Instant::now();
                         let out = host
                             .call(&ctx, "mcp__ex__add", json!({"a": 2, "b": 3}))
@@ -1118,6 +1142,9 @@ async fn mcp(
                     for _ in 0..n.mcp_calls {
                         let params = CallToolRequestParams::new("add".to_owned())
                             .with_arguments(args.clone());
+                        if v == 2 {
+                            answer_first().await?;
+                        }
                         let t = Instant::now();
                         let res = direct
                             .call_tool(params)
@@ -1133,8 +1160,8 @@ async fn mcp(
             if r > 0 {
                 rounds[v].push(pcts(samples).p50);
                 match v {
-                    1 => rounds[5].push(pcts(gaps).p50),
-                    4 => rounds[6].push(pcts(gaps).p50),
+                    1 => rounds[6].push(pcts(gaps).p50),
+                    4 => rounds[7].push(pcts(gaps).p50),
                     _ => {}
                 }
             }
@@ -1148,8 +1175,9 @@ async fn mcp(
         tool: median(&rounds[1]),
         rmcp: median(&rounds[2]),
         host: median(&rounds[3]),
-        gap_turn: median(&rounds[5]),
-        gap_again: median(&rounds[6]),
+        rmcp_hot: median(&rounds[5]),
+        gap_turn: median(&rounds[6]),
+        gap_again: median(&rounds[7]),
     })
 }
 
@@ -1747,12 +1775,13 @@ async fn run_on_worker(opts: &Options) -> Result<Report> {
         row(
             "MCP tool overhead p50 (the tool's time inside the turn − a direct rmcp call)",
             format!(
-                "{} (in the turn {}: the upstream waits {} between the model's tool call and the next request, {} when turnstile's client asks again at once; direct rmcp call {}; turnstile's tool host alone {}; whole turns: {} with the tool, {} without)",
+                "{} (in the turn {}: the upstream waits {} between the model's tool call and the next request, {} when turnstile's client asks again at once; direct rmcp call after a model answer {}, back to back {}; turnstile's tool host alone {}; whole turns: {} with the tool, {} without)",
                 us(m.overhead()),
                 us(m.in_turn()),
                 us(m.gap_turn),
                 us(m.gap_again),
                 us(m.rmcp),
+                us(m.rmcp_hot),
                 us(m.host),
                 us(m.tool),
                 us(m.plain)
@@ -1883,6 +1912,11 @@ async fn run_on_worker(opts: &Options) -> Result<Report> {
     put(
         "mcp_direct_p50_us",
         mcp_fig.as_ref().map_or(f64::NAN, |m| m.rmcp),
+        1,
+    );
+    put(
+        "mcp_direct_hot_p50_us",
+        mcp_fig.as_ref().map_or(f64::NAN, |m| m.rmcp_hot),
         1,
     );
     put(
