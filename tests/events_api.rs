@@ -1042,6 +1042,51 @@ async fn cancelling_during_a_slow_tool_gives_it_a_cancelled_result() {
     check_log(server.engine().store(), &sid).await;
 }
 
+/// A tool use is held back only as long as a fast call takes (to be committed with its result):
+/// a call that runs on has its use logged and shown while it runs.
+#[tokio::test]
+async fn a_long_tool_call_is_logged_and_shown_while_it_runs() {
+    let (fake, server) = setup_mcp().await;
+    let sid = server.session(json!({})).await;
+    let mut s = stream(&server, &sid, "", &[]).await;
+    let notify = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = notify.local_addr().unwrap().to_string();
+    fake.push(Reply::tool_calls(&[(
+        "call_slow",
+        "mcp__ex__slow",
+        json!({"ms": 60000, "notify": addr}),
+    )]));
+    let t = send(&server, &sid, "take your time").await;
+    let (_conn, _) = tokio::time::timeout(Duration::from_secs(30), notify.accept())
+        .await
+        .expect("the slow tool started")
+        .unwrap();
+    // The tool sleeps for a minute: what is shown now is shown while it runs.
+    let mut seen = Vec::new();
+    while seen.last().map(String::as_str) != Some("agent.tool_use") {
+        let f = tokio::time::timeout(Duration::from_secs(30), s.frame())
+            .await
+            .expect("the tool use was shown while the tool ran");
+        if !f.is_delta() {
+            seen.push(f.event.clone());
+        }
+    }
+    assert_eq!(seen, ["user.message", "agent.tool_use"]);
+    let log = history(&server, &sid).await;
+    assert_eq!(types(&log), ["user.message", "agent.tool_use"]);
+    assert_eq!(log[1]["tool_use_id"], "call_slow");
+
+    let (status, _) = server
+        .http
+        .post(&format!("/sessions/{sid}/cancel"), &json!({ "turn_id": t }))
+        .await;
+    assert_eq!(status, 200);
+    tokio::time::timeout(Duration::from_secs(20), server.wait_idle(&sid))
+        .await
+        .expect("the cancel ended the turn");
+    check_log(server.engine().store(), &sid).await;
+}
+
 #[tokio::test]
 async fn a_stale_cancel_spares_the_newer_turn_and_cancelling_twice_is_fine() {
     let (fake, server) = setup(AGENT).await;
