@@ -20,6 +20,10 @@
 #[path = "bench/lib.rs"]
 mod bench_lib;
 
+/// The allocator the `turnstile` binary uses (see `src/main.rs`), so that the figures are its.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::Path;
 
 fn main() -> anyhow::Result<()> {

@@ -9,6 +9,13 @@ use clap::{Parser, Subcommand, ValueEnum};
 use turnstile::app::{self, StartOptions};
 use turnstile::config::{self, Config};
 
+/// mimalloc rather than glibc's malloc: a turn makes many small, short-lived allocations
+/// (events, JSON, headers) across two or more worker threads. Measured with the bench on 2
+/// cores: ~10 µs less added latency and CPU per turn, 7–16 % more turns/s; an idle event stream
+/// holds ~25 KiB instead of ~16 KiB. The bench declares the same allocator.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "turnstile",
