@@ -1042,6 +1042,62 @@ async fn cancelling_during_a_slow_tool_gives_it_a_cancelled_result() {
     check_log(server.engine().store(), &sid).await;
 }
 
+/// A full disk: what a turn could not write is shown to nobody, the turn fails, and the session
+/// goes on from what the log holds (no hole in the seqs, nothing unlogged in the model's context).
+#[tokio::test]
+async fn a_turn_whose_events_cannot_be_written_shows_nothing_unlogged_and_the_session_goes_on() {
+    let (fake, server) = setup(AGENT).await;
+    let sid = server.session(json!({})).await;
+    let mut s = stream(&server, &sid, "", &[]).await;
+    fake.push(Reply::text("first answer"));
+    let t1 = send(&server, &sid, "one").await;
+    until_terminal(&mut s, &t1).await;
+    let store = server.engine().store();
+
+    // Nothing more fits: the turn's first commit fails.
+    store.cap_size(Some(0)).unwrap();
+    fake.push(Reply::text("never stored"));
+    let big = "x".repeat(256 * 1024);
+    let (status, resp) = server
+        .http
+        .post(
+            &format!("/sessions/{sid}/turns"),
+            &json!({"messages": [{"role": "user", "content": big}]}),
+        )
+        .await;
+    assert_eq!(status, 500, "{resp}");
+    assert!(
+        resp["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("could not be written")),
+        "{resp}"
+    );
+    let logged = ["user.message", "agent.message", "turn.completed"];
+    assert_eq!(types(&history(&server, &sid).await), logged);
+
+    // Room again: the next turn goes on from the log.
+    store.cap_size(None).unwrap();
+    fake.push(Reply::text("second answer"));
+    let t3 = send(&server, &sid, "two").await;
+    let frames = until_terminal(&mut s, &t3).await;
+    let seen: Vec<&str> = frames
+        .iter()
+        .filter(|f| !f.is_delta())
+        .map(|f| f.event.as_str())
+        .collect();
+    assert_eq!(seen, logged, "the subscriber saw only what is logged");
+    assert!(frames.iter().all(|f| f.json()["turn_id"] == t3.as_str()));
+    let sent = fake.requests();
+    let context = sent.last().unwrap()["messages"].to_string();
+    assert!(
+        !context.contains("xxxx"),
+        "the model was sent the unlogged message"
+    );
+    assert_eq!(last_user(sent.last().unwrap()), "two");
+    let log = check_log(store, &sid).await;
+    assert_eq!(log.len(), 6);
+}
+
 /// A tool use is held back only as long as a fast call takes (to be committed with its result):
 /// a call that runs on has its use logged and shown while it runs.
 #[tokio::test]

@@ -237,20 +237,7 @@ impl Engine {
                 st.tail.last().map(|e| e.turn_id.clone())
             };
             let Some(turn_id) = turn_id else { continue };
-            let open: Vec<String> = {
-                let st = session.lock();
-                let mut open = Vec::new();
-                for ev in st.tail.iter().filter(|e| e.turn_id == turn_id) {
-                    match &ev.body {
-                        EventBody::ToolUse { tool_use_id, .. } => open.push(tool_use_id.clone()),
-                        EventBody::ToolResult { tool_use_id, .. } => {
-                            open.retain(|i| i != tool_use_id)
-                        }
-                        _ => {}
-                    }
-                }
-                open
-            };
+            let open = session::open_calls(&session.lock().tail, &turn_id);
             for call in open {
                 session.append(
                     store,

@@ -189,6 +189,9 @@ pub(crate) struct State {
     pub coalescer: Option<Coalescer>,
     pub plan: Option<PlanWait>,
     pub deleted: bool,
+    /// A commit of this session's writes failed: memory holds what the log does not, until
+    /// [`Session::reload`] reads it back.
+    pub diverged: bool,
     /// The store ticket of the session's last row write (its record).
     pub record_written: u64,
     /// The live feed, made when the first subscriber comes and dropped when the last has gone
@@ -247,18 +250,12 @@ impl Session {
         record: SessionRecord,
         events: Vec<Event>,
     ) -> Session {
-        let mut history = Projector::with_seed(&record.seed);
-        let mut next_seq = 0;
-        let mut last_turn: Vec<Arc<Event>> = Vec::new();
-        for ev in events {
-            history.apply(&ev.body);
-            next_seq = ev.seq;
-            if matches!(ev.body, EventBody::UserMessage { .. }) {
-                last_turn.clear();
-            }
-            last_turn.push(Arc::new(ev));
-        }
-        let pending = pending_calls(&last_turn, &record);
+        let Logged {
+            history,
+            next_seq,
+            tail: last_turn,
+            pending,
+        } = Logged::read(&record, events);
         Session {
             id: id.into(),
             owner,
@@ -276,10 +273,99 @@ impl Session {
                 coalescer: None,
                 plan: None,
                 deleted: false,
+                diverged: false,
                 record_written: 0,
                 feed: None,
             }),
         }
+    }
+
+    /// Whether a commit of the session's events failed ([`State::diverged`], or a held event
+    /// whose commit failed): then [`Session::read_back`] is due. (A record write goes with the
+    /// events of the turn that made it.)
+    pub(crate) fn lost_writes(&self, store: &Store) -> bool {
+        let st = self.lock();
+        st.diverged || st.held.iter().any(|(ticket, _)| store.failed(*ticket))
+    }
+
+    /// The session as the log holds it, for [`Session::rebuild_locked`]; `None` (logged) if it
+    /// cannot be read.
+    pub(crate) async fn read_back(&self, store: &Store) -> Option<LogCopy> {
+        let read = async {
+            let row = store.session(&self.id).await?;
+            let events = store.events(&self.id, 0, usize::MAX >> 1).await?;
+            Ok::<_, crate::log::StoreError>(LogCopy { row, events })
+        };
+        read.await
+            .inspect_err(|e| tracing::error!(session = %self.id, error = %e, "could not read the session back after a failed commit"))
+            .ok()
+    }
+
+    /// After a failed commit: make what the session holds in memory what the log holds (the
+    /// record, if its write failed; history, next seq, last turn, pending calls), so that the
+    /// next turn neither shows the model what was never stored nor leaves a hole in the seqs.
+    /// If the log has `turn_id` open, it is closed there (its open calls cancelled, then
+    /// `turn.failed`, `internal_error`, saying `why`); the events published, if that commit
+    /// succeeds (else the log keeps the turn open, to be closed as `worker_lost` at the next
+    /// start). `copy` was read once every write so far had been through a commit.
+    pub(crate) fn rebuild_locked(
+        &self,
+        st: &mut State,
+        store: &Store,
+        copy: &LogCopy,
+        turn_id: &str,
+        why: &str,
+    ) -> Vec<Arc<Event>> {
+        if st.deleted {
+            return Vec::new();
+        }
+        let reset = |st: &mut State| {
+            if store.failed(st.record_written) {
+                let row = copy.row.as_ref();
+                if let Some(record) = row.and_then(|r| serde_json::from_str(&r.record).ok()) {
+                    st.record = Arc::new(record);
+                }
+                st.record_written = 0;
+            }
+            let logged = Logged::read(&st.record, copy.events.clone());
+            st.history = logged.history;
+            st.next_seq = logged.next_seq;
+            st.tail = logged.tail;
+            st.pending = logged.pending;
+            st.held.clear();
+            st.diverged = false;
+        };
+        reset(st);
+        tracing::warn!(session = %self.id, seq = st.next_seq, "the session was read back from the log after a failed commit");
+        let open = st
+            .tail
+            .last()
+            .is_some_and(|e| e.turn_id == turn_id && !e.body.is_terminal());
+        if !open {
+            return Vec::new();
+        }
+        for call in open_calls(&st.tail, turn_id) {
+            let result = EventBody::ToolResult {
+                tool_use_id: call,
+                content: "Cancelled.".into(),
+                is_error: true,
+                files: vec![],
+            };
+            self.append_locked(st, store, turn_id, result);
+        }
+        let failed = EventBody::TurnFailed {
+            reason: crate::log::FailReason::InternalError,
+            usage: None,
+            message: Some(why.to_string()),
+        };
+        self.append_locked(st, store, turn_id, failed);
+        // Rare: committed here, under the session's lock, so that nothing comes between.
+        let committed = store.commit();
+        let published = self.publish_durable_locked(st, store);
+        if committed.is_err() {
+            reset(st);
+        }
+        published
     }
 
     /// [`State::at_rest`], without waiting: a session whose state is locked is in use.
@@ -340,7 +426,12 @@ impl Session {
         let n = st.held.iter().take_while(|(t, _)| *t <= committed).count();
         let mut out = Vec::with_capacity(n);
         let held: Vec<_> = st.held.drain(..n).collect();
-        for (_, ev) in held {
+        for (ticket, ev) in held {
+            if store.failed(ticket) {
+                // Not in the log: nobody sees it.
+                st.diverged = true;
+                continue;
+            }
             if matches!(ev.body, EventBody::UserMessage { .. }) {
                 st.tail.clear();
             }
@@ -494,6 +585,57 @@ impl Session {
 
     pub fn running_turn(&self) -> Option<String> {
         self.lock().running.as_ref().map(|r| r.turn_id.clone())
+    }
+}
+
+/// The tool uses of `turn_id` among `events` that have no result.
+pub(crate) fn open_calls(events: &[Arc<Event>], turn_id: &str) -> Vec<String> {
+    let mut open = Vec::new();
+    for ev in events.iter().filter(|e| e.turn_id == turn_id) {
+        match &ev.body {
+            EventBody::ToolUse { tool_use_id, .. } => open.push(tool_use_id.clone()),
+            EventBody::ToolResult { tool_use_id, .. } => open.retain(|i| i != tool_use_id),
+            _ => {}
+        }
+    }
+    open
+}
+
+/// A session's row and events as read from the log.
+pub(crate) struct LogCopy {
+    row: Option<crate::log::SessionRow>,
+    events: Vec<Event>,
+}
+
+/// What a session's log gives its state in memory.
+struct Logged {
+    history: Projector,
+    next_seq: u64,
+    /// The last turn's events.
+    tail: Vec<Arc<Event>>,
+    pending: Vec<Pending>,
+}
+
+impl Logged {
+    fn read(record: &SessionRecord, events: Vec<Event>) -> Logged {
+        let mut history = Projector::with_seed(&record.seed);
+        let mut next_seq = 0;
+        let mut tail: Vec<Arc<Event>> = Vec::new();
+        for ev in events {
+            history.apply(&ev.body);
+            next_seq = ev.seq;
+            if matches!(ev.body, EventBody::UserMessage { .. }) {
+                tail.clear();
+            }
+            tail.push(Arc::new(ev));
+        }
+        let pending = pending_calls(&tail, record);
+        Logged {
+            history,
+            next_seq,
+            tail,
+            pending,
+        }
     }
 }
 

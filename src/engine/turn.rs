@@ -694,15 +694,27 @@ impl Turn {
             _ => &crate::metrics::TURNS_FAILED,
         });
         let stop_on = std::mem::take(&mut self.stop_on);
-        {
+        let store = &self.inner.store;
+        // After a failed commit the terminal event is not written with the rest: it would go
+        // into the log after a hole, perhaps with no start of its turn before it.
+        let lost = self.session.lost_writes(store);
+        if !lost {
             let mut st = self.session.lock();
             self.session
-                .append_locked(&mut st, &self.inner.store, &self.turn_id, terminal);
+                .append_locked(&mut st, store, &self.turn_id, terminal);
             st.pending = stop_on;
         }
-        if let Err(e) = self.inner.store.flush().await {
+        let flushed = store.flush().await;
+        if let Err(e) = &flushed {
             tracing::error!(turn = %self.turn_id, error = %e, "the turn's events could not be made durable");
         }
+        // A failed commit: the session is rebuilt from the log, read now that every write of
+        // the turn has been through a commit, and the turn closed there if it is open.
+        let copy = if lost || self.session.lost_writes(store) {
+            self.session.read_back(store).await
+        } else {
+            None
+        };
         // Under one lock: the terminal event reaches subscribers before anything of the next
         // turn, and the next queued turn takes the session.
         let (published, next) = {
@@ -716,9 +728,20 @@ impl Turn {
             }
             st.coalescer = None;
             st.plan = None;
-            let published = self
-                .session
-                .publish_durable_locked(&mut st, &self.inner.store);
+            let mut published = self.session.publish_durable_locked(&mut st, store);
+            if let Some(copy) = copy {
+                let why = flushed.err().map_or_else(
+                    || "the event log could not be written".to_string(),
+                    |e| format!("the event log could not be written: {e}"),
+                );
+                published.extend(self.session.rebuild_locked(
+                    &mut st,
+                    store,
+                    &copy,
+                    &self.turn_id,
+                    &why,
+                ));
+            }
             (
                 published,
                 next_queued(&self.session, &mut st, &self.inner.store),

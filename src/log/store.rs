@@ -82,6 +82,10 @@ struct Shared {
     queue: Mutex<Queue>,
     /// Every ticket up to this one has been through a commit.
     committed: std::sync::atomic::AtomicU64,
+    /// Recent failed commits: their ticket ranges and errors (see [`Store::failed`]).
+    failures: Mutex<std::collections::VecDeque<(u64, u64, String)>>,
+    /// Whether any commit has ever failed: when none has, [`Store::failed`] takes no lock.
+    any_failed: std::sync::atomic::AtomicBool,
     writer: Mutex<Writer>,
     reader: Mutex<Connection>,
     /// Commits run on a blocking thread (each waits for an fsync).
@@ -100,8 +104,6 @@ struct Writer {
     conn: Connection,
     /// Every ticket up to this one has been through a commit (which may have failed).
     done: u64,
-    /// Recent failed commits: their ticket ranges and errors.
-    failures: std::collections::VecDeque<(u64, u64, String)>,
     commits: u32,
     last_checkpoint: std::time::Instant,
     checkpoint: std::sync::mpsc::SyncSender<()>,
@@ -223,10 +225,11 @@ impl Store {
             shared: Arc::new(Shared {
                 queue: Mutex::new(Queue::default()),
                 committed: Default::default(),
+                failures: Default::default(),
+                any_failed: Default::default(),
                 writer: Mutex::new(Writer {
                     conn: writer_conn,
                     done: 0,
-                    failures: Default::default(),
                     commits: 0,
                     last_checkpoint: std::time::Instant::now(),
                     checkpoint: ck_tx,
@@ -331,10 +334,14 @@ impl Store {
                 Ok(()) => w.commits += 1,
                 Err(e) => {
                     tracing::error!(error = %e, "store: a group commit failed");
-                    if w.failures.len() == MAX_FAILURES {
-                        w.failures.pop_front();
+                    let mut failures = lock(&self.shared.failures);
+                    if failures.len() == MAX_FAILURES {
+                        failures.pop_front();
                     }
-                    w.failures.push_back((first, last, e.to_string()));
+                    failures.push_back((first, last, e.to_string()));
+                    self.shared
+                        .any_failed
+                        .store(true, std::sync::atomic::Ordering::Release);
                 }
             }
             w.done = last;
@@ -348,14 +355,49 @@ impl Store {
                 w.last_checkpoint = std::time::Instant::now();
             }
         }
-        match w
-            .failures
-            .iter()
-            .find(|(lo, hi, _)| (*lo..=*hi).contains(&target))
-        {
-            Some((_, _, e)) => Err(StoreError::WriteFailed(e.clone())),
+        drop(w);
+        match self.failure(target) {
+            Some(e) => Err(StoreError::WriteFailed(e)),
             None => Ok(()),
         }
+    }
+
+    /// Whether the commit that took this ticket failed: the write is not in the log, though
+    /// [`Store::committed`] has passed it. Known for the last 64 failed commits.
+    pub fn failed(&self, ticket: u64) -> bool {
+        self.failure(ticket).is_some()
+    }
+
+    fn failure(&self, ticket: u64) -> Option<String> {
+        if !self
+            .shared
+            .any_failed
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            return None;
+        }
+        lock(&self.shared.failures)
+            .iter()
+            .find(|(lo, hi, _)| (*lo..=*hi).contains(&ticket))
+            .map(|(_, _, e)| e.clone())
+    }
+
+    /// Testing: cap the database at its present size plus `pages` more pages (`None`: lift the
+    /// cap), so that commits needing more fail as on a full disk (`SQLITE_FULL`).
+    #[doc(hidden)]
+    pub fn cap_size(&self, pages: Option<u64>) -> Result<(), StoreError> {
+        let w = lock(&self.shared.writer);
+        let max = match pages {
+            Some(more) => {
+                w.conn
+                    .query_row("PRAGMA page_count", [], |r| r.get::<_, u64>(0))?
+                    + more
+            }
+            None => 0xffff_fffe,
+        };
+        w.conn
+            .query_row(&format!("PRAGMA max_page_count = {max}"), [], |_| Ok(()))?;
+        Ok(())
     }
 
     async fn read<T: Send + 'static>(

@@ -265,7 +265,7 @@ pub async fn run(app: &App, caller: &Caller, req: Request) -> Result<Response, A
                 None => Err(ApiError::new(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "internal_error",
-                    "the run ended without a terminal event",
+                    "the run ended with nothing in the event log: it could not be written (a full disk?) or the session was deleted; see the server log",
                 )),
             }
         }

@@ -391,7 +391,7 @@ pub async fn turns(
             StatusCode::INTERNAL_SERVER_ERROR,
             "internal_error",
             format!(
-                "turn {} ended without a terminal event; see the server log",
+                "turn {} ended with nothing in the event log: it could not be written (a full disk?) or the session was deleted; see the server log",
                 handle.turn_id
             ),
         ));
