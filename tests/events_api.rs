@@ -1098,6 +1098,85 @@ async fn a_turn_whose_events_cannot_be_written_shows_nothing_unlogged_and_the_se
     assert_eq!(log.len(), 6);
 }
 
+/// A write failure mid-turn: the turn's start is in the log, its end cannot be written. The turn
+/// is closed in the log (`turn.failed`) by the first commit that goes through: at once, or with
+/// the next turn's start; nothing unlogged is shown or sent on.
+#[tokio::test]
+async fn a_turn_whose_end_cannot_be_written_is_closed_in_the_log_and_the_session_goes_on() {
+    let (fake, server) = setup(AGENT).await;
+    let sid = server.session(json!({})).await;
+    let mut s = stream(&server, &sid, "", &[]).await;
+    let store = server.engine().store();
+    // A turn whose commits after its first (beside the model call) fail, `n` of them.
+    async fn turn_failing(
+        fake: &FakeOpenAi,
+        server: &TestServer,
+        sid: &str,
+        n: u32,
+        text: &str,
+    ) -> (u16, Value) {
+        let store = server.engine().store();
+        let gate = Gate::new();
+        fake.push(Reply::text("never stored").hold(gate.clone()));
+        let (path, body) = (
+            format!("/sessions/{sid}/turns"),
+            json!({"messages": [{"role": "user", "content": text}]}),
+        );
+        let asked = fake.requests().len() + 1;
+        let http = server.http.clone();
+        let answer = tokio::spawn(async move { http.post(&path, &body).await });
+        fake.wait_requests(asked).await;
+        store.flush().await.unwrap();
+        store.fail_commits(n);
+        gate.open();
+        answer.await.unwrap()
+    }
+
+    // The turn's end fails, its closing goes through: the client is told why.
+    let (status, resp) = turn_failing(&fake, &server, &sid, 1, "one").await;
+    assert_eq!(status, 200, "{resp}");
+    assert_eq!(resp["stopReason"], "error", "{resp}");
+    assert_eq!(resp["error"]["reason"], "internal_error", "{resp}");
+    assert!(resp.to_string().contains("could not be written"), "{resp}");
+    assert_eq!(
+        types(&history(&server, &sid).await),
+        ["user.message", "turn.failed"]
+    );
+
+    // Its closing fails too: the log keeps it open until the next turn closes it.
+    let (status, resp) = turn_failing(&fake, &server, &sid, 2, "two").await;
+    assert_eq!(status, 500, "{resp}");
+    let two = ["user.message", "turn.failed", "user.message"];
+    assert_eq!(types(&history(&server, &sid).await), two);
+
+    fake.push(Reply::text("third answer"));
+    let t3 = send(&server, &sid, "three").await;
+    let frames = until_terminal(&mut s, &t3).await;
+    let log = history(&server, &sid).await;
+    assert_eq!(
+        types(&log),
+        [
+            "user.message",
+            "turn.failed",
+            "user.message",
+            "turn.failed",
+            "user.message",
+            "agent.message",
+            "turn.completed"
+        ]
+    );
+    assert_eq!(
+        stored(&frames),
+        log,
+        "the subscriber saw the log, and only the log"
+    );
+    let sent = fake.requests();
+    assert!(!sent.last().unwrap()["messages"]
+        .to_string()
+        .contains("never stored"));
+    check_log(store, &sid).await;
+}
+
 /// A tool use is held back only as long as a fast call takes (to be committed with its result):
 /// a call that runs on has its use logged and shown while it runs.
 #[tokio::test]

@@ -337,35 +337,46 @@ impl Session {
         };
         reset(st);
         tracing::warn!(session = %self.id, seq = st.next_seq, "the session was read back from the log after a failed commit");
-        let open = st
-            .tail
-            .last()
-            .is_some_and(|e| e.turn_id == turn_id && !e.body.is_terminal());
-        if !open {
+        if st.tail.last().is_none_or(|e| e.turn_id != turn_id)
+            || !self.close_open_locked(st, store, why)
+        {
             return Vec::new();
         }
-        for call in open_calls(&st.tail, turn_id) {
+        // Rare: committed here, under the session's lock, so that nothing comes between.
+        let committed = store.commit();
+        let published = self.publish_durable_locked(st, store);
+        if committed.is_err() {
+            // The log keeps the turn open: the next turn closes it first (or the next start,
+            // as `worker_lost`).
+            reset(st);
+        }
+        published
+    }
+
+    /// If the log's last turn is open (its closing could not be written), append what closes it:
+    /// its open calls cancelled, then `turn.failed`, `internal_error`, saying `why`. Whether it
+    /// was open.
+    pub(crate) fn close_open_locked(&self, st: &mut State, store: &Store, why: &str) -> bool {
+        let Some(last) = st.tail.last().filter(|e| !e.body.is_terminal()) else {
+            return false;
+        };
+        let turn_id = last.turn_id.clone();
+        for call in open_calls(&st.tail, &turn_id) {
             let result = EventBody::ToolResult {
                 tool_use_id: call,
                 content: "Cancelled.".into(),
                 is_error: true,
                 files: vec![],
             };
-            self.append_locked(st, store, turn_id, result);
+            self.append_locked(st, store, &turn_id, result);
         }
         let failed = EventBody::TurnFailed {
             reason: crate::log::FailReason::InternalError,
             usage: None,
             message: Some(why.to_string()),
         };
-        self.append_locked(st, store, turn_id, failed);
-        // Rare: committed here, under the session's lock, so that nothing comes between.
-        let committed = store.commit();
-        let published = self.publish_durable_locked(st, store);
-        if committed.is_err() {
-            reset(st);
-        }
-        published
+        self.append_locked(st, store, &turn_id, failed);
+        true
     }
 
     /// [`State::at_rest`], without waiting: a session whose state is locked is in use.

@@ -257,6 +257,14 @@ impl Turn {
         plan: bool,
         max_steps: Option<u32>,
     ) -> Result<StopReason, End> {
+        {
+            // A turn the log still has open (its closing could not be written) is closed
+            // first, in the same commit as this turn's start.
+            let mut st = self.session.lock();
+            let why = "the event log could not be written when the turn ended";
+            self.session
+                .close_open_locked(&mut st, &self.inner.store, why);
+        }
         self.emit(user_message(&input));
         if let TurnInput::Resume {
             results,

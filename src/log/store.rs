@@ -82,6 +82,8 @@ struct Shared {
     queue: Mutex<Queue>,
     /// Every ticket up to this one has been through a commit.
     committed: std::sync::atomic::AtomicU64,
+    /// Testing: how many of the next commits fail ([`Store::fail_commits`]).
+    fail_next: std::sync::atomic::AtomicU32,
     /// Recent failed commits: their ticket ranges and errors (see [`Store::failed`]).
     failures: Mutex<std::collections::VecDeque<(u64, u64, String)>>,
     /// Whether any commit has ever failed: when none has, [`Store::failed`] takes no lock.
@@ -225,6 +227,7 @@ impl Store {
             shared: Arc::new(Shared {
                 queue: Mutex::new(Queue::default()),
                 committed: Default::default(),
+                fail_next: Default::default(),
                 failures: Default::default(),
                 any_failed: Default::default(),
                 writer: Mutex::new(Writer {
@@ -330,7 +333,24 @@ impl Store {
                 (std::mem::take(&mut q.ops), q.last)
             };
             let first = w.done + 1;
-            match write_batch(&mut w.conn, &ops) {
+            let injected = self
+                .shared
+                .fail_next
+                .fetch_update(
+                    std::sync::atomic::Ordering::Relaxed,
+                    std::sync::atomic::Ordering::Relaxed,
+                    |n| n.checked_sub(1),
+                )
+                .is_ok();
+            let written = if injected {
+                Err(rusqlite::Error::SqliteFailure(
+                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR),
+                    Some("injected by Store::fail_commits".into()),
+                ))
+            } else {
+                write_batch(&mut w.conn, &ops)
+            };
+            match written {
                 Ok(()) => w.commits += 1,
                 Err(e) => {
                     tracing::error!(error = %e, "store: a group commit failed");
@@ -380,6 +400,14 @@ impl Store {
             .iter()
             .find(|(lo, hi, _)| (*lo..=*hi).contains(&ticket))
             .map(|(_, _, e)| e.clone())
+    }
+
+    /// Testing: the next `n` commits fail (as on an I/O error), writing nothing.
+    #[doc(hidden)]
+    pub fn fail_commits(&self, n: u32) {
+        self.shared
+            .fail_next
+            .store(n, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Testing: cap the database at its present size plus `pages` more pages (`None`: lift the
