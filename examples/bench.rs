@@ -2,7 +2,7 @@
 //! against the scripted fake upstream.
 //!
 //! ```text
-//! cargo run --release --example bench              # the full run (about 3 minutes)
+//! cargo run --release --example bench              # the full run (~100 s)
 //! cargo run --release --example bench -- --smoke   # tiny counts, same code paths (seconds)
 //! cargo run --release --example bench -- --only latency,mcp   # some sections (see below)
 //! ```
