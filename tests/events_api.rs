@@ -993,10 +993,13 @@ async fn cancelling_a_streaming_turn_reports_usage_so_far_and_ends_the_aap_strea
     check_log(server.engine().store(), &sid).await;
 }
 
-#[tokio::test]
-async fn cancelling_during_a_slow_tool_gives_it_a_cancelled_result() {
-    let (fake, server) = setup_mcp().await;
-    let sid = server.session(json!({})).await;
+/// Starts a turn whose model calls `mcp__ex__slow` (`call_slow`) for a minute; returns once the
+/// tool's sleep has started, with the turn's id and the tool's notify connection (keep it).
+async fn turn_in_a_slow_tool(
+    fake: &FakeOpenAi,
+    server: &TestServer,
+    sid: &str,
+) -> (String, tokio::net::TcpStream) {
     let notify = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = notify.local_addr().unwrap().to_string();
     fake.push(Reply::tool_calls(&[(
@@ -1004,12 +1007,20 @@ async fn cancelling_during_a_slow_tool_gives_it_a_cancelled_result() {
         "mcp__ex__slow",
         json!({"ms": 60000, "notify": addr}),
     )]));
-    let t = send(&server, &sid, "take your time").await;
+    let t = send(server, sid, "take your time").await;
     // The tool connects here once its sleep has started.
-    let (_conn, _) = tokio::time::timeout(Duration::from_secs(30), notify.accept())
+    let (conn, _) = tokio::time::timeout(Duration::from_secs(30), notify.accept())
         .await
         .expect("the slow tool started")
         .unwrap();
+    (t, conn)
+}
+
+#[tokio::test]
+async fn cancelling_during_a_slow_tool_gives_it_a_cancelled_result() {
+    let (fake, server) = setup_mcp().await;
+    let sid = server.session(json!({})).await;
+    let (t, _conn) = turn_in_a_slow_tool(&fake, &server, &sid).await;
     let (status, resp) = server
         .http
         .post(&format!("/sessions/{sid}/cancel"), &json!({ "turn_id": t }))
@@ -1184,18 +1195,7 @@ async fn a_long_tool_call_is_logged_and_shown_while_it_runs() {
     let (fake, server) = setup_mcp().await;
     let sid = server.session(json!({})).await;
     let mut s = stream(&server, &sid, "", &[]).await;
-    let notify = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = notify.local_addr().unwrap().to_string();
-    fake.push(Reply::tool_calls(&[(
-        "call_slow",
-        "mcp__ex__slow",
-        json!({"ms": 60000, "notify": addr}),
-    )]));
-    let t = send(&server, &sid, "take your time").await;
-    let (_conn, _) = tokio::time::timeout(Duration::from_secs(30), notify.accept())
-        .await
-        .expect("the slow tool started")
-        .unwrap();
+    let (t, _conn) = turn_in_a_slow_tool(&fake, &server, &sid).await;
     // The tool sleeps for a minute: what is shown now is shown while it runs.
     let mut seen = Vec::new();
     while seen.last().map(String::as_str) != Some("agent.tool_use") {

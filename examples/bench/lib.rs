@@ -1023,13 +1023,8 @@ async fn mcp(
         ],
         ..first.clone()
     };
-    // What a turn has just done when it calls the tool: received the model's tool-call answer.
-    let answer_first = || async {
-        fake.push(Reply::tool_calls(&[(
-            "call_0",
-            "mcp__ex__add",
-            json!({"a": 2, "b": 3}),
-        )]));
+    // The first model request, answered with the tool call.
+    let ask_first = || async {
         let out = upstream
             .complete(&first, &mut NoDeltas)
             .await
@@ -1038,6 +1033,12 @@ async fn mcp(
             bail!("the fake answered the first request without a tool call");
         }
         Ok(())
+    };
+    // What a turn has just done when it calls the tool: received the model's tool-call answer.
+    let answer_first = || async {
+        let call = ("call_0", "mcp__ex__add", json!({"a": 2, "b": 3}));
+        fake.push(Reply::tool_calls(&[call]));
+        ask_first().await
     };
     let script = |call_id: &str| {
         fake.push(
@@ -1110,13 +1111,7 @@ async fn mcp(
                         let id = format!("call_{call_no}");
                         script(&id);
                         let t = Instant::now();
-                        let out = upstream
-                            .complete(&first, &mut NoDeltas)
-                            .await
-                            .map_err(|e| anyhow!("first model request: {}", e.message))?;
-                        if out.tool_calls.is_empty() {
-                            bail!("the fake answered the first request without a tool call");
-                        }
+                        ask_first().await?;
                         upstream
                             .complete(&second(&id), &mut NoDeltas)
                             .await

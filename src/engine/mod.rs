@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{AgentConfig, Config};
-use crate::log::{EventBody, FailReason, SessionRow, Store, StoreError};
+use crate::log::{FailReason, SessionRow, Store, StoreError};
 use crate::message::{Message, ToolSpec};
 use crate::tools::{ServerTool, ToolHost};
 use crate::upstream::Provider;
@@ -232,33 +232,10 @@ impl Engine {
             let Some(session) = self.load(&id).await? else {
                 continue;
             };
-            let turn_id = {
-                let st = session.lock();
-                st.tail.last().map(|e| e.turn_id.clone())
-            };
-            let Some(turn_id) = turn_id else { continue };
-            let open = session::open_calls(&session.lock().tail, &turn_id);
-            for call in open {
-                session.append(
-                    store,
-                    &turn_id,
-                    EventBody::ToolResult {
-                        tool_use_id: call,
-                        content: "Cancelled.".into(),
-                        is_error: true,
-                        files: vec![],
-                    },
-                );
-            }
-            session.append(
-                store,
-                &turn_id,
-                EventBody::TurnFailed {
-                    reason: FailReason::WorkerLost,
-                    usage: None,
-                    message: Some("the process running this turn stopped before it ended".into()),
-                },
-            );
+            let why = "the process running this turn stopped before it ended";
+            let closed =
+                session.close_open_locked(&mut session.lock(), store, FailReason::WorkerLost, why);
+            let Some(turn_id) = closed else { continue };
             store.flush().await?;
             session.publish_durable(store);
             tracing::warn!(session = %id, turn = %turn_id, "closed a turn left unfinished by a previous process (worker_lost)");

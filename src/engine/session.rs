@@ -14,7 +14,7 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 use super::history::Projector;
-use crate::log::{Event, EventBody, StopReason, Store};
+use crate::log::{Event, EventBody, FailReason, StopReason, Store};
 use crate::message::{Message, ToolCall, ToolSpec};
 use crate::{clock, ids};
 
@@ -189,8 +189,8 @@ pub(crate) struct State {
     pub coalescer: Option<Coalescer>,
     pub plan: Option<PlanWait>,
     pub deleted: bool,
-    /// A commit of this session's writes failed: memory holds what the log does not, until
-    /// [`Session::reload`] reads it back.
+    /// A commit of this session's events failed: memory holds what the log does not, until the
+    /// turn rebuilds it from the log ([`Session::rebuild_locked`]).
     pub diverged: bool,
     /// The store ticket of the session's last row write (its record).
     pub record_written: u64,
@@ -304,10 +304,10 @@ impl Session {
     /// After a failed commit: make what the session holds in memory what the log holds (the
     /// record, if its write failed; history, next seq, last turn, pending calls), so that the
     /// next turn neither shows the model what was never stored nor leaves a hole in the seqs.
-    /// If the log has `turn_id` open, it is closed there (its open calls cancelled, then
-    /// `turn.failed`, `internal_error`, saying `why`); the events published, if that commit
-    /// succeeds (else the log keeps the turn open, to be closed as `worker_lost` at the next
-    /// start). `copy` was read once every write so far had been through a commit.
+    /// If the log has `turn_id` open, it is closed there ([`Session::close_open_locked`],
+    /// `internal_error`, saying `why`) and the closing published, if its commit succeeds (else
+    /// the log keeps the turn open: the session's next turn closes it first, or the next start
+    /// as `worker_lost`). `copy` was read once every write so far had been through a commit.
     pub(crate) fn rebuild_locked(
         &self,
         st: &mut State,
@@ -338,7 +338,9 @@ impl Session {
         reset(st);
         tracing::warn!(session = %self.id, seq = st.next_seq, "the session was read back from the log after a failed commit");
         if st.tail.last().is_none_or(|e| e.turn_id != turn_id)
-            || !self.close_open_locked(st, store, why)
+            || self
+                .close_open_locked(st, store, FailReason::InternalError, why)
+                .is_none()
         {
             return Vec::new();
         }
@@ -353,13 +355,17 @@ impl Session {
         published
     }
 
-    /// If the log's last turn is open (its closing could not be written), append what closes it:
-    /// its open calls cancelled, then `turn.failed`, `internal_error`, saying `why`. Whether it
-    /// was open.
-    pub(crate) fn close_open_locked(&self, st: &mut State, store: &Store, why: &str) -> bool {
-        let Some(last) = st.tail.last().filter(|e| !e.body.is_terminal()) else {
-            return false;
-        };
+    /// If the session's last turn is open in the log (cut off by a crash, or its closing could
+    /// not be written), append what closes it: its open calls cancelled, then `turn.failed` for
+    /// this reason, saying `why`. The turn closed, if one was open.
+    pub(crate) fn close_open_locked(
+        &self,
+        st: &mut State,
+        store: &Store,
+        reason: FailReason,
+        why: &str,
+    ) -> Option<String> {
+        let last = st.tail.last().filter(|e| !e.body.is_terminal())?;
         let turn_id = last.turn_id.clone();
         for call in open_calls(&st.tail, &turn_id) {
             let result = EventBody::ToolResult {
@@ -371,12 +377,12 @@ impl Session {
             self.append_locked(st, store, &turn_id, result);
         }
         let failed = EventBody::TurnFailed {
-            reason: crate::log::FailReason::InternalError,
+            reason,
             usage: None,
             message: Some(why.to_string()),
         };
         self.append_locked(st, store, &turn_id, failed);
-        true
+        Some(turn_id)
     }
 
     /// [`State::at_rest`], without waiting: a session whose state is locked is in use.
@@ -600,7 +606,7 @@ impl Session {
 }
 
 /// The tool uses of `turn_id` among `events` that have no result.
-pub(crate) fn open_calls(events: &[Arc<Event>], turn_id: &str) -> Vec<String> {
+fn open_calls(events: &[Arc<Event>], turn_id: &str) -> Vec<String> {
     let mut open = Vec::new();
     for ev in events.iter().filter(|e| e.turn_id == turn_id) {
         match &ev.body {

@@ -262,8 +262,9 @@ impl Turn {
             // first, in the same commit as this turn's start.
             let mut st = self.session.lock();
             let why = "the event log could not be written when the turn ended";
-            self.session
-                .close_open_locked(&mut st, &self.inner.store, why);
+            let store = &self.inner.store;
+            let reason = FailReason::InternalError;
+            self.session.close_open_locked(&mut st, store, reason, why);
         }
         self.emit(user_message(&input));
         if let TurnInput::Resume {
