@@ -84,6 +84,8 @@ struct Shared {
     committed: std::sync::atomic::AtomicU64,
     /// Woken after every commit, for [`Store::flush`]es waiting on another's.
     commit_done: tokio::sync::Notify,
+    /// With `fsync`: a flush has a commit under way on a blocking thread ([`FsyncLead`]).
+    fsync_leading: std::sync::atomic::AtomicBool,
     /// Testing: how many of the next commits fail ([`Store::fail_commits`]).
     fail_next: std::sync::atomic::AtomicU32,
     /// Recent failed commits: their ticket ranges and errors (see [`Store::failed`]).
@@ -230,6 +232,7 @@ impl Store {
                 queue: Mutex::new(Queue::default()),
                 committed: Default::default(),
                 commit_done: tokio::sync::Notify::new(),
+                fsync_leading: Default::default(),
                 fail_next: Default::default(),
                 failures: Default::default(),
                 any_failed: Default::default(),
@@ -319,34 +322,38 @@ impl Store {
     /// meanwhile (blocking on the lock had each worker stalled for most of a commit under load:
     /// 9,000 → 13,300 turns/s at c=32 on 2 cores, added p50 at c=32 −38 %).
     pub async fn flush(&self) -> Result<(), StoreError> {
-        if !self.shared.fsync {
-            let target = lock(&self.shared.queue).last;
-            loop {
-                if self.committed() >= target {
-                    return self.outcome(target);
-                }
-                let done = self.shared.commit_done.notified();
-                let mut done = std::pin::pin!(done);
-                done.as_mut().enable();
-                // Lead a commit, or wait for the one under way without blocking this thread
-                // (other tasks run meanwhile); it may have taken its batch before our writes.
-                {
-                    let leader = match self.shared.writer.try_lock() {
-                        Ok(w) => Some(w),
-                        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
-                        Err(std::sync::TryLockError::WouldBlock) => None,
-                    };
-                    if let Some(w) = leader {
-                        return self.commit_locked(target, w);
-                    }
-                }
-                done.await;
+        let target = lock(&self.shared.queue).last;
+        loop {
+            if self.committed() >= target {
+                return self.outcome(target);
             }
+            let done = self.shared.commit_done.notified();
+            let mut done = std::pin::pin!(done);
+            done.as_mut().enable();
+            // Lead a commit, or wait for the one under way without blocking this thread (other
+            // tasks run meanwhile); it may have taken its batch before our writes.
+            if self.shared.fsync {
+                if let Some(lead) = FsyncLead::take(&self.shared) {
+                    let store = self.clone();
+                    return tokio::task::spawn_blocking(move || {
+                        let _lead = lead;
+                        store.commit()
+                    })
+                    .await
+                    .map_err(|e| StoreError::WriteFailed(format!("commit task failed: {e}")))?;
+                }
+            } else {
+                let leader = match self.shared.writer.try_lock() {
+                    Ok(w) => Some(w),
+                    Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+                    Err(std::sync::TryLockError::WouldBlock) => None,
+                };
+                if let Some(w) = leader {
+                    return self.commit_locked(target, w);
+                }
+            }
+            done.await;
         }
-        let store = self.clone();
-        tokio::task::spawn_blocking(move || store.commit())
-            .await
-            .map_err(|e| StoreError::WriteFailed(format!("commit task failed: {e}")))?
     }
 
     /// [`Store::flush`] on the calling thread.
@@ -611,6 +618,31 @@ impl Store {
             Ok(ids)
         })
         .await
+    }
+}
+
+/// The one flush that, with `fsync`, has a commit under way on a blocking thread; the others
+/// wait for it asleep instead of each taking a blocking thread to wait on the writer's lock.
+/// Let go (and the waiters woken) when dropped, whatever became of the commit.
+struct FsyncLead(Arc<Shared>);
+
+impl FsyncLead {
+    fn take(shared: &Arc<Shared>) -> Option<FsyncLead> {
+        use std::sync::atomic::Ordering;
+        shared
+            .fsync_leading
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .ok()
+            .map(|_| FsyncLead(shared.clone()))
+    }
+}
+
+impl Drop for FsyncLead {
+    fn drop(&mut self) {
+        self.0
+            .fsync_leading
+            .store(false, std::sync::atomic::Ordering::Release);
+        self.0.commit_done.notify_waiters();
     }
 }
 
@@ -976,13 +1008,19 @@ mod tests {
     }
 
     /// Flushes that find another commit under way wait for it without blocking their thread;
-    /// each returns once its own writes are committed, whoever committed them.
+    /// each returns once its own writes are committed, whoever committed them. With and
+    /// without fsync (where one flush at a time commits on a blocking thread).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_flushes_from_many_tasks_make_every_write_durable() {
+        concurrent_flushes(false).await;
+        concurrent_flushes(true).await;
+    }
+
+    async fn concurrent_flushes(fsync: bool) {
         const TASKS: usize = 32;
         const EVENTS: u64 = 100;
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path(), false).unwrap();
+        let store = Store::open(dir.path(), fsync).unwrap();
         let tasks: Vec<_> = (0..TASKS)
             .map(|t| {
                 let store = store.clone();
