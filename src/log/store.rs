@@ -329,10 +329,10 @@ impl Store {
         use std::sync::atomic::Ordering::SeqCst;
         let target = lock(&self.shared.queue).last;
         let mut done = std::pin::pin!(self.shared.commit_done.notified());
-        let mut waiting = false;
-        let outcome = loop {
+        let mut waiting: Option<Waiting> = None;
+        loop {
             if self.shared.committed.load(SeqCst) >= target {
-                break self.outcome(target);
+                return self.outcome(target);
             }
             // Lead a commit, or wait for the one under way without blocking this thread (other
             // tasks run meanwhile); it may have taken its batch before our writes.
@@ -343,7 +343,7 @@ impl Store {
                         let _lead = lead;
                         store.commit()
                     });
-                    break commit.await.unwrap_or_else(|e| {
+                    return commit.await.unwrap_or_else(|e| {
                         Err(StoreError::WriteFailed(format!("commit task failed: {e}")))
                     });
                 }
@@ -354,26 +354,21 @@ impl Store {
                     Err(std::sync::TryLockError::WouldBlock) => None,
                 };
                 if let Some(w) = leader {
-                    break self.commit_locked(target, w);
+                    return self.commit_locked(target, w);
                 }
             }
-            if !waiting {
+            if waiting.is_none() {
                 // Counted, then registered, then the loop looks again: a commit that ended
                 // meanwhile is seen, one that ends later wakes us (see `commit_locked`).
-                self.shared.waiting.fetch_add(1, SeqCst);
+                waiting = Some(Waiting::count(&self.shared));
                 done.as_mut().enable();
                 std::sync::atomic::fence(SeqCst);
-                waiting = true;
                 continue;
             }
             done.as_mut().await;
             done.set(self.shared.commit_done.notified());
             done.as_mut().enable();
-        };
-        if waiting {
-            self.shared.waiting.fetch_sub(1, SeqCst);
         }
-        outcome
     }
 
     /// [`Store::flush`] on the calling thread.
@@ -496,6 +491,8 @@ impl Store {
         };
         w.conn
             .query_row(&format!("PRAGMA max_page_count = {max}"), [], |_| Ok(()))?;
+        drop(w);
+        self.shared.wake_waiting();
         Ok(())
     }
 
@@ -653,6 +650,26 @@ impl Shared {
         if self.waiting.load(SeqCst) > 0 {
             self.commit_done.notify_waiters();
         }
+    }
+}
+
+/// A flush counted among those waiting on a commit, until it returns or is dropped.
+struct Waiting(Arc<Shared>);
+
+impl Waiting {
+    fn count(shared: &Arc<Shared>) -> Waiting {
+        shared
+            .waiting
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Waiting(shared.clone())
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0
+            .waiting
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
