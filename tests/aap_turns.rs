@@ -637,7 +637,14 @@ async fn a_client_that_disconnects_does_not_cancel_the_turn() {
     fake.wait_requests(1).await;
     drop(resp); // the client goes away mid-turn
     gate.open();
-    server.wait_idle(&sid).await;
+    assert_finished_anyway(&server, &sid).await;
+}
+
+/// The turn ended and was logged as completed with the held reply's text.
+async fn assert_finished_anyway(server: &TestServer, sid: &str) {
+    tokio::time::timeout(std::time::Duration::from_secs(10), server.wait_idle(sid))
+        .await
+        .expect("the turn never ended: it was dropped with its watcher");
     let (_, hist) = server
         .http
         .get(&format!("/sessions/{sid}/history?type=full"))
@@ -646,8 +653,63 @@ async fn a_client_that_disconnects_does_not_cancel_the_turn() {
         hist["history"]["full"][1],
         json!({"role": "assistant", "content": "finished anyway"})
     );
-    let log = check_log(server.engine().store(), &sid).await;
+    let log = check_log(server.engine().store(), sid).await;
     assert_eq!(log.last().unwrap().body.type_name(), "turn.completed");
+}
+
+#[tokio::test]
+async fn a_client_that_disconnects_before_a_stream_none_answer_does_not_cancel_the_turn() {
+    use tokio::io::AsyncWriteExt;
+    let (fake, server) = setup(AGENT).await;
+    let sid = server.session(json!({})).await;
+    let gate = Gate::new();
+    fake.push(Reply::text("finished anyway").hold(gate.clone()));
+    let body = json!({"messages": [{"role": "user", "content": "go"}]}).to_string();
+    let mut conn = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    conn.write_all(
+        format!(
+            "POST /sessions/{sid}/turns HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    fake.wait_requests(1).await;
+    drop(conn); // the client goes away while it waits for the whole answer
+    gate.open();
+    assert_finished_anyway(&server, &sid).await;
+}
+
+#[tokio::test]
+async fn a_driven_turn_whose_handle_is_dropped_runs_on_by_itself() {
+    use turnstile::engine::{SessionUpdate, TurnInput, TurnRequest};
+    let (fake, server) = setup(AGENT).await;
+    let sid = server.session(json!({})).await;
+    let gate = Gate::new();
+    fake.push(Reply::text("finished anyway").hold(gate.clone()));
+    let engine = server.engine();
+    let session = engine.session(None, &sid).await.unwrap();
+    let input = TurnInput::User {
+        content: json!("go"),
+        files: vec![],
+        skills: vec![],
+    };
+    let mut req = TurnRequest::interactive(input, SessionUpdate::default());
+    req.drive = true;
+    let mut handle = engine.start_turn(&session, req).unwrap();
+    // The turn runs only while its handle is read: read it until the model has the request.
+    let asked = fake.wait_requests(1);
+    tokio::pin!(asked);
+    loop {
+        tokio::select! {
+            _ = &mut asked => break,
+            item = handle.recv() => assert!(item.is_some(), "the turn ended before the model answered"),
+        }
+    }
+    drop(handle);
+    gate.open();
+    assert_finished_anyway(&server, &sid).await;
 }
 
 #[tokio::test]

@@ -98,6 +98,12 @@ pub struct TurnRequest {
     /// log and ends the turn, instead of being retracted and retried, so the client never holds
     /// text the history does not.
     pub irrevocable: bool,
+    /// The watcher runs the turn: it reads the handle until the turn ends, on a task of its own
+    /// (AAP turns: each request's task), and the turn runs there while it reads instead of on a
+    /// task spawned for it; on a task of its own only if the handle is dropped first. Not for a
+    /// watcher that may stop reading while it holds the handle (an SSE body that a slow client
+    /// does not drain): the turn would wait on it.
+    pub drive: bool,
 }
 
 impl TurnRequest {
@@ -112,6 +118,7 @@ impl TurnRequest {
             plan: false,
             max_steps: None,
             irrevocable: false,
+            drive: false,
         }
     }
 
@@ -130,15 +137,61 @@ impl TurnRequest {
             plan: false,
             max_steps: None,
             irrevocable: false,
+            drive: false,
         }
     }
 }
 
-/// A started turn: its id and what it sends as it runs (stored events and deltas). The turn goes
-/// on if this is dropped.
+/// A started turn: its id and what it sends as it runs (stored events and deltas), read with
+/// [`TurnHandle::recv`]. The turn goes on if this is dropped.
 pub struct TurnHandle {
     pub turn_id: String,
-    pub feed: mpsc::UnboundedReceiver<Feed>,
+    feed: mpsc::UnboundedReceiver<Feed>,
+    /// The turn itself, when its watcher runs it (see [`TurnRequest::drive`]).
+    driven: Option<Driven>,
+    /// Counts a driven turn among the running ones until everything it sent is read, so that a
+    /// shutdown waits for its watcher to have its terminal event.
+    running: Option<tokio_util::task::task_tracker::TaskTrackerToken>,
+}
+
+/// A turn run by the task that watches it, until it ends or the watcher goes away.
+struct Driven {
+    turn: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+    inner: Arc<Inner>,
+}
+
+impl TurnHandle {
+    /// The next thing the turn sends: `None` once it has ended and everything it sent is read.
+    /// A driven turn runs while this is polled.
+    pub async fn recv(&mut self) -> Option<Feed> {
+        loop {
+            let Some(driven) = self.driven.as_mut() else {
+                let item = self.feed.recv().await;
+                if item.is_none() {
+                    self.running = None;
+                }
+                return item;
+            };
+            // The turn first: what it sends as it runs is then read in the same poll.
+            tokio::select! {
+                biased;
+                () = &mut driven.turn => self.driven = None,
+                item = self.feed.recv() => return item,
+            }
+        }
+    }
+}
+
+impl Drop for TurnHandle {
+    /// A watcher that goes away mid-turn (a client that disconnects) leaves its turn to a task
+    /// of its own. Outside a runtime (one shutting down), the turn is dropped as a task would be.
+    fn drop(&mut self) {
+        if let Some(driven) = self.driven.take() {
+            if tokio::runtime::Handle::try_current().is_ok() {
+                driven.inner.tracker.spawn(driven.turn);
+            }
+        }
+    }
 }
 
 /// Where a session stands.
@@ -183,6 +236,15 @@ impl Inner {
     pub(crate) fn spawn_turn(self: &Arc<Inner>, job: turn::TurnJob) {
         crate::metrics::inc(&crate::metrics::TURNS_STARTED);
         self.tracker.spawn(turn::run(self.clone(), job));
+    }
+
+    /// A turn for its watcher to run (see [`TurnRequest::drive`]).
+    fn drive_turn(self: &Arc<Inner>, job: turn::TurnJob) -> Driven {
+        crate::metrics::inc(&crate::metrics::TURNS_STARTED);
+        Driven {
+            turn: Box::pin(turn::run(self.clone(), job)),
+            inner: self.clone(),
+        }
     }
 
     /// Sessions whose turn task is running (each runs its turns one after another).
@@ -610,6 +672,7 @@ impl Engine {
         req: TurnRequest,
     ) -> Result<TurnHandle, EngineError> {
         self.check_open()?;
+        let drive = req.drive;
         let config = &self.inner.config;
         let (tx, rx) = mpsc::unbounded_channel();
         let mut st = session.lock();
@@ -679,12 +742,20 @@ impl Engine {
                 }
             }
         }
-        if let Some(job) = run_now {
-            self.inner.spawn_turn(job);
-        }
+        let running = (drive && run_now.is_some()).then(|| self.inner.tracker.token());
+        let driven = match run_now {
+            Some(job) if drive => Some(self.inner.drive_turn(job)),
+            Some(job) => {
+                self.inner.spawn_turn(job);
+                None
+            }
+            None => None,
+        };
         Ok(TurnHandle {
             turn_id: control.turn_id.clone(),
             feed: rx,
+            driven,
+            running,
         })
     }
 

@@ -186,7 +186,7 @@ pub async fn handle(app: Arc<App>, req: Request) -> Response {
 }
 
 async fn dispatch(
-    app: &App,
+    app: &Arc<App>,
     route: Route,
     caller: Caller,
     req: Request,
@@ -208,7 +208,7 @@ async fn dispatch(
         Route::GetSession(id) => aap::get_session(app, &caller, &id).await,
         Route::DeleteSession(id) => aap::delete_session(app, &caller, &id).await,
         Route::History(id) => aap::history(app, &caller, &id, &req).await,
-        Route::Turns(id) => aap::turns(app, &caller, &id, req).await,
+        Route::Turns(id) => aap::turns(app.clone(), caller, id, req).await,
         Route::Messages(id) => events::send_message(app, &caller, &id, req).await,
         Route::EventHistory(id) => events::history(app, &caller, &id, &req).await,
         Route::EventStream(id) => events::stream(app, &caller, &id, &req).await,

@@ -226,7 +226,7 @@ pub async fn run(app: &App, caller: &Caller, req: Request) -> Result<Response, A
             let mut renderer = RunRenderer::default();
             let mut projector = Projector::default();
             let mut outcome = None;
-            while let Some(item) = handle.feed.recv().await {
+            while let Some(item) = handle.recv().await {
                 renderer.render(&item);
                 if let Feed::Event(ev) = &item {
                     if ev.body.is_terminal() {
