@@ -169,6 +169,56 @@ async fn a_stateless_run_answers_finished_with_messages_and_usage() {
 }
 
 #[tokio::test]
+async fn a_stateless_run_whose_client_goes_away_still_ends_and_leaves_no_session() {
+    use tokio::io::AsyncWriteExt;
+    let (fake, server) = setup().await;
+    let gate = Gate::new();
+    fake.push(Reply::text("done anyway").hold(gate.clone()));
+    let body = json!({"goal": "go"}).to_string();
+    let mut conn = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    conn.write_all(
+        format!(
+            "POST /run HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    fake.wait_requests(1).await;
+    let (_, list) = server.http.get("/sessions").await;
+    let sid = list["sessions"][0]["sessionId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("the run's session: {list}"))
+        .to_string();
+    let session = server.engine().session(None, &sid).await.unwrap();
+    let (_, mut live) = session.subscribe();
+    drop(conn); // the client goes away mid-run
+    gate.open();
+    // The run ends as it would have with its client there...
+    let end = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match live.recv().await {
+                Ok(turnstile::engine::Feed::Event(ev)) if ev.body.is_terminal() => return ev,
+                Ok(_) => continue,
+                Err(e) => panic!("the session's feed closed before the run ended: {e}"),
+            }
+        }
+    })
+    .await
+    .expect("the run never ended");
+    assert_eq!(end.body.type_name(), "turn.completed");
+    // ...and its session is deleted after it, as ever.
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while server.http.get(&format!("/sessions/{sid}")).await.0 != 404 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the run's session was left behind");
+}
+
+#[tokio::test]
 async fn a_stateless_run_stops_at_max_steps_while_the_model_keeps_calling_tools() {
     let (fake, server) = setup().await;
     fake.push(add_call("call_1", 1, 1));

@@ -213,7 +213,20 @@ async fn dispatch(
         Route::EventHistory(id) => events::history(app, &caller, &id, &req).await,
         Route::EventStream(id) => events::stream(app, &caller, &id, &req).await,
         Route::Cancel(id) => events::cancel(app, &caller, &id, req).await,
-        Route::Run => runs::run(app, &caller, req).await,
+        Route::Run => {
+            // On a task of its own, like a turn request (see `aap::turns`): a client that goes
+            // away must not cut the run short of deleting its session.
+            let app = app.clone();
+            tokio::spawn(async move { runs::run(&app, &caller, req).await })
+                .await
+                .unwrap_or_else(|_| {
+                    Err(ApiError::new(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "internal_error",
+                        "the run's task ended before it answered; see the server log",
+                    ))
+                })
+        }
         Route::SessionRun(id) => runs::session_run(app, &caller, &id, req).await,
         Route::RunEvents(id) => runs::events(app, &caller, &id).await,
         Route::PlanConfirm(id) => runs::confirm(app, &caller, &id, req).await,

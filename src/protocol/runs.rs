@@ -217,9 +217,13 @@ pub async fn run(app: &App, caller: &Caller, req: Request) -> Result<Response, A
         .engine
         .session(caller.owner.as_deref(), &view.id)
         .await?;
+    // Runs on the request's own task (see `routes::dispatch`), which reads it to its end.
     let started = app.engine.start_turn(
         &session,
-        TurnRequest::unattended(goal(body.goal)).with_max_steps(body.max_steps),
+        TurnRequest {
+            drive: true,
+            ..TurnRequest::unattended(goal(body.goal)).with_max_steps(body.max_steps)
+        },
     );
     let result = match started {
         Ok(mut handle) => {
