@@ -659,22 +659,16 @@ async fn assert_finished_anyway(server: &TestServer, sid: &str) {
 
 #[tokio::test]
 async fn a_client_that_disconnects_before_a_stream_none_answer_does_not_cancel_the_turn() {
-    use tokio::io::AsyncWriteExt;
     let (fake, server) = setup(AGENT).await;
     let sid = server.session(json!({})).await;
     let gate = Gate::new();
     fake.push(Reply::text("finished anyway").hold(gate.clone()));
-    let body = json!({"messages": [{"role": "user", "content": "go"}]}).to_string();
-    let mut conn = tokio::net::TcpStream::connect(server.addr).await.unwrap();
-    conn.write_all(
-        format!(
-            "POST /sessions/{sid}/turns HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-            body.len()
+    let conn = server
+        .post_and_hold(
+            &format!("/sessions/{sid}/turns"),
+            &json!({"messages": [{"role": "user", "content": "go"}]}),
         )
-        .as_bytes(),
-    )
-    .await
-    .unwrap();
+        .await;
     fake.wait_requests(1).await;
     drop(conn); // the client goes away while it waits for the whole answer
     gate.open();

@@ -170,21 +170,10 @@ async fn a_stateless_run_answers_finished_with_messages_and_usage() {
 
 #[tokio::test]
 async fn a_stateless_run_whose_client_goes_away_still_ends_and_leaves_no_session() {
-    use tokio::io::AsyncWriteExt;
     let (fake, server) = setup().await;
     let gate = Gate::new();
     fake.push(Reply::text("done anyway").hold(gate.clone()));
-    let body = json!({"goal": "go"}).to_string();
-    let mut conn = tokio::net::TcpStream::connect(server.addr).await.unwrap();
-    conn.write_all(
-        format!(
-            "POST /run HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-            body.len()
-        )
-        .as_bytes(),
-    )
-    .await
-    .unwrap();
+    let conn = server.post_and_hold("/run", &json!({"goal": "go"})).await;
     fake.wait_requests(1).await;
     let (_, list) = server.http.get("/sessions").await;
     let sid = list["sessions"][0]["sessionId"]

@@ -91,6 +91,24 @@ impl TestServer {
         v["sessionId"].as_str().expect("sessionId").to_string()
     }
 
+    /// POST `body` to `path` on a connection of its own, without reading the answer: the
+    /// connection, for a test to drop (a client that goes away mid-request).
+    pub async fn post_and_hold(&self, path: &str, body: &Value) -> tokio::net::TcpStream {
+        use tokio::io::AsyncWriteExt;
+        let body = body.to_string();
+        let mut conn = tokio::net::TcpStream::connect(self.addr)
+            .await
+            .expect("connect");
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        conn.write_all(format!("{head}{body}").as_bytes())
+            .await
+            .expect("send the request");
+        conn
+    }
+
     /// Wait until the session's current turn has ended (through the engine's live feed).
     pub async fn wait_idle(&self, session_id: &str) {
         let session = self
