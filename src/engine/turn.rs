@@ -3,9 +3,9 @@
 //! A turn runs on a task of its own: one spawned for it, or the task of the request that started
 //! it, which then runs it as it reads what it sends ([`super::TurnRequest::drive`]) and hands it
 //! to a spawned task if it stops reading. Whoever started it only watches (through an optional
-//! sink), so a client that goes away never cancels it. Every exit path ends in exactly one terminal event,
-//! and every `agent.tool_use` gets exactly one `agent.tool_result` (a tool cut short by a cancel,
-//! a timeout or a shutdown gets `"Cancelled."`).
+//! sink), so a client that goes away never cancels it. Every exit path ends in exactly one
+//! terminal event, and every `agent.tool_use` gets exactly one `agent.tool_result` (a tool cut
+//! short by a cancel, a timeout or a shutdown gets `"Cancelled."`).
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
