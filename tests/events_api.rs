@@ -1222,6 +1222,115 @@ async fn a_long_tool_call_is_logged_and_shown_while_it_runs() {
     check_log(server.engine().store(), &sid).await;
 }
 
+/// The AAP turn request that sends `text`, not streamed: its response.
+async fn aap_turn(server: &TestServer, sid: &str, text: &str) -> Value {
+    let (status, resp) = server
+        .http
+        .post(
+            &format!("/sessions/{sid}/turns"),
+            &json!({"messages": [{"role": "user", "content": text}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{resp}");
+    resp
+}
+
+#[tokio::test]
+async fn a_turn_whose_calls_answer_before_a_commit_is_due_is_committed_once() {
+    let (fake, server) = setup_mcp().await;
+    // No commit falls due during a call, however long it runs.
+    server.engine().set_sync_after(Duration::from_secs(3600));
+    let store = server.engine().store();
+    let sid = server.session(json!({})).await;
+
+    let before = store.commits();
+    fake.push(Reply::text("hi"));
+    let resp = aap_turn(&server, &sid, "hello").await;
+    assert_eq!(resp["stopReason"], "end_turn");
+    assert_eq!(store.commits() - before, 1, "one commit for the whole turn");
+
+    // A trusted MCP tool between two model calls: still one commit.
+    let before = store.commits();
+    fake.push(Reply::tool_calls(&[(
+        "call_1",
+        "mcp__ex__add",
+        json!({"a": 2, "b": 3}),
+    )]));
+    fake.push(Reply::text("5"));
+    let resp = aap_turn(&server, &sid, "add").await;
+    assert_eq!(resp["stopReason"], "end_turn", "{resp}");
+    assert_eq!(store.commits() - before, 1, "one commit for the whole turn");
+    let log = history(&server, &sid).await;
+    assert_eq!(
+        types(&log),
+        [
+            "user.message",
+            "agent.message",
+            "turn.completed",
+            "user.message",
+            "agent.tool_use",
+            "agent.tool_result",
+            "agent.message",
+            "turn.completed"
+        ]
+    );
+    assert!(log[5]["content"].to_string().contains('5'), "{}", log[5]);
+
+    // A live subscriber is shown streamed text only after the events before it: the turn's
+    // start is committed and shown when the call ends, then the text, then the rest.
+    let mut s = stream(&server, &sid, "", &[]).await;
+    let before = store.commits();
+    fake.push(Reply::text("abcdef").chunk_chars(2));
+    let t = send(&server, &sid, "stream it").await;
+    let frames: Vec<Frame> = until_terminal(&mut s, &t)
+        .await
+        .into_iter()
+        .filter(|f| f.json()["turn_id"] == t)
+        .collect();
+    let names: Vec<&str> = frames.iter().map(|f| f.event.as_str()).collect();
+    let msg = names.iter().position(|n| *n == "agent.message").unwrap();
+    assert_eq!(names[0], "user.message", "{names:?}");
+    assert!(msg > 1, "{names:?}");
+    assert!(
+        names[1..msg].iter().all(|n| *n == "agent.message.delta"),
+        "{names:?}"
+    );
+    assert_eq!(names[msg + 1..], ["turn.completed"]);
+    assert_eq!(message_deltas(&frames, &t).concat(), "abcdef");
+    assert_eq!(
+        store.commits() - before,
+        2,
+        "the turn's start, then its end"
+    );
+    check_log(store, &sid).await;
+}
+
+#[tokio::test]
+async fn a_turn_waiting_to_retry_its_model_call_has_committed_and_shown_what_it_said() {
+    let fake = FakeOpenAi::start().await;
+    let config = config_text(&fake, AGENT).replace("retries = 0", "retries = 1");
+    assert!(config.contains("retries = 1"));
+    let server = TestServer::start(&config).await;
+    // No commit falls due during a call: only the wait for the retry can make one.
+    server.engine().set_sync_after(Duration::from_secs(3600));
+    let sid = server.session(json!({})).await;
+    let mut s = stream(&server, &sid, "", &[]).await;
+    fake.push(Reply::status(503, json!({"error": {"message": "busy"}})));
+    let gate = Gate::new();
+    fake.push(Reply::text("at last").hold(gate.clone()));
+    let t = send(&server, &sid, "hello").await;
+    let first = s.frame().await;
+    assert_eq!(first.event, "user.message");
+    assert!(!gate.is_open(), "shown while the retry waits on the model");
+    let log = history(&server, &sid).await;
+    assert_eq!(types(&log), ["user.message"]);
+    gate.open();
+    let frames = until_terminal(&mut s, &t).await;
+    assert_eq!(frames.last().unwrap().event, "turn.completed");
+    assert_eq!(fake.request_count(), 2, "one retry");
+    check_log(server.engine().store(), &sid).await;
+}
+
 #[tokio::test]
 async fn a_stale_cancel_spares_the_newer_turn_and_cancelling_twice_is_fine() {
     let (fake, server) = setup(AGENT).await;

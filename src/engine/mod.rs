@@ -230,9 +230,20 @@ pub(crate) struct Inner {
     tick: std::sync::atomic::AtomicU64,
     tracker: TaskTracker,
     shutting_down: std::sync::atomic::AtomicBool,
+    /// [`turn::SYNC_AFTER`], in µs; tests may change it ([`Engine::set_sync_after`]).
+    sync_after_us: std::sync::atomic::AtomicU64,
 }
 
 impl Inner {
+    /// How long a model or tool call may run before what the turn said before it is committed
+    /// on its own (see [`turn::SYNC_AFTER`]).
+    pub(crate) fn sync_after(&self) -> std::time::Duration {
+        let us = self
+            .sync_after_us
+            .load(std::sync::atomic::Ordering::Relaxed);
+        std::time::Duration::from_micros(us)
+    }
+
     pub(crate) fn spawn_turn(self: &Arc<Inner>, job: turn::TurnJob) {
         crate::metrics::inc(&crate::metrics::TURNS_STARTED);
         self.tracker.spawn(turn::run(self.clone(), job));
@@ -245,11 +256,6 @@ impl Inner {
             turn: Box::pin(turn::run(self.clone(), job)),
             inner: self.clone(),
         }
-    }
-
-    /// Sessions whose turn task is running (each runs its turns one after another).
-    pub(crate) fn running_turns(&self) -> usize {
-        self.tracker.len()
     }
 }
 
@@ -282,6 +288,7 @@ impl Engine {
                 tick: Default::default(),
                 tracker: TaskTracker::new(),
                 shutting_down: false.into(),
+                sync_after_us: (turn::SYNC_AFTER.as_micros() as u64).into(),
             }),
         };
         engine.recover().await?;
@@ -312,6 +319,16 @@ impl Engine {
 
     pub fn store(&self) -> &Store {
         &self.inner.store
+    }
+
+    /// Testing: how long a model or tool call may run before what its turn said before it is
+    /// committed on its own (1 ms; see `SYNC_AFTER` in `engine/turn.rs`).
+    #[doc(hidden)]
+    pub fn set_sync_after(&self, after: std::time::Duration) {
+        let us = after.as_micros().min(u64::MAX as u128) as u64;
+        self.inner
+            .sync_after_us
+            .store(us, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The tool host's current tools.

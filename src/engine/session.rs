@@ -432,6 +432,12 @@ impl Session {
         Some(ev)
     }
 
+    /// Whether the session has live subscribers.
+    pub(crate) fn watched(&self) -> bool {
+        let st = self.lock();
+        st.feed.as_ref().is_some_and(|tx| tx.receiver_count() > 0)
+    }
+
     /// Publish, in order, the held events the store has committed; returns them.
     pub(crate) fn publish_durable(&self, store: &Store) -> Vec<Arc<Event>> {
         let mut st = self.lock();

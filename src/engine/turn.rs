@@ -8,7 +8,6 @@
 //! short by a cancel, a timeout or a shutdown gets `"Cancelled."`).
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,13 +26,15 @@ use crate::upstream::{DeltaSink, ModelOutput, ModelRequest};
 /// How many server tool calls of one step run at once.
 const TOOL_PARALLELISM: usize = 8;
 
-/// How long server tool calls may run before the tool uses that started them are committed and
-/// published on their own. A call that answers sooner has its use committed with its result, in
-/// the commit that comes next anyway (the next model call's, or the turn's end): one commit
-/// instead of two for the fast calls of local tools (a commit here costs ~30 µs of CPU, and run
-/// beside the call, it slowed the call down by as much on 2 cores). The price: a tool use is
-/// durable and visible to subscribers up to this much later than its call started.
-const SYNC_AFTER: Duration = Duration::from_millis(1);
+/// How long a model call or server tool calls may run before what the turn said before them is
+/// committed and published on its own, while they go on. A call that answers sooner has those
+/// events committed with what comes next (its answer, its result: in the commit that comes next
+/// anyway, the next call's or the turn's end): a turn whose upstream answers at once commits
+/// once, not once per call, and a fast local tool's use shares its result's commit (a commit here
+/// costs ~30 µs of CPU; run beside the call, it slowed the call down by as much on 2 cores). The
+/// price: an event is durable and visible to subscribers up to this much later than the call
+/// after it started. Nothing is shown to anyone before it is durable, either way.
+pub(crate) const SYNC_AFTER: Duration = Duration::from_millis(1);
 
 /// What starts a turn.
 #[derive(Debug, Clone)]
@@ -219,18 +220,10 @@ impl Turn {
         self.session.append(&self.inner.store, &self.turn_id, body)
     }
 
-    /// Whether [`overlapped`] lets other tasks run between handing a model call's request over
-    /// and committing. The request went out in the call's first poll. Yielding wakes the other
-    /// worker: worth it only when other turns are running, which it then takes up (and the I/O
-    /// driver) while this thread commits. Measured on 2 cores: alone, not yielding saves a turn
-    /// 10–20 µs; with 32 turns at once, yielding gives ~9 % more turns per second.
-    fn yield_before_sync(&self) -> bool {
-        self.inner.running_turns() > 1
-    }
-
     /// Make the events emitted so far durable, then let the watcher and the session's
-    /// subscribers see them. Called before the turn waits on anything outside the process (the
-    /// model, a tool, the client), so nothing it has said is lost to a crash or held back.
+    /// subscribers see them. Called before the turn waits on the client or a backoff, and within
+    /// [`SYNC_AFTER`] of the start of a model or tool call, so nothing it has said is lost to a
+    /// crash or held back for longer than that.
     async fn sync(&self) -> Result<(), End> {
         if let Err(e) = self.inner.store.flush().await {
             return Err(End::Failed(
@@ -549,7 +542,7 @@ impl Turn {
         // the calls go on.
         let mut next = {
             let mut first = std::pin::pin!(done.next());
-            match tokio::time::timeout(SYNC_AFTER, first.as_mut()).await {
+            match tokio::time::timeout(self.inner.sync_after(), first.as_mut()).await {
                 Ok(next) => next,
                 Err(_) => {
                     self.sync().await?;
@@ -614,28 +607,41 @@ impl Turn {
         loop {
             self.model_called = true;
             crate::metrics::inc(&crate::metrics::MODEL_CALLS);
-            let released = AtomicBool::new(false);
-            let mut deltas = Deltas {
+            let feed = FragmentFeed {
                 session: &self.session,
-                sink: self.sink.as_ref(),
                 turn_id: &self.turn_id,
+                flusher: &self.flusher,
+                held: std::sync::Mutex::new(Some(Vec::new())),
+            };
+            let mut deltas = Deltas {
+                sink: self.sink.as_ref(),
+                feed: &feed,
                 thinking,
                 streamed_text: false,
                 kept: self.irrevocable.then(String::new),
-                released: &released,
-                early: Vec::new(),
-                flusher: &self.flusher,
             };
             // What the turn has said so far (its `user.message` first of all) is committed while
-            // the upstream works on the request, and published before anything the model says.
-            let result = overlapped(
+            // the upstream works on the request, if it takes longer than SYNC_AFTER, and
+            // published before anything the model says.
+            let (result, synced) = overlapped(
                 self.inner.provider.complete(req, &mut deltas),
-                self.yield_before_sync(),
                 self.sync(),
-                &released,
+                self.inner.sync_after(),
+                &feed,
             )
             .await?;
-            deltas.release();
+            if !synced {
+                // The upstream answered within SYNC_AFTER. What the turn said is committed
+                // with what comes next, unless the turn is to wait (a retry's backoff) or
+                // live subscribers are owed the fragments they would have seen (they may follow
+                // only the events before them).
+                if result.is_err() || (feed.holds_any() && self.session.watched()) {
+                    self.sync().await?;
+                    feed.release();
+                } else {
+                    feed.discard();
+                }
+            }
             let streamed = deltas.streamed_text;
             let kept = deltas.kept.take().filter(|t| !t.is_empty());
             match result {
@@ -865,44 +871,46 @@ pub(crate) fn next_queued(
     None
 }
 
-/// Runs `call` (a model call) and `sync` (making the turn's events durable) side by side:
-/// `call` is polled once, so that it hands its request over, then `sync` runs (committing on this
-/// thread) while the other side works, then `call` goes on. `released` tells [`Deltas`] when
-/// fragments may reach subscribers: never before the events that precede them. `yield_first`:
-/// see [`Turn::yield_before_sync`].
+/// Runs `call` (a model call) and `sync` (making the turn's events durable) side by side: if
+/// `call` has not answered `after` its start ([`SYNC_AFTER`]; its request went out in its first
+/// poll), `sync` runs (committing on this thread) while the other side works, then `call` goes
+/// on. Returns whether `sync` ran; if it did, the fragments `feed` held back (they may not pass
+/// the events before them) have gone to subscribers, and the next go at once.
 async fn overlapped<T>(
     call: impl std::future::Future<Output = T>,
-    yield_first: bool,
     sync: impl std::future::Future<Output = Result<(), End>>,
-    released: &AtomicBool,
-) -> Result<T, End> {
+    after: Duration,
+    feed: &FragmentFeed<'_>,
+) -> Result<(T, bool), End> {
     let mut call = std::pin::pin!(call);
-    let first = futures_util::poll!(call.as_mut());
-    if first.is_pending() && yield_first {
-        tokio::task::yield_now().await;
+    if let Ok(out) = tokio::time::timeout(after, call.as_mut()).await {
+        return Ok((out, false));
     }
     sync.await?;
-    released.store(true, std::sync::atomic::Ordering::Relaxed);
-    Ok(match first {
-        std::task::Poll::Ready(out) => out,
-        std::task::Poll::Pending => call.await,
-    })
+    feed.release();
+    Ok((call.await, true))
 }
 
-/// Forwards streamed fragments to the turn's watcher and the session's live subscribers.
+/// Forwards a model call's streamed fragments to the turn's watcher and the session's live
+/// subscribers.
 struct Deltas<'a> {
-    session: &'a Arc<Session>,
     sink: Option<&'a mpsc::UnboundedSender<Feed>>,
-    turn_id: &'a Arc<str>,
+    feed: &'a FragmentFeed<'a>,
     thinking: bool,
     streamed_text: bool,
     /// The attempt's text, kept when the watcher cannot retract what it was sent.
     kept: Option<String>,
-    /// Whether the turn's earlier events are published, so fragments may follow them.
-    released: &'a AtomicBool,
-    /// Fragments that came before that, in order.
-    early: Vec<(DeltaKind, String)>,
+}
+
+/// A model call's fragments on their way to the session's live subscribers, who may see them
+/// only after the turn's earlier events: until those are published, fragments are held back, in
+/// order.
+struct FragmentFeed<'a> {
+    session: &'a Arc<Session>,
+    turn_id: &'a Arc<str>,
     flusher: &'a std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The fragments held back; `None` once released (or discarded).
+    held: std::sync::Mutex<Option<Vec<(DeltaKind, String)>>>,
 }
 
 /// Pushes the session's coalesced deltas when their 50 ms are up, until aborted.
@@ -919,32 +927,34 @@ async fn flush_deltas_on_time(session: Arc<Session>) {
     }
 }
 
-impl Deltas<'_> {
-    /// Send the fragments held back (once the earlier events are out).
-    fn release(&mut self) {
-        for (kind, text) in std::mem::take(&mut self.early) {
+impl FragmentFeed<'_> {
+    fn held(&self) -> std::sync::MutexGuard<'_, Option<Vec<(DeltaKind, String)>>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn push(&self, kind: DeltaKind, fragment: &str) {
+        if let Some(held) = self.held().as_mut() {
+            held.push((kind, fragment.to_string()));
+            return;
+        }
+        self.to_feed(kind, fragment);
+    }
+
+    /// The earlier events are out: send the fragments held back, and the next ones at once.
+    fn release(&self) {
+        for (kind, text) in self.held().take().unwrap_or_default() {
             self.to_feed(kind, &text);
         }
     }
 
-    fn send(&mut self, kind: DeltaKind, fragment: &str) {
-        // The watcher gets fragments at once: it renders them only in AAP `delta` mode, which
-        // shows no event of the turn before its text (and never retracts, so no retry's
-        // fragments can pass a retraction).
-        if let Some(sink) = self.sink {
-            let _ = sink.send(Feed::Fragment {
-                kind,
-                text: fragment.to_string(),
-            });
-        }
-        if !self.released.load(std::sync::atomic::Ordering::Relaxed) {
-            self.early.push((kind, fragment.to_string()));
-            return;
-        }
-        if !self.early.is_empty() {
-            self.release();
-        }
-        self.to_feed(kind, fragment);
+    /// Whether fragments are held back.
+    fn holds_any(&self) -> bool {
+        self.held().as_ref().is_some_and(|h| !h.is_empty())
+    }
+
+    /// Drop the fragments held back: the call is over, and the message they make up follows.
+    fn discard(&self) {
+        self.held().take();
     }
 
     /// Into the session's coalescer, for its live subscribers.
@@ -955,6 +965,21 @@ impl Deltas<'_> {
                 *flusher = Some(tokio::spawn(flush_deltas_on_time(self.session.clone())));
             }
         }
+    }
+}
+
+impl Deltas<'_> {
+    fn send(&mut self, kind: DeltaKind, fragment: &str) {
+        // The watcher gets fragments at once: it renders them only in AAP `delta` mode, which
+        // shows no event of the turn before its text (and never retracts, so no retry's
+        // fragments can pass a retraction).
+        if let Some(sink) = self.sink {
+            let _ = sink.send(Feed::Fragment {
+                kind,
+                text: fragment.to_string(),
+            });
+        }
+        self.feed.push(kind, fragment);
     }
 }
 

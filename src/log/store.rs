@@ -94,6 +94,8 @@ struct Shared {
     failures: Mutex<std::collections::VecDeque<(u64, u64, String)>>,
     /// Whether any commit has ever failed: when none has, [`Store::failed`] takes no lock.
     any_failed: std::sync::atomic::AtomicBool,
+    /// Commits that wrote something ([`Store::commits`]).
+    commits: std::sync::atomic::AtomicU64,
     writer: Mutex<Writer>,
     reader: Mutex<Connection>,
     /// Commits run on a blocking thread (each waits for an fsync).
@@ -239,6 +241,7 @@ impl Store {
                 fail_next: Default::default(),
                 failures: Default::default(),
                 any_failed: Default::default(),
+                commits: Default::default(),
                 writer: Mutex::new(Writer {
                     conn: writer_conn,
                     done: 0,
@@ -409,7 +412,12 @@ impl Store {
                 write_batch(&mut w.conn, &ops)
             };
             match written {
-                Ok(()) => w.commits += 1,
+                Ok(()) => {
+                    w.commits += 1;
+                    self.shared
+                        .commits
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
                 Err(e) => {
                     tracing::error!(error = %e, "store: a group commit failed");
                     let mut failures = lock(&self.shared.failures);
@@ -466,6 +474,14 @@ impl Store {
             .iter()
             .find(|(lo, hi, _)| (*lo..=*hi).contains(&ticket))
             .map(|(_, _, e)| e.clone())
+    }
+
+    /// How many commits have written something since the store was opened (each a SQLite
+    /// transaction, and with `fsync` one sync of the disk).
+    pub fn commits(&self) -> u64 {
+        self.shared
+            .commits
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Testing: the next `n` commits fail (as on an I/O error), writing nothing.
