@@ -1306,6 +1306,33 @@ async fn a_turn_whose_calls_answer_before_a_commit_is_due_is_committed_once() {
 }
 
 #[tokio::test]
+async fn what_a_turn_said_is_committed_once_due_even_when_no_single_call_runs_that_long() {
+    let (fake, server) = setup_mcp().await;
+    // A commit may wait 300 ms. Each model call below sends its events (role, call or text,
+    // finish, usage, [DONE]) 50 ms apart: 150–250 ms a call, ≥ 350 ms for the two.
+    server.engine().set_sync_after(Duration::from_millis(300));
+    let store = server.engine().store();
+    let sid = server.session(json!({})).await;
+    let pace = Duration::from_millis(50);
+    fake.push(
+        Reply::tool_calls(&[("call_1", "mcp__ex__add", json!({"a": 2, "b": 3}))])
+            .chunk_chars(1000)
+            .pace(pace),
+    );
+    fake.push(Reply::text("5").chunk_chars(1000).pace(pace));
+    let before = store.commits();
+    let resp = aap_turn(&server, &sid, "add").await;
+    assert_eq!(resp["stopReason"], "end_turn", "{resp}");
+    // The user message was due 300 ms after it was said: committed while the second call ran,
+    // not held to the turn's end because each call alone was short.
+    assert!(
+        store.commits() - before >= 2,
+        "one commit for a turn longer than the wait allowed"
+    );
+    check_log(store, &sid).await;
+}
+
+#[tokio::test]
 async fn a_turn_waiting_to_retry_its_model_call_has_committed_and_shown_what_it_said() {
     let fake = FakeOpenAi::start().await;
     let config = config_text(&fake, AGENT).replace("retries = 0", "retries = 1");

@@ -502,7 +502,8 @@ async fn interrupt_cancels_a_running_run_and_a_failed_run_streams_error_then_don
     let gate = Gate::new();
     fake.push(Reply::text("thinking out loud").hold(gate.clone()));
     let t = start_run(&server, &sid, json!({"goal": "wait"})).await;
-    fake.wait_requests(1).await;
+    // Interrupted while its text streams (the upstream holds the rest).
+    s.until(|f| f.event == "partial_message").await;
     let (status, v) = server
         .http
         .post(&format!("/sessions/{sid}/interrupt"), &json!({}))

@@ -26,14 +26,15 @@ use crate::upstream::{DeltaSink, ModelOutput, ModelRequest};
 /// How many server tool calls of one step run at once.
 const TOOL_PARALLELISM: usize = 8;
 
-/// How long a model call or server tool calls may run before what the turn said before them is
-/// committed and published on its own, while they go on. A call that answers sooner has those
-/// events committed with what comes next (its answer, its result: in the commit that comes next
-/// anyway, the next call's or the turn's end): a turn whose upstream answers at once commits
-/// once, not once per call, and a fast local tool's use shares its result's commit (a commit here
-/// costs ~30 µs of CPU; run beside the call, it slowed the call down by as much on 2 cores). The
-/// price: an event is durable and visible to subscribers up to this much later than the call
-/// after it started. Nothing is shown to anyone before it is durable, either way.
+/// How long an event of a turn may wait to be committed while the turn waits on a model call or
+/// server tool calls: when it is due, what the turn has said is committed and published while
+/// the calls go on. Calls that answer sooner have those events committed with what comes next
+/// (their answer, their results: in the commit that comes next anyway, the next call's or the
+/// turn's end). A turn whose upstream and tools answer at once commits once, not once per call
+/// (a commit here costs ~30 µs of CPU; run beside a call, it slowed the call down by as much on
+/// 2 cores). The price: an event is durable and visible to subscribers up to this much later
+/// than it was said (the wait counts from the oldest event not committed, so a turn of many
+/// short calls commits on time too). Nothing is shown to anyone before it is durable, either way.
 pub(crate) const SYNC_AFTER: Duration = Duration::from_millis(1);
 
 /// What starts a turn.
@@ -155,6 +156,8 @@ struct Turn {
     /// Pushes coalesced deltas whose 50 ms are up while the turn waits on the upstream; started
     /// with the first delta that has to wait.
     flusher: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// When the oldest event not yet committed was emitted (`None`: all are committed).
+    unsynced_since: std::sync::Mutex<Option<tokio::time::Instant>>,
 }
 
 pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
@@ -189,6 +192,7 @@ pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
         inlined: HashMap::new(),
         irrevocable,
         flusher: Default::default(),
+        unsynced_since: Default::default(),
     };
     let result = tokio::select! {
         r = turn.body(input, answering, plan, max_steps) => r,
@@ -217,13 +221,27 @@ impl Turn {
             EventBody::AgentMessage { content, .. } if !content.is_empty() => self.said = true,
             _ => {}
         }
+        let unsynced = self.unsynced_since.get_mut();
+        let unsynced = unsynced.unwrap_or_else(|p| p.into_inner());
+        unsynced.get_or_insert_with(tokio::time::Instant::now);
         self.session.append(&self.inner.store, &self.turn_id, body)
     }
 
+    /// How long the turn may go on before what it has said must be committed: [`SYNC_AFTER`]
+    /// after the oldest event not yet committed. `None` when there is none.
+    fn sync_due(&self) -> Option<Duration> {
+        let since = *self
+            .unsynced_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let due = since? + self.inner.sync_after();
+        Some(due.saturating_duration_since(tokio::time::Instant::now()))
+    }
+
     /// Make the events emitted so far durable, then let the watcher and the session's
-    /// subscribers see them. Called before the turn waits on the client or a backoff, and within
-    /// [`SYNC_AFTER`] of the start of a model or tool call, so nothing it has said is lost to a
-    /// crash or held back for longer than that.
+    /// subscribers see them. Called before the turn waits on the client or a backoff, and when
+    /// a commit is due ([`Turn::sync_due`]) while it waits on a model or tool call, so nothing it
+    /// has said is lost to a crash or held back for longer than [`SYNC_AFTER`].
     async fn sync(&self) -> Result<(), End> {
         if let Err(e) = self.inner.store.flush().await {
             return Err(End::Failed(
@@ -231,6 +249,10 @@ impl Turn {
                 format!("the log could not be written: {e}"),
             ));
         }
+        *self
+            .unsynced_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = None;
         let published = self.session.publish_durable(&self.inner.store);
         to_watcher(self.sink.as_ref(), published);
         Ok(())
@@ -538,16 +560,19 @@ impl Turn {
             })
             .buffer_unordered(TOOL_PARALLELISM);
         // What the turn said before the calls (its tool uses) is committed and published with
-        // the first result if one comes within SYNC_AFTER, else once that time is up, while
-        // the calls go on.
+        // the first result if one comes before it is due (see `sync_due`), else then, while the
+        // calls go on.
         let mut next = {
             let mut first = std::pin::pin!(done.next());
-            match tokio::time::timeout(self.inner.sync_after(), first.as_mut()).await {
-                Ok(next) => next,
-                Err(_) => {
-                    self.sync().await?;
-                    first.await
-                }
+            match self.sync_due() {
+                None => first.await,
+                Some(due) => match tokio::time::timeout(due, first.as_mut()).await {
+                    Ok(next) => next,
+                    Err(_) => {
+                        self.sync().await?;
+                        first.await
+                    }
+                },
             }
         };
         while let Some((id, out)) = next {
@@ -626,15 +651,15 @@ impl Turn {
             let (result, synced) = overlapped(
                 self.inner.provider.complete(req, &mut deltas),
                 self.sync(),
-                self.inner.sync_after(),
+                self.sync_due(),
                 &feed,
             )
             .await?;
             if !synced {
-                // The upstream answered within SYNC_AFTER. What the turn said is committed
-                // with what comes next, unless the turn is to wait (a retry's backoff) or
-                // live subscribers are owed the fragments they would have seen (they may follow
-                // only the events before them).
+                // The upstream answered before a commit was due. What the turn said is
+                // committed with what comes next, unless the turn is to wait (a retry's
+                // backoff) or live subscribers are owed the fragments they would have seen
+                // (they may follow only the events before them).
                 if result.is_err() || (feed.holds_any() && self.session.watched()) {
                     self.sync().await?;
                     feed.release();
@@ -872,18 +897,23 @@ pub(crate) fn next_queued(
 }
 
 /// Runs `call` (a model call) and `sync` (making the turn's events durable) side by side: if
-/// `call` has not answered `after` its start ([`SYNC_AFTER`]; its request went out in its first
-/// poll), `sync` runs (committing on this thread) while the other side works, then `call` goes
-/// on. Returns whether `sync` ran; if it did, the fragments `feed` held back (they may not pass
-/// the events before them) have gone to subscribers, and the next go at once.
+/// `call` has not answered when a commit is `due` (its request went out in its first poll),
+/// `sync` runs (committing on this thread) while the other side works, then `call` goes on.
+/// `due`: `None` when everything is committed already. Returns whether everything said before
+/// the call is now committed and published; if so, the fragments `feed` held back (they may not
+/// pass the events before them) have gone to subscribers, and the next go at once.
 async fn overlapped<T>(
     call: impl std::future::Future<Output = T>,
     sync: impl std::future::Future<Output = Result<(), End>>,
-    after: Duration,
+    due: Option<Duration>,
     feed: &FragmentFeed<'_>,
 ) -> Result<(T, bool), End> {
+    let Some(due) = due else {
+        feed.release();
+        return Ok((call.await, true));
+    };
     let mut call = std::pin::pin!(call);
-    if let Ok(out) = tokio::time::timeout(after, call.as_mut()).await {
+    if let Ok(out) = tokio::time::timeout(due, call.as_mut()).await {
         return Ok((out, false));
     }
     sync.await?;

@@ -5,9 +5,9 @@
 //! (no hand-off to a writer thread, whose wake-ups cost more than the commit on a small machine):
 //! the first caller to take the write connection commits everything queued so far in one
 //! transaction, and callers whose writes that transaction held return without committing again
-//! (leader/follower group commit). A turn flushes before it waits on the client, and 1 ms into a
-//! model or tool call that has not answered yet (see `SYNC_AFTER` in `engine/turn.rs`), so it
-//! costs one commit when its calls answer at once, and a few at most, never one per event.
+//! (leader/follower group commit). A turn flushes before it waits on the client, and during a model
+//! or tool call once its oldest unwritten event is 1 ms old (`SYNC_AFTER` in `engine/turn.rs`), so
+//! it costs one commit when its calls answer at once, and a few at most, never one per event.
 //!
 //! Checkpoints (copying the WAL back into the database, with its fsyncs) run on a thread of
 //! their own, never inside a commit, so a turn never waits behind one.
