@@ -55,6 +55,19 @@ async fn send(server: &TestServer, sid: &str, text: &str) -> String {
     turn_id
 }
 
+/// The AAP turn request that sends `text`, not streamed: its response.
+async fn aap_turn(server: &TestServer, sid: &str, text: &str) -> Value {
+    let (status, resp) = server
+        .http
+        .post(
+            &format!("/sessions/{sid}/turns"),
+            &json!({"messages": [{"role": "user", "content": text}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{resp}");
+    resp
+}
+
 /// `GET /sessions/{id}/events/history{query}`: the status, the body as text, and parsed.
 async fn history_raw(server: &TestServer, sid: &str, query: &str) -> (u16, String, Value) {
     let resp = server
@@ -1220,19 +1233,6 @@ async fn a_long_tool_call_is_logged_and_shown_while_it_runs() {
         .await
         .expect("the cancel ended the turn");
     check_log(server.engine().store(), &sid).await;
-}
-
-/// The AAP turn request that sends `text`, not streamed: its response.
-async fn aap_turn(server: &TestServer, sid: &str, text: &str) -> Value {
-    let (status, resp) = server
-        .http
-        .post(
-            &format!("/sessions/{sid}/turns"),
-            &json!({"messages": [{"role": "user", "content": text}]}),
-        )
-        .await;
-    assert_eq!(status, 200, "{resp}");
-    resp
 }
 
 #[tokio::test]
