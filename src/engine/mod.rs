@@ -235,8 +235,8 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
-    /// How long a model or tool call may run before what the turn said before it is committed
-    /// on its own (see [`turn::SYNC_AFTER`]).
+    /// How long an event may wait to be committed while its turn waits on a model or tool call
+    /// (see [`turn::SYNC_AFTER`]).
     pub(crate) fn sync_after(&self) -> std::time::Duration {
         let us = self
             .sync_after_us
@@ -321,8 +321,8 @@ impl Engine {
         &self.inner.store
     }
 
-    /// Testing: how long a model or tool call may run before what its turn said before it is
-    /// committed on its own (1 ms; see `SYNC_AFTER` in `engine/turn.rs`).
+    /// Testing: how long an event may wait to be committed while its turn waits on a model or
+    /// tool call (1 ms; see `SYNC_AFTER` in `engine/turn.rs`).
     #[doc(hidden)]
     pub fn set_sync_after(&self, after: std::time::Duration) {
         let us = after.as_micros().min(u64::MAX as u128) as u64;

@@ -646,7 +646,7 @@ impl Turn {
                 kept: self.irrevocable.then(String::new),
             };
             // What the turn has said so far (its `user.message` first of all) is committed while
-            // the upstream works on the request, if it takes longer than SYNC_AFTER, and
+            // the upstream works on the request if it has not answered when that is due, and
             // published before anything the model says.
             let (result, synced) = overlapped(
                 self.inner.provider.complete(req, &mut deltas),
