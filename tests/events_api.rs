@@ -274,6 +274,11 @@ async fn messages_queue_fifo_and_run_one_at_a_time() {
     assert_eq!(info["turn_id"], t1.as_str());
     assert_eq!(info["queued"], json!([t2, t3]), "{info}");
     // A queued turn is not in the log until it starts: only the running turn's events so far.
+    // (What a turn said is durable within 1 ms of being said; a subscriber sees it once it is.)
+    stream(&server, &sid, "", &[])
+        .await
+        .until(|f| f.event == "user.message")
+        .await;
     let log = history(&server, &sid).await;
     assert_eq!(types(&log), vec!["user.message"]);
     assert_eq!(log[0]["turn_id"], t1.as_str());
