@@ -657,6 +657,72 @@ async fn assert_finished_anyway(server: &TestServer, sid: &str) {
     assert_eq!(log.last().unwrap().body.type_name(), "turn.completed");
 }
 
+/// A streamed turn is run by its response as the connection asks for frames. A client that
+/// stays connected but stops reading fills its socket, and the connection stops asking: the
+/// turn must go on without it (its time limit, commits, cancels and the session's queue depend
+/// on it), and the client still gets every frame if it reads again.
+#[tokio::test]
+async fn a_client_that_stops_reading_its_stream_does_not_stall_the_turn() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (fake, server) = setup(AGENT).await;
+    let sid = server.session(json!({})).await;
+    // More stream than the kernel holds for a loopback connection (at most 4 MiB sent, Linux's
+    // default tcp_wmem, and a receive buffer of a few KiB asked for below), paced so that the
+    // turn still has most of it to read when the socket is full.
+    let text = "0123456789".repeat(600_000);
+    let pace = std::time::Duration::from_millis(5);
+    fake.push(Reply::text(&text).chunk_chars(20_000).pace(pace));
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut conn = socket.connect(server.addr).await.unwrap();
+    let body =
+        json!({"stream": "delta", "messages": [{"role": "user", "content": "go"}]}).to_string();
+    let head = format!(
+        "POST /sessions/{sid}/turns HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(format!("{head}{body}").as_bytes())
+        .await
+        .unwrap();
+    let mut first = [0u8; 12];
+    conn.read_exact(&mut first).await.unwrap();
+    assert_eq!(&first, b"HTTP/1.1 200");
+    // The client reads no more until the turn has ended.
+    tokio::time::timeout(std::time::Duration::from_secs(30), server.wait_idle(&sid))
+        .await
+        .expect("the turn stalled with the client that stopped reading");
+    let log = check_log(server.engine().store(), &sid).await;
+    assert_eq!(log.last().unwrap().body.type_name(), "turn.completed");
+    let (_, hist) = server
+        .http
+        .get(&format!("/sessions/{sid}/history?type=full"))
+        .await;
+    assert_eq!(
+        hist["history"]["full"][1]["content"].as_str().map(str::len),
+        Some(text.len())
+    );
+    // Reading again, the client gets the whole stream, through to its end (the last chunk).
+    let mut rest = Vec::new();
+    while !rest.ends_with(b"\r\n0\r\n\r\n") {
+        let mut buf = [0u8; 65536];
+        let n = conn.read(&mut buf).await.unwrap();
+        assert!(n > 0, "the connection closed before the stream's end");
+        rest.extend_from_slice(&buf[..n]);
+    }
+    let rest = String::from_utf8(rest).unwrap();
+    let streamed: usize = rest
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|v| v["delta"].as_str().map(str::len))
+        .sum();
+    assert_eq!(streamed, text.len());
+    assert!(
+        rest.contains("event: turn_stop"),
+        "the stream ends with turn_stop"
+    );
+}
+
 #[tokio::test]
 async fn a_client_that_disconnects_before_a_stream_none_answer_does_not_cancel_the_turn() {
     let (fake, server) = setup(AGENT).await;

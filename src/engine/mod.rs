@@ -8,6 +8,7 @@
 //!   subscribe to a session's live feed with [`Session::subscribe`].
 
 pub mod catalog;
+mod driven;
 pub mod follow;
 pub mod history;
 pub mod session;
@@ -148,48 +149,41 @@ pub struct TurnHandle {
     pub turn_id: String,
     feed: mpsc::UnboundedReceiver<Feed>,
     /// The turn itself, when its watcher runs it (see [`TurnRequest::drive`]).
-    driven: Option<Driven>,
+    driven: Option<driven::Driven>,
     /// Counts a driven turn among the running ones until everything it sent is read, so that a
     /// shutdown waits for its watcher to have its terminal event.
     running: Option<tokio_util::task::task_tracker::TaskTrackerToken>,
 }
 
-/// A turn run by the task that watches it, until it ends or the watcher goes away.
-struct Driven {
-    turn: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
-    inner: Arc<Inner>,
-}
-
 impl TurnHandle {
     /// The next thing the turn sends: `None` once it has ended and everything it sent is read.
-    /// A driven turn runs while this is polled.
+    /// A driven turn runs while this is polled; if it is not polled for a second or two after
+    /// the turn was woken, the turn goes on on a task of its own (see `driven.rs`).
     pub async fn recv(&mut self) -> Option<Feed> {
-        loop {
-            let Some(driven) = self.driven.as_mut() else {
-                let item = self.feed.recv().await;
-                if item.is_none() {
-                    self.running = None;
-                }
-                return item;
-            };
-            // The turn first: what it sends as it runs is then read in the same poll.
-            tokio::select! {
-                biased;
-                () = &mut driven.turn => self.driven = None,
-                item = self.feed.recv() => return item,
+        std::future::poll_fn(|cx| self.poll_recv(cx)).await
+    }
+
+    fn poll_recv(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Feed>> {
+        // The turn first: what it sends as it runs is then read in the same poll.
+        if let Some(driven) = &self.driven {
+            if driven.poll(cx).is_ready() {
+                self.driven = None;
             }
         }
+        let item = std::task::ready!(self.feed.poll_recv(cx));
+        if item.is_none() {
+            self.running = None;
+        }
+        std::task::Poll::Ready(item)
     }
 }
 
 impl Drop for TurnHandle {
     /// A watcher that goes away mid-turn (a client that disconnects) leaves its turn to a task
-    /// of its own. Outside a runtime (one shutting down), the turn is dropped as a task would be.
+    /// of its own.
     fn drop(&mut self) {
         if let Some(driven) = self.driven.take() {
-            if tokio::runtime::Handle::try_current().is_ok() {
-                driven.inner.tracker.spawn(driven.turn);
-            }
+            driven.detach();
         }
     }
 }
@@ -232,6 +226,8 @@ pub(crate) struct Inner {
     shutting_down: std::sync::atomic::AtomicBool,
     /// [`turn::SYNC_AFTER`], in µs; tests may change it ([`Engine::set_sync_after`]).
     sync_after_us: std::sync::atomic::AtomicU64,
+    /// The turns their watchers run, for a turn whose watcher stops polling to go on.
+    sweeper: driven::Sweeper,
 }
 
 impl Inner {
@@ -250,12 +246,9 @@ impl Inner {
     }
 
     /// A turn for its watcher to run (see [`TurnRequest::drive`]).
-    fn drive_turn(self: &Arc<Inner>, job: turn::TurnJob) -> Driven {
+    fn drive_turn(self: &Arc<Inner>, job: turn::TurnJob) -> driven::Driven {
         crate::metrics::inc(&crate::metrics::TURNS_STARTED);
-        Driven {
-            turn: Box::pin(turn::run(self.clone(), job)),
-            inner: self.clone(),
-        }
+        driven::Driven::new(self, Box::pin(turn::run(self.clone(), job)))
     }
 }
 
@@ -289,6 +282,7 @@ impl Engine {
                 tracker: TaskTracker::new(),
                 shutting_down: false.into(),
                 sync_after_us: (turn::SYNC_AFTER.as_micros() as u64).into(),
+                sweeper: Default::default(),
             }),
         };
         engine.recover().await?;

@@ -6,9 +6,10 @@ pub mod wire;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use futures_util::{Stream, StreamExt};
 use http::StatusCode;
 use serde_json::{json, Value};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use crate::config::{AgentConfig, Verdict};
 use crate::engine::{
@@ -371,12 +372,17 @@ pub async fn turns(
     })
 }
 
-/// A turn request from start to end, on a task of its own: the request is read, the turn
-/// started and run here, the response handed to the connection through `reply` (for a stream,
-/// its head, then its events through a channel), and the turn runs on to its end if the client
-/// goes away. Read on the connection's own task, the request body would wake that task as it is
-/// taken (hyper's body channel), and that task's reschedule would wake the other worker: ~12 µs
-/// a turn on 2 cores. Running the turn on this task, not one more, saves a hand-off as well.
+/// A turn request, read and its turn started on a task of its own; the response handed to the
+/// connection through `reply`. Read on the connection's own task, the request body would wake
+/// that task as it is taken (hyper's body channel), and that task's reschedule would wake the
+/// other worker: ~12 µs a turn on 2 cores.
+///
+/// A `none` turn runs here to its end (and on to it if the client goes away). A streamed turn
+/// goes to the connection with its response: the SSE body runs it as the connection polls it
+/// for frames, so that what the upstream sends is read, rendered and written out in one poll of
+/// one task, with no hand-off between tasks per delta. A client that goes away drops the body,
+/// or one that stops reading stops the polling, and the turn runs on by itself (see
+/// [`TurnHandle`]).
 async fn turn_task(
     app: &App,
     caller: &Caller,
@@ -392,45 +398,57 @@ async fn turn_task(
         }
     };
     let mut renderer = TurnRenderer::default();
-    if mode == StreamMode::None {
-        let mut reply = Some(reply);
-        while let Some(item) = handle.recv().await {
-            if let Some(resp) = renderer.collect(&item) {
-                if let Some(reply) = reply.take() {
-                    let _ = reply.send(Ok(json_response(StatusCode::OK, &resp)));
-                }
-            }
-        }
-        if let Some(reply) = reply {
-            let _ = reply.send(Err(ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal_error",
-                format!(
-                    "turn {} ended with nothing in the event log: it could not be written (a full disk?) or the session was deleted; see the server log",
-                    handle.turn_id
-                ),
-            )));
-        }
+    if mode != StreamMode::None {
+        let frames = turn_frames(handle, renderer, mode);
+        let _ = reply.send(Ok(sse::response(frames, &app.streams)));
         return;
     }
-    // The stream's frames, rendered here; a client that goes away drops their receiver.
-    let (frames, rx) = mpsc::unbounded_channel();
-    let _ = frames.send(sse::format_event("turn_start", "{}", None));
-    let events = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|frame| (frame, rx))
-    });
-    let _ = reply.send(Ok(sse::response(events, &app.streams)));
-    let mut frames = Some(frames);
+    let mut reply = Some(reply);
     while let Some(item) = handle.recv().await {
-        let terminal = matches!(&item, Feed::Event(ev) if ev.body.is_terminal());
-        if let (Some(tx), Some((name, data))) = (&frames, renderer.sse(mode, &item)) {
-            let _ = tx.send(sse::format_event(name, &data, None));
-        }
-        if terminal {
-            // The stream ends with the turn's terminal event.
-            frames = None;
+        if let Some(resp) = renderer.collect(&item) {
+            if let Some(reply) = reply.take() {
+                let _ = reply.send(Ok(json_response(StatusCode::OK, &resp)));
+            }
         }
     }
+    if let Some(reply) = reply {
+        let _ = reply.send(Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_error",
+            format!(
+                "turn {} ended with nothing in the event log: it could not be written (a full disk?) or the session was deleted; see the server log",
+                handle.turn_id
+            ),
+        )));
+    }
+}
+
+/// A streamed turn's SSE frames, the turn run as they are asked for: `turn_start`, then its
+/// events rendered for `mode`, ending with its terminal event.
+fn turn_frames(
+    handle: TurnHandle,
+    renderer: TurnRenderer,
+    mode: StreamMode,
+) -> impl Stream<Item = bytes::Bytes> + Send + 'static {
+    let start = sse::format_event("turn_start", "{}", None);
+    let rest = futures_util::stream::unfold(Some((handle, renderer)), move |state| async move {
+        let (mut handle, mut renderer) = state?;
+        loop {
+            let item = handle.recv().await?;
+            let terminal = matches!(&item, Feed::Event(ev) if ev.body.is_terminal());
+            let frame = renderer
+                .sse(mode, &item)
+                .map(|(name, data)| sse::format_event(name, &data, None));
+            match (frame, terminal) {
+                // The stream ends with the turn's terminal event.
+                (Some(frame), true) => return Some((frame, None)),
+                (None, true) => return None,
+                (Some(frame), false) => return Some((frame, Some((handle, renderer)))),
+                (None, false) => {}
+            }
+        }
+    });
+    futures_util::stream::once(std::future::ready(start)).chain(rest)
 }
 
 /// Parse a turn request and start its turn, for its task to run.
