@@ -19,6 +19,7 @@ const KEYS: &[&str] = &[
     "ratio_p50",
     "ttfd_added_p99_us",
     "gap_added_p99_us",
+    "splice_ttfd_added_p99_us",
     "mcp_overhead_p50_us",
     "rss_kib_per_stream_1000",
     "rss_kib_per_stream_10000",

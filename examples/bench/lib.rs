@@ -821,10 +821,35 @@ struct Deltas {
     ttfd_raw_through: Pcts,
     ttfd_direct: Pcts,
     ttfd_through: Pcts,
+    /// The direct request through a byte-splicing TCP proxy ([`splice_proxy`]).
+    ttfd_splice: Pcts,
     gap_direct: Pcts,
     gap_through: Pcts,
+    gap_splice: Pcts,
     /// Deltas per turn, direct and through (medians).
     per_turn: (f64, f64),
+}
+
+/// A TCP proxy in this process that copies bytes both ways and does nothing else: the floor of
+/// what any proxy adds here by being one more process in the way, reading and writing every
+/// byte once. The delta section sends the direct request through it too, so that turnstile's
+/// figures can be read against what the hop itself costs.
+async fn splice_proxy(target: SocketAddr) -> Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let Ok(mut upstream) = tokio::net::TcpStream::connect(target).await else {
+                    return;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = upstream.set_nodelay(true);
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+            });
+        }
+    });
+    Ok(addr)
 }
 
 async fn deltas(
@@ -837,33 +862,36 @@ async fn deltas(
     let sends = SendLog::new();
     fake.set_fallback(paced_reply().log_sends(sends.clone()));
     let direct_uri: Uri = format!("{}/chat/completions", fake.base_url()).parse()?;
+    let splice = splice_proxy(fake.addr()).await?;
+    let splice_uri: Uri = format!("http://{splice}/v1/chat/completions").parse()?;
     let body = turn_body("delta");
-    let mut ttfd_raw: [Vec<Pcts>; 2] = Default::default();
-    let mut ttfd: [Vec<Pcts>; 2] = Default::default();
-    let mut gaps: [Vec<Pcts>; 2] = Default::default();
-    let mut counts: [Vec<f64>; 2] = Default::default();
+    // Variants: direct, through turnstile, direct through the splicing proxy.
+    let mut ttfd_raw: [Vec<Pcts>; 3] = Default::default();
+    let mut ttfd: [Vec<Pcts>; 3] = Default::default();
+    let mut gaps: [Vec<Pcts>; 3] = Default::default();
+    let mut counts: [Vec<f64>; 3] = Default::default();
     for r in 0..n.rounds {
         let plan = srv
             .turn_plans(client, 1, n.delta_turns, NO_TOOLS, &body)
             .await?
             .remove(0);
-        for v in order(r, 2) {
+        for v in order(r, 3) {
             let mut s = DeltaSamples::default();
             for (uri, body) in &plan {
                 sends.take();
-                let (t0, recv) = if v == 0 {
-                    stream_times(client, direct_uri.clone(), direct_body(), is_content_chunk)
-                        .await?
-                } else {
-                    stream_times(client, uri.clone(), body.clone(), is_text_delta).await?
-                };
-                s.add(t0, &recv, &sends.take()).with_context(|| {
-                    if v == 0 {
-                        "direct"
-                    } else {
-                        "through"
+                let (t0, recv) = match v {
+                    0 => {
+                        stream_times(client, direct_uri.clone(), direct_body(), is_content_chunk)
+                            .await?
                     }
-                })?;
+                    1 => stream_times(client, uri.clone(), body.clone(), is_text_delta).await?,
+                    _ => {
+                        stream_times(client, splice_uri.clone(), direct_body(), is_content_chunk)
+                            .await?
+                    }
+                };
+                s.add(t0, &recv, &sends.take())
+                    .with_context(|| ["direct", "through", "spliced"][v])?;
             }
             if r > 0 {
                 counts[v].extend(s.counts.iter().map(|c| *c as f64));
@@ -880,8 +908,10 @@ async fn deltas(
         ttfd_raw_through: med(&ttfd_raw[1]),
         ttfd_direct: med(&ttfd[0]),
         ttfd_through: med(&ttfd[1]),
+        ttfd_splice: med(&ttfd[2]),
         gap_direct: med(&gaps[0]),
         gap_through: med(&gaps[1]),
+        gap_splice: med(&gaps[2]),
         per_turn: (median(&counts[0]), median(&counts[1])),
     })
 }
@@ -1766,6 +1796,17 @@ async fn run_on_worker(opts: &Options) -> Result<Report> {
             "≤ 20 µs",
             Some(gap_p99 <= 20.0),
         );
+        row(
+            "for reference: added by a byte-splicing TCP proxy (the floor of any proxy here), time to first delta p99 (p50); inter-delta gap p99",
+            format!(
+                "{} ({}); {}",
+                us(d.ttfd_splice.p99 - d.ttfd_direct.p99),
+                us(d.ttfd_splice.p50 - d.ttfd_direct.p50),
+                us(d.gap_splice.p99 - d.gap_direct.p99)
+            ),
+            "",
+            None,
+        );
     }
     if let Some(m) = &mcp_fig {
         row(
@@ -1890,6 +1931,22 @@ async fn run_on_worker(opts: &Options) -> Result<Report> {
     put("ttfd_added_p99_us", ttfd_p99, 1);
     put("gap_added_p50_us", gap_p50, 1);
     put("gap_added_p99_us", gap_p99, 1);
+    let splice = |f: fn(&Deltas) -> f64| del.as_ref().map_or(f64::NAN, f);
+    put(
+        "splice_ttfd_added_p50_us",
+        splice(|d| d.ttfd_splice.p50 - d.ttfd_direct.p50),
+        1,
+    );
+    put(
+        "splice_ttfd_added_p99_us",
+        splice(|d| d.ttfd_splice.p99 - d.ttfd_direct.p99),
+        1,
+    );
+    put(
+        "splice_gap_added_p99_us",
+        splice(|d| d.gap_splice.p99 - d.gap_direct.p99),
+        1,
+    );
     put(
         "mcp_overhead_p50_us",
         mcp_fig.as_ref().map_or(f64::NAN, Mcp::overhead),
