@@ -27,7 +27,21 @@ fn next_value() -> u64 {
 
 /// A new id with this prefix (without the underscore): `new("evt")` → `evt_0191c0ffee000001a1b2c3d4`.
 pub fn new(prefix: &str) -> String {
-    format!("{prefix}_{:016x}{:08x}", next_value(), fastrand::u32(..))
+    let mut id = String::with_capacity(prefix.len() + 1 + 24);
+    id.push_str(prefix);
+    id.push('_');
+    push_hex(&mut id, next_value(), 16);
+    push_hex(&mut id, u64::from(fastrand::u32(..)), 8);
+    id
+}
+
+/// `value`'s low `digits` hex digits, zero-padded (what `{:0Nx}` writes, without the formatting
+/// machinery: an id is made for every event).
+fn push_hex(out: &mut String, value: u64, digits: u32) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for shift in (0..digits).rev() {
+        out.push(HEX[((value >> (shift * 4)) & 0xf) as usize] as char);
+    }
 }
 
 /// Whether `s` looks like an id with this prefix (cheap validation of path parameters).
@@ -51,5 +65,12 @@ mod tests {
         assert!(super::is_valid("evt", &ids[0]));
         assert!(!super::is_valid("sess", &ids[0]));
         assert!(!super::is_valid("evt", "evt_../../etc"));
+        let mut hex = String::new();
+        super::push_hex(&mut hex, 0x0191_c0ff_ee00_01a1, 16);
+        super::push_hex(&mut hex, 0xb2c3d4, 8);
+        assert_eq!(
+            hex,
+            format!("{:016x}{:08x}", 0x0191_c0ff_ee00_01a1_u64, 0xb2c3d4)
+        );
     }
 }

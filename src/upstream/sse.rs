@@ -74,13 +74,22 @@ impl Pending {
                 if self.data.len() + value.len() + 1 > max {
                     return Err(SseError::EventTooLarge { limit: max });
                 }
-                self.data.push_str(&String::from_utf8_lossy(value));
+                self.data.push_str(&text(value));
                 self.data.push('\n');
             }
-            b"event" => self.event = Some(String::from_utf8_lossy(value).into_owned()),
+            b"event" => self.event = Some(text(value).into_owned()),
             _ => {}
         }
         Ok(None)
+    }
+}
+
+/// A field's value as text, invalid UTF-8 replaced. Validated first with `from_utf8`, which
+/// checks ASCII a word at a time (`from_utf8_lossy` goes byte by byte): every delta passes here.
+fn text(value: &[u8]) -> std::borrow::Cow<'_, str> {
+    match std::str::from_utf8(value) {
+        Ok(s) => s.into(),
+        Err(_) => String::from_utf8_lossy(value),
     }
 }
 
