@@ -183,27 +183,42 @@ impl Event {
 /// `Value` in between): the body serializes as `{"type":"…",<fields>}` (an internally tagged
 /// enum writes its tag first), and its fields are spliced in after the envelope.
 fn serialize(id: &str, turn_id: &str, created_at: &str, body: &EventBody) -> String {
-    // Serializing our own enum cannot fail: every field is plain data.
-    let body_json = serde_json::to_string(body).unwrap_or_default();
-    let tag = format!("{{\"type\":\"{}\"", body.type_name());
-    let fields = body_json.strip_prefix(tag.as_str()).unwrap_or("}");
-    let mut out = String::with_capacity(body_json.len() + id.len() + turn_id.len() + 64);
-    out.push_str("{\"id\":");
+    let name = body.type_name();
+    let mut out = Vec::with_capacity(160);
+    out.extend_from_slice(b"{\"id\":");
     push_json_str(&mut out, id);
-    out.push_str(",\"type\":\"");
-    out.push_str(body.type_name());
-    out.push_str("\",\"turn_id\":");
+    out.extend_from_slice(b",\"type\":\"");
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b"\",\"turn_id\":");
     push_json_str(&mut out, turn_id);
-    out.push_str(",\"created_at\":");
+    out.extend_from_slice(b",\"created_at\":");
     push_json_str(&mut out, created_at);
-    // `fields` is `}` or `,<fields>}`.
-    out.push_str(fields);
-    out
+    // The body serializes as `{"type":"<name>"` then `}` or `,<fields>}`: written in place, its
+    // tag is then cut out, so that its fields follow the envelope's. (Serializing our own enum
+    // cannot fail: every field is plain data.)
+    let body_at = out.len();
+    let written = serde_json::to_writer(&mut out, body).is_ok();
+    let prefix = br#"{"type":""#;
+    let tag_len = prefix.len() + name.len() + 1;
+    let tagged = written
+        && out.get(body_at..body_at + tag_len).is_some_and(|tag| {
+            tag[..prefix.len()] == *prefix
+                && tag[prefix.len()..tag_len - 1] == *name.as_bytes()
+                && tag[tag_len - 1] == b'"'
+        });
+    if tagged {
+        out.drain(body_at..body_at + tag_len);
+    } else {
+        out.truncate(body_at);
+        out.push(b'}');
+    }
+    // Only JSON was written, and JSON is UTF-8.
+    String::from_utf8(out).unwrap_or_default()
 }
 
-fn push_json_str(out: &mut String, s: &str) {
+fn push_json_str(out: &mut Vec<u8>, s: &str) {
     // A string always serializes.
-    out.push_str(&serde_json::to_string(s).unwrap_or_default());
+    let _ = serde_json::to_writer(&mut *out, s);
 }
 
 #[cfg(test)]
