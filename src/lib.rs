@@ -22,6 +22,7 @@ pub mod mcp;
 pub mod message;
 pub mod metrics;
 pub mod protocol;
+mod sync;
 pub mod testkit;
 pub mod tools;
 pub mod upstream;

@@ -14,7 +14,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
@@ -22,6 +22,7 @@ use futures_util::task::AtomicWaker;
 use tokio_util::task::TaskTracker;
 
 use super::Inner;
+use crate::sync::lock;
 
 /// How often the sweeper looks: a turn whose watcher stopped polling it moves to a task of its
 /// own one to two of these after it was woken.
@@ -62,10 +63,6 @@ impl Wake for Slot {
         self.woken.store(true, Ordering::Release);
         self.watcher.wake();
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Slot {

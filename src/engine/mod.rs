@@ -35,6 +35,8 @@ pub use session::{
 };
 pub use turn::{ClientResult, Permission, TurnInput};
 
+use crate::sync::lock;
+
 /// What can go wrong asking the engine for something. Mapped to HTTP once, at the edge.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -532,11 +534,7 @@ impl Engine {
     /// nobody holds one (taking one goes through the map's lock, held here) and it holds nothing
     /// that is not in the log, so it is read back as it was when next used.
     fn cache(&self, id: &str, session: Arc<Session>) -> Arc<Session> {
-        let mut map = self
-            .inner
-            .sessions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut map = lock(&self.inner.sessions);
         let kept = self.taken(map.entry(id.to_string()).or_insert(session));
         let bound = self.inner.config.server.session_cache;
         if map.len() > bound {
@@ -568,21 +566,12 @@ impl Engine {
     /// How many sessions are in memory, and whether `id` is one of them (the rest are in the log
     /// only: see `[server] session_cache`).
     pub fn in_memory(&self, id: &str) -> (usize, bool) {
-        let map = self
-            .inner
-            .sessions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let map = lock(&self.inner.sessions);
         (map.len(), map.contains_key(id))
     }
 
     fn cached(&self, id: &str) -> Option<Arc<Session>> {
-        self.inner
-            .sessions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(id)
-            .map(|s| self.taken(s))
+        lock(&self.inner.sessions).get(id).map(|s| self.taken(s))
     }
 
     /// A session this owner may see.
@@ -657,11 +646,7 @@ impl Engine {
         let committed = self.inner.store.flush().await;
         // Only now: until the delete is committed, a reader that missed the (deleted) session in
         // memory would read it back from the log.
-        self.inner
-            .sessions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(id);
+        lock(&self.inner.sessions).remove(id);
         committed?;
         self.inner.tools.session_closed(id).await;
         let workspace = self.inner.config.server.sandboxes.join(id);
@@ -880,14 +865,7 @@ impl Engine {
         self.inner
             .shutting_down
             .store(true, std::sync::atomic::Ordering::Release);
-        let sessions: Vec<Arc<Session>> = self
-            .inner
-            .sessions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect();
+        let sessions: Vec<Arc<Session>> = lock(&self.inner.sessions).values().cloned().collect();
         for s in sessions {
             if let Some(control) = s.lock().running.clone() {
                 control.stop(StopCause::Shutdown);

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use super::history::Projector;
 use crate::log::{Event, EventBody, FailReason, StopReason, Store};
 use crate::message::{Message, ToolCall, ToolSpec};
+use crate::sync::lock;
 use crate::{clock, ids};
 
 /// A server tool enabled for a session, and whether the session trusts it (AAP `ServerToolRef`).
@@ -163,13 +164,13 @@ impl TurnControl {
 
     /// Ask the turn to stop; the first cause wins.
     pub fn stop(&self, cause: StopCause) {
-        let mut c = self.cause.lock().unwrap_or_else(|p| p.into_inner());
+        let mut c = lock(&self.cause);
         c.get_or_insert(cause);
         self.token.cancel();
     }
 
     pub fn cause(&self) -> Option<StopCause> {
-        *self.cause.lock().unwrap_or_else(|p| p.into_inner())
+        *lock(&self.cause)
     }
 }
 
@@ -391,7 +392,7 @@ impl Session {
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.state)
     }
 
     /// Append an event to the log. It reaches live subscribers once it is durable: see

@@ -20,6 +20,7 @@ use super::session::{DeltaKind, Feed, Pending, PendingKind, Session, StopCause, 
 use super::Inner;
 use crate::log::{Event, EventBody, FailReason, FileRef, StopReason};
 use crate::message::{Message, ToolCall, Usage};
+use crate::sync::lock;
 use crate::tools::{CallContext, ToolOutput};
 use crate::upstream::{DeltaSink, ModelOutput, ModelRequest};
 
@@ -202,12 +203,7 @@ pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
             format!("the turn ran longer than turn_timeout_s ({} s)", timeout.as_secs()),
         )),
     };
-    if let Some(flusher) = turn
-        .flusher
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .take()
-    {
+    if let Some(flusher) = lock(&turn.flusher).take() {
         flusher.abort();
     }
     turn.finish(result, &control).await;
@@ -230,10 +226,7 @@ impl Turn {
     /// How long the turn may go on before what it has said must be committed: [`SYNC_AFTER`]
     /// after the oldest event not yet committed. `None` when there is none.
     fn sync_due(&self) -> Option<Duration> {
-        let since = *self
-            .unsynced_since
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let since = *lock(&self.unsynced_since);
         let due = since? + self.inner.sync_after();
         Some(due.saturating_duration_since(tokio::time::Instant::now()))
     }
@@ -249,10 +242,7 @@ impl Turn {
                 format!("the log could not be written: {e}"),
             ));
         }
-        *self
-            .unsynced_since
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = None;
+        *lock(&self.unsynced_since) = None;
         let published = self.session.publish_durable(&self.inner.store);
         to_watcher(self.sink.as_ref(), published);
         Ok(())
@@ -959,7 +949,7 @@ async fn flush_deltas_on_time(session: Arc<Session>) {
 
 impl FragmentFeed<'_> {
     fn held(&self) -> std::sync::MutexGuard<'_, Option<Vec<(DeltaKind, String)>>> {
-        self.held.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.held)
     }
 
     fn push(&self, kind: DeltaKind, fragment: &str) {
@@ -990,7 +980,7 @@ impl FragmentFeed<'_> {
     /// Into the session's coalescer, for its live subscribers.
     fn to_feed(&self, kind: DeltaKind, fragment: &str) {
         if self.session.push_fragment(self.turn_id, kind, fragment) {
-            let mut flusher = self.flusher.lock().unwrap_or_else(|p| p.into_inner());
+            let mut flusher = lock(self.flusher);
             if flusher.is_none() {
                 *flusher = Some(tokio::spawn(flush_deltas_on_time(self.session.clone())));
             }

@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex};
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::event::Event;
+use crate::sync::lock;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -713,10 +714,6 @@ impl Drop for FsyncLead {
             .store(false, std::sync::atomic::Ordering::SeqCst);
         self.0.wake_waiting();
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn row_to_session(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {

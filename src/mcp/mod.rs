@@ -23,6 +23,7 @@ use serde_json::Value;
 
 use crate::config::{Config, McpScope, McpServerConfig};
 use crate::message::ToolSpec;
+use crate::sync::lock;
 use crate::tools::{CallContext, ServerTool, ToolHost, ToolOutput};
 use supervisor::{McpTool, Placement, Supervisor};
 
@@ -248,7 +249,7 @@ impl McpHost {
     async fn session_instance(&self, idx: usize, ctx: &CallContext) -> Arc<Supervisor> {
         let key = (ctx.session_id.clone(), idx);
         let cfg: McpServerConfig = self.config.mcp_servers[idx].clone();
-        let mut map = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = lock(&self.sessions);
         if let Some((s, used)) = map.get_mut(&key) {
             *used = Instant::now();
             return s.clone();
@@ -268,7 +269,7 @@ impl McpHost {
 
     async fn reap_idle(&self) {
         let idle: Vec<Arc<Supervisor>> = {
-            let mut map = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+            let mut map = lock(&self.sessions);
             let keys: Vec<_> = map
                 .iter()
                 .filter(|(_, (_, used))| used.elapsed() >= SESSION_IDLE)
@@ -295,10 +296,7 @@ impl McpHost {
 
     /// The session-scoped instances running now (for tests and metrics).
     pub fn session_instances(&self) -> usize {
-        self.sessions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .len()
+        lock(&self.sessions).len()
     }
 }
 
@@ -342,7 +340,7 @@ impl ToolHost for McpHost {
     fn session_closed<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, ()> {
         Box::pin(async move {
             let gone: Vec<Arc<Supervisor>> = {
-                let mut map = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+                let mut map = lock(&self.sessions);
                 let keys: Vec<_> = map
                     .keys()
                     .filter(|(s, _)| s == session_id)
@@ -362,7 +360,7 @@ impl ToolHost for McpHost {
     fn shutdown(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
             let sessions: Vec<Arc<Supervisor>> = {
-                let mut map = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+                let mut map = lock(&self.sessions);
                 map.drain().map(|(_, (s, _))| s).collect()
             };
             let all = self.shared.values().cloned().chain(sessions);

@@ -11,7 +11,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -151,10 +151,7 @@ pub(crate) fn split_chars(s: &str, n: usize) -> Vec<String> {
 }
 
 /// Locks a mutex, ignoring poisoning. Shared by every piece of fake state.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panicking test thread must not turn every later call into a second panic.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+pub(crate) use crate::sync::lock;
 
 /// Why the server answered on its own instead of with a scripted reply; each wire format words
 /// the error body its own way ([`Wire::failure_body`]).

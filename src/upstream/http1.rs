@@ -27,6 +27,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioIo;
 use tower_service::Service;
 
+use crate::sync::lock;
+
 type Io = MaybeHttpsStream<TokioIo<tokio::net::TcpStream>>;
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -125,7 +127,7 @@ impl Pool {
                 mut conn,
                 rest,
                 since,
-            } = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop()?;
+            } = lock(&self.idle).pop()?;
             let ended = rest.is_none_or(|rest| conn.finish(rest));
             if ended && since.elapsed() < IDLE_FOR && conn.open() {
                 conn.reused = true;
@@ -139,7 +141,7 @@ impl Pool {
         if rest.is_none() && !conn.open() {
             return;
         }
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let mut idle = lock(&self.idle);
         idle.retain(|i| i.since.elapsed() < IDLE_FOR);
         if idle.len() < MAX_IDLE {
             idle.push(Idle {
