@@ -29,11 +29,41 @@ pub enum Message {
 }
 
 /// Message content: a plain string or a list of blocks (AAP allows both everywhere).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum Content {
     Text(String),
     Blocks(Vec<Block>),
+}
+
+/// By the JSON type: a string is text, an array is blocks. (serde's `untagged` would buffer the
+/// value, try each variant and, failing, say only that none matched; this says what a bad block
+/// is wrong with.)
+impl<'de> Deserialize<'de> for Content {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Content, D::Error> {
+        struct ContentVisitor;
+        impl<'de> serde::de::Visitor<'de> for ContentVisitor {
+            type Value = Content;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string or an array of content blocks")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Content, E> {
+                Ok(Content::Text(s.to_owned()))
+            }
+
+            fn visit_string<E: serde::de::Error>(self, s: String) -> Result<Content, E> {
+                Ok(Content::Text(s))
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<Content, A::Error> {
+                Vec::<Block>::deserialize(serde::de::value::SeqAccessDeserializer::new(seq))
+                    .map(Content::Blocks)
+            }
+        }
+        d.deserialize_any(ContentVisitor)
+    }
 }
 
 /// One AAP content block.
@@ -221,6 +251,29 @@ mod tests {
             Block::Text { text: "x".into() },
         ]);
         assert!(matches!(two, Content::Blocks(ref b) if b.len() == 2));
+    }
+
+    #[test]
+    fn content_is_text_or_blocks_and_says_what_is_wrong() {
+        let parse = |v: Value| serde_json::from_value::<Content>(v);
+        assert_eq!(parse(json!("hi")).unwrap(), Content::Text("hi".into()));
+        assert_eq!(
+            serde_json::from_str::<Content>(r#"[{"type":"text","text":"a"}]"#).unwrap(),
+            Content::Blocks(vec![Block::Text { text: "a".into() }])
+        );
+        assert_eq!(parse(json!([])).unwrap(), Content::Blocks(vec![]));
+        let wrong_type = parse(json!(42)).unwrap_err().to_string();
+        assert!(
+            wrong_type.contains("expected a string or an array of content blocks"),
+            "{wrong_type}"
+        );
+        let bad_block = serde_json::from_str::<Content>(r#"[{"type":"video","url":"x"}]"#)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            bad_block.contains("unknown variant `video`") && bad_block.contains("`image`"),
+            "{bad_block}"
+        );
     }
 
     #[test]

@@ -196,6 +196,20 @@ async fn bad_requests_get_a_clear_json_error_and_change_nothing() {
         (
             "POST",
             turns.clone(),
+            json!({"messages": [{"role": "user", "content": 42}]}),
+            400,
+            "expected a string or an array of content blocks",
+        ),
+        (
+            "POST",
+            turns.clone(),
+            json!({"messages": [{"role": "user", "content": [{"type": "video", "url": "x"}]}]}),
+            400,
+            "unknown variant `video`",
+        ),
+        (
+            "POST",
+            turns.clone(),
             json!({"stream": "fast", "messages": [{"role": "user", "content": "x"}]}),
             400,
             "unknown variant",
