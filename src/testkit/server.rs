@@ -27,6 +27,8 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, Notify};
 use tokio::task::{JoinHandle, JoinSet};
 
+use crate::sync::lock;
+
 /// The response body type of every fake: both fakes answer with either a full JSON body or a
 /// stream of SSE events, so one boxed type covers both.
 type Body = BoxBody<Bytes, io::Error>;
@@ -149,9 +151,6 @@ pub(crate) fn split_chars(s: &str, n: usize) -> Vec<String> {
     let chars: Vec<char> = s.chars().collect();
     chars.chunks(n.max(1)).map(|c| c.iter().collect()).collect()
 }
-
-/// Locks a mutex, ignoring poisoning. Shared by every piece of fake state.
-pub(crate) use crate::sync::lock;
 
 /// Why the server answered on its own instead of with a scripted reply; each wire format words
 /// the error body its own way ([`Wire::failure_body`]).
