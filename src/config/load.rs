@@ -16,10 +16,12 @@ use globset::{Glob, GlobBuilder, GlobMatcher, GlobSet, GlobSetBuilder};
 use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
-use super::raw::{RawAgent, RawConfig, RawFiles, RawMcpServer, RawPolicy, RawServer, RawUpstream};
+use super::raw::{
+    RawAgent, RawConfig, RawFiles, RawLimits, RawMcpServer, RawPolicy, RawServer, RawUpstream,
+};
 use super::{
-    AgentConfig, Config, FilesConfig, McpScope, McpServerConfig, McpTransport, PolicyConfig,
-    PolicyRule, ProviderKind, SandboxKind, ServerConfig, UpstreamConfig, Verdict,
+    AgentConfig, Config, FilesConfig, LimitsConfig, McpScope, McpServerConfig, McpTransport,
+    PolicyConfig, PolicyRule, ProviderKind, SandboxKind, ServerConfig, UpstreamConfig, Verdict,
 };
 
 /// Default `[server] listen`.
@@ -117,16 +119,20 @@ pub fn load_str(path: &Path, text: &str) -> Result<Config, ConfigError> {
         mcp_servers: mcp_servers(&cx, raw.mcp_servers.as_ref(), base_dir)?,
         policy: policy(&cx, raw.policy.as_ref())?,
         files: files(&cx, raw.files.as_ref())?,
+        limits: limits(&cx, raw.limits.as_ref())?,
     })
 }
 
-/// `p` if absolute, else `p` under `base_dir` (the config file's folder).
+/// `p` if absolute, else `p` under `base_dir` (the config file's folder); made absolute against
+/// the current directory when that is relative too, so that a path handed to a child that runs
+/// elsewhere (a session server's `{workspace}`, its cwd) still names the same place.
 pub fn resolve_path(base_dir: &Path, p: &Path) -> PathBuf {
-    if p.is_absolute() {
+    let joined = if p.is_absolute() {
         p.to_path_buf()
     } else {
         base_dir.join(p)
-    }
+    };
+    std::path::absolute(&joined).unwrap_or(joined)
 }
 
 /// The file being checked, for building errors.
@@ -510,8 +516,34 @@ fn server(
                 i64::MAX,
             )?
             .unsigned_abs() as usize,
+        header_timeout: cx.secs(
+            t.header_timeout_s.as_ref(),
+            "server.header_timeout_s",
+            DEFAULT_HEADER_TIMEOUT_S,
+        )?,
+        idle_timeout: cx.secs(
+            t.idle_timeout_s.as_ref(),
+            "server.idle_timeout_s",
+            DEFAULT_IDLE_TIMEOUT_S,
+        )?,
+        max_connections: cx.int(
+            t.max_connections.as_ref(),
+            "server.max_connections",
+            DEFAULT_MAX_CONNECTIONS,
+            1,
+            i64::from(u32::MAX),
+        )? as usize,
     })
 }
+
+/// Default `[server] header_timeout_s`.
+const DEFAULT_HEADER_TIMEOUT_S: i64 = 10;
+/// Default `[server] idle_timeout_s`.
+const DEFAULT_IDLE_TIMEOUT_S: i64 = 60;
+/// Default `[server] max_connections`.
+const DEFAULT_MAX_CONNECTIONS: i64 = 4096;
+/// Default `[agents.X] approval_ttl_s`.
+const DEFAULT_APPROVAL_TTL_S: i64 = 3600;
 
 /// Idle sessions kept in memory by default.
 const DEFAULT_SESSION_CACHE: i64 = 1000;
@@ -621,6 +653,8 @@ fn default_agent() -> AgentConfig {
         turn_timeout: Duration::from_secs(DEFAULT_TURN_TIMEOUT_S.unsigned_abs()),
         thinking: false,
         models: Vec::new(),
+        client_system_prompt: true,
+        approval_ttl: Duration::from_secs(DEFAULT_APPROVAL_TTL_S.unsigned_abs()),
     }
 }
 
@@ -695,6 +729,12 @@ fn agent(cx: &Cx<'_>, name: &str, table: &Spanned<RawAgent>) -> Result<AgentConf
         )?,
         thinking: t.thinking.unwrap_or(false),
         models,
+        client_system_prompt: t.client_system_prompt.unwrap_or(true),
+        approval_ttl: cx.secs(
+            t.approval_ttl_s.as_ref(),
+            &key("approval_ttl_s"),
+            DEFAULT_APPROVAL_TTL_S,
+        )?,
     })
 }
 
@@ -879,6 +919,7 @@ fn mcp_server(
             DEFAULT_MCP_STARTUP_TIMEOUT_S,
         )?,
         sandbox,
+        network: t.network.unwrap_or(false),
         line: cx.line_of(table.span().start),
     })
 }
@@ -929,6 +970,63 @@ fn files(cx: &Cx<'_>, raw: Option<&Spanned<RawFiles>>) -> Result<FilesConfig, Co
                 i64::MAX,
             )?
             .unsigned_abs(),
+    })
+}
+
+fn limits(cx: &Cx<'_>, raw: Option<&Spanned<RawLimits>>) -> Result<LimitsConfig, ConfigError> {
+    let empty = RawLimits::default();
+    let t = raw.map(Spanned::get_ref).unwrap_or(&empty);
+    let d = LimitsConfig::default();
+    let n = |v: Option<&Spanned<i64>>, key: &str, default: u64| -> Result<u64, ConfigError> {
+        Ok(cx
+            .int(v, key, default as i64, 1, i64::from(u32::MAX))?
+            .unsigned_abs())
+    };
+    Ok(LimitsConfig {
+        queued_turns: n(
+            t.queued_turns.as_ref(),
+            "limits.queued_turns",
+            d.queued_turns as u64,
+        )? as usize,
+        running_turns: n(
+            t.running_turns.as_ref(),
+            "limits.running_turns",
+            d.running_turns as u64,
+        )? as usize,
+        sessions_per_key: n(
+            t.sessions_per_key.as_ref(),
+            "limits.sessions_per_key",
+            d.sessions_per_key as u64,
+        )? as usize,
+        subscribers_per_session: n(
+            t.subscribers_per_session.as_ref(),
+            "limits.subscribers_per_session",
+            d.subscribers_per_session as u64,
+        )? as usize,
+        files_per_message: n(
+            t.files_per_message.as_ref(),
+            "limits.files_per_message",
+            d.files_per_message as u64,
+        )? as usize,
+        session_servers: n(
+            t.session_servers.as_ref(),
+            "limits.session_servers",
+            d.session_servers as u64,
+        )? as usize,
+        disk_bytes_per_key: cx
+            .int(
+                t.disk_bytes_per_key.as_ref(),
+                "limits.disk_bytes_per_key",
+                d.disk_bytes_per_key as i64,
+                1,
+                i64::MAX,
+            )?
+            .unsigned_abs(),
+        tool_result_bytes: n(
+            t.tool_result_bytes.as_ref(),
+            "limits.tool_result_bytes",
+            d.tool_result_bytes as u64,
+        )? as usize,
     })
 }
 
@@ -1092,8 +1190,9 @@ default = "ask"                              # for a tool that no pattern names
             c.server.listen,
             SocketAddr::from((Ipv4Addr::LOCALHOST, 8787))
         );
-        assert_eq!(c.server.data_dir, Path::new("data"));
-        assert_eq!(c.server.sandboxes, Path::new("sandboxes"));
+        let cwd = std::env::current_dir().unwrap();
+        assert_eq!(c.server.data_dir, cwd.join("data"));
+        assert_eq!(c.server.sandboxes, cwd.join("sandboxes"));
         assert_eq!(c.server.api_keys_env, None);
         assert!(c.server.public_meta);
         assert_eq!(c.server.max_body_bytes, 4_194_304);
@@ -1355,7 +1454,14 @@ default = "ask"                              # for a tool that no pattern names
             resolve_path(Path::new("/a/b"), Path::new("/c")),
             Path::new("/c")
         );
-        assert_eq!(resolve_path(Path::new(""), Path::new("c")), Path::new("c"));
+        let cwd = std::env::current_dir().unwrap();
+        assert_eq!(resolve_path(Path::new(""), Path::new("c")), cwd.join("c"));
+        assert_eq!(
+            resolve_path(Path::new("conf"), Path::new("data")),
+            cwd.join("conf/data")
+        );
+        let rel = load_str(Path::new("tools.toml"), "").unwrap();
+        assert!(rel.server.data_dir.is_absolute() && rel.server.sandboxes.is_absolute());
     }
 
     #[test]
@@ -1390,6 +1496,48 @@ default = "ask"                              # for a tool that no pattern names
             .contains("(expected \"trust\", \"ask\" or \"deny\")"));
         let e = bad("[server]\nsession_cache = -1\n");
         assert_eq!(e.key.as_deref(), Some("server.session_cache"));
+        assert_eq!(c.limits.queued_turns, 32);
+        let c = ok("[server]\nheader_timeout_s = 3\nidle_timeout_s = 5\nmax_connections = 7\n[limits]\nqueued_turns = 2\nrunning_turns = 3\nsessions_per_key = 4\nsubscribers_per_session = 5\nfiles_per_message = 6\nsession_servers = 7\ndisk_bytes_per_key = 8\ntool_result_bytes = 9\n[agents.a]\nclient_system_prompt = false\napproval_ttl_s = 11\n[mcp_servers.m]\ncommand = \"x\"\nsandbox = \"landlock\"\nnetwork = true\n");
+        assert_eq!(c.server.header_timeout, Duration::from_secs(3));
+        assert_eq!(c.server.idle_timeout, Duration::from_secs(5));
+        assert_eq!(c.server.max_connections, 7);
+        let l = &c.limits;
+        assert_eq!(
+            (
+                l.queued_turns,
+                l.running_turns,
+                l.sessions_per_key,
+                l.subscribers_per_session
+            ),
+            (2, 3, 4, 5)
+        );
+        assert_eq!(
+            (
+                l.files_per_message,
+                l.session_servers,
+                l.disk_bytes_per_key,
+                l.tool_result_bytes
+            ),
+            (6, 7, 8, 9)
+        );
+        assert!(!c.agents[0].client_system_prompt);
+        assert_eq!(c.agents[0].approval_ttl, Duration::from_secs(11));
+        assert!(c.mcp_servers[0].network);
+        let d = ok("");
+        assert_eq!(d.server.header_timeout, Duration::from_secs(10));
+        assert_eq!(d.server.idle_timeout, Duration::from_secs(60));
+        assert_eq!(d.server.max_connections, 4096);
+        assert!(d.agents[0].client_system_prompt);
+        assert_eq!(d.agents[0].approval_ttl, Duration::from_secs(3600));
+        assert_eq!(d.limits.disk_bytes_per_key, 10 << 30);
+        assert_eq!(d.limits.tool_result_bytes, 262_144);
+        let e = bad("[limits]\nqueued_turns = 0\n");
+        assert_eq!(
+            (e.line, e.key.as_deref()),
+            (Some(2), Some("limits.queued_turns"))
+        );
+        let e = bad("[limits]\nbogus = 1\n");
+        assert!(e.to_string().contains("bogus"), "{e}");
         let e = bad("[files]\nmax_bytes = -5\n");
         assert_eq!(
             (e.line, e.key.as_deref()),

@@ -28,6 +28,8 @@ pub struct Config {
     pub mcp_servers: Vec<McpServerConfig>,
     pub policy: PolicyConfig,
     pub files: FilesConfig,
+    /// `[limits]`: quotas on what a client or key can make turnstile hold.
+    pub limits: LimitsConfig,
 }
 
 #[derive(Debug, Clone)]
@@ -50,6 +52,12 @@ pub struct ServerConfig {
     /// Idle sessions kept in memory; past that, idle ones are dropped and read back from the log
     /// when next used. Default 1,000.
     pub session_cache: usize,
+    /// A request head not complete by then closes the connection. Default 10 s.
+    pub header_timeout: Duration,
+    /// An idle keep-alive connection (no request under way) is closed after this. Default 60 s.
+    pub idle_timeout: Duration,
+    /// Open connections at most; over it a new connection is closed at once. Default 4096.
+    pub max_connections: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,6 +108,10 @@ pub struct AgentConfig {
     pub thinking: bool,
     /// Offered to clients as the AAP select option `model`; empty means the option is not offered.
     pub models: Vec<String>,
+    /// Whether a run's `system_prompt` may replace this agent's. Default `true` (spec 002 allows it).
+    pub client_system_prompt: bool,
+    /// A pending permission is denied with reason "approval expired" after this. Default 3600 s.
+    pub approval_ttl: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,6 +156,8 @@ pub struct McpServerConfig {
     pub startup_timeout: Duration,
     /// Default `None`.
     pub sandbox: SandboxKind,
+    /// With `sandbox = Landlock`: whether the child may open TCP connections. Default `false`.
+    pub network: bool,
     /// The 1-based line of the table header, for messages about this server.
     pub line: usize,
 }
@@ -178,6 +192,43 @@ pub struct PolicyConfig {
 pub struct FilesConfig {
     /// Largest upload or delivered file. Default 100 MiB.
     pub max_bytes: u64,
+}
+
+/// `[limits]`: every quota's over-limit answer names its key here (`limits.<field>`).
+#[derive(Debug, Clone)]
+pub struct LimitsConfig {
+    /// Turns queued per session behind the running one; over it `POST /messages` is 429. Default 32.
+    pub queued_turns: usize,
+    /// Turns running server-wide; over it a new turn is 503. Default 256.
+    pub running_turns: usize,
+    /// Sessions one API key may own; over it `POST /sessions` is 429. Default 10,000.
+    pub sessions_per_key: usize,
+    /// Open event and run streams per session; over it a new stream is 429. Default 64.
+    pub subscribers_per_session: usize,
+    /// Distinct file ids in one message; over it 400. Default 32.
+    pub files_per_message: usize,
+    /// Session-scoped MCP children server-wide; the idlest is stopped first, else 503. Default 128.
+    pub session_servers: usize,
+    /// Bytes of stored files one key may own; over it 413. Default 10 GiB.
+    pub disk_bytes_per_key: u64,
+    /// A tool result larger than this reaches the model as its first part plus a note naming a
+    /// workspace file holding the whole. Default 256 KiB.
+    pub tool_result_bytes: usize,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            queued_turns: 32,
+            running_turns: 256,
+            sessions_per_key: 10_000,
+            subscribers_per_session: 64,
+            files_per_message: 32,
+            session_servers: 128,
+            disk_bytes_per_key: 10 * 1024 * 1024 * 1024,
+            tool_result_bytes: 256 * 1024,
+        }
+    }
 }
 
 impl Config {

@@ -29,6 +29,8 @@ pub(super) struct RawConfig {
     pub policy: Option<Spanned<RawPolicy>>,
     #[serde(default)]
     pub files: Option<Spanned<RawFiles>>,
+    #[serde(default)]
+    pub limits: Option<Spanned<RawLimits>>,
 }
 
 /// `[server]`
@@ -51,6 +53,12 @@ pub(super) struct RawServer {
     pub fsync: Option<bool>,
     #[serde(default)]
     pub session_cache: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub header_timeout_s: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub idle_timeout_s: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub max_connections: Option<Spanned<i64>>,
 }
 
 /// `[upstream]`
@@ -95,6 +103,10 @@ pub(super) struct RawAgent {
     pub thinking: Option<bool>,
     #[serde(default)]
     pub models: Option<Vec<Spanned<String>>>,
+    #[serde(default)]
+    pub client_system_prompt: Option<bool>,
+    #[serde(default)]
+    pub approval_ttl_s: Option<Spanned<i64>>,
 }
 
 /// `[mcp_servers.NAME]`
@@ -125,6 +137,9 @@ pub(super) struct RawMcpServer {
     /// `"none"` or `"landlock"`.
     #[serde(default)]
     pub sandbox: Option<Spanned<String>>,
+    /// With `sandbox = "landlock"`: whether the child may open TCP connections.
+    #[serde(default)]
+    pub network: Option<bool>,
 }
 
 /// `[policy]`
@@ -148,4 +163,26 @@ pub(super) struct RawPolicy {
 pub(super) struct RawFiles {
     #[serde(default)]
     pub max_bytes: Option<Spanned<i64>>,
+}
+
+/// `[limits]`
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawLimits {
+    #[serde(default)]
+    pub queued_turns: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub running_turns: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub sessions_per_key: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub subscribers_per_session: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub files_per_message: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub session_servers: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub disk_bytes_per_key: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub tool_result_bytes: Option<Spanned<i64>>,
 }
