@@ -102,15 +102,22 @@ pub fn provider(config: &Config) -> Result<Arc<dyn Provider>, StartError> {
     })
 }
 
-/// The API keys from `[server] api_keys_env`, and the loopback rule without them.
+/// The API keys from `[server] api_keys_env`, and the loopback rule without them. A variable
+/// that is named but yields no key stops the server: failing open would serve everything to
+/// anyone.
 fn keys(config: &Config, addr: SocketAddr, opts: &StartOptions) -> Result<Keys, StartError> {
-    let keys = config
-        .server
-        .api_keys_env
-        .as_ref()
-        .and_then(|var| std::env::var(var).ok())
-        .map(|list| Keys::parse(&list))
-        .unwrap_or_default();
+    let keys = match &config.server.api_keys_env {
+        Some(var) => {
+            let keys = Keys::parse(&std::env::var(var).unwrap_or_default());
+            if keys.is_empty() {
+                return Err(StartError::Config(format!(
+                    "[server] api_keys_env names {var}, which is unset or holds no key: set {var} to comma-separated API keys, or remove api_keys_env to serve loopback without keys"
+                )));
+            }
+            keys
+        }
+        None => Keys::default(),
+    };
     if keys.is_empty() && !addr.ip().is_loopback() && !opts.insecure {
         return Err(StartError::Config(format!(
             "refusing to listen on {addr} without API keys: set [server] api_keys_env to a variable holding comma-separated keys, listen on a loopback address, or pass --insecure"
