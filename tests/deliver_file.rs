@@ -3,8 +3,9 @@
 //! the history, the event log and the file store byte for byte; every refusal (missing, a
 //! directory, a FIFO, over `[files] max_bytes`, `..`, an absolute path) is an error result that
 //! says what is wrong while the turn goes on. The last test federates the third-party
-//! `@modelcontextprotocol/server-filesystem` (npm, installed by .ci/run) as a session-scoped server
-//! rooted at the workspace: the model writes a file through it, then delivers it.
+//! `@modelcontextprotocol/server-filesystem` (npm, provisioned into target/test-deps by
+//! common::provision) as a session-scoped server rooted at the workspace: the model writes a file
+//! through it, then delivers it.
 
 mod common;
 
@@ -369,22 +370,9 @@ async fn each_refusal_is_an_error_result_naming_the_problem_and_the_turn_goes_on
     check_log(server.engine().store(), &sid).await;
 }
 
-/// `tests/spec_clients/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js`, or a
-/// panic saying how to install it.
-fn server_filesystem() -> PathBuf {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(
-        "tests/spec_clients/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js",
-    );
-    assert!(
-        path.is_file(),
-        "{} is missing: run `(cd tests/spec_clients && npm ci --no-audit --no-fund)`, as .ci/run does",
-        path.display()
-    );
-    path
-}
-
 #[tokio::test]
 async fn a_file_written_through_server_filesystem_is_delivered_byte_identical() {
+    let server_filesystem = common::provision::server_filesystem();
     let fake = FakeOpenAi::start().await;
     let fs_server = format!(
         r#"
@@ -393,7 +381,7 @@ command = "node"
 args = [{:?}, "{{workspace}}"]
 scope = "session"
 "#,
-        server_filesystem().display().to_string()
+        server_filesystem.display().to_string()
     );
     let cfg = config_text(&fake, &extra(&fs_server)).replace(
         r#"trust = ["deliver_file"]"#,

@@ -1,6 +1,6 @@
 //! MCP federation through real MCP servers: the example rmcp server and the third-party
-//! `mcp-server-time` (installed by .ci/run). Policy, inline execution, permissions, restarts,
-//! timeouts, list_changed, secrets and shutdown.
+//! `mcp-server-time` (PyPI, provisioned into target/test-deps by common::provision). Policy,
+//! inline execution, permissions, restarts, timeouts, list_changed, secrets and shutdown.
 
 mod common;
 
@@ -468,9 +468,11 @@ fn alive(pid: i32) -> bool {
 
 #[tokio::test]
 async fn a_third_party_server_is_federated_and_called() {
+    let python = common::provision::python();
     let fake = FakeOpenAi::start().await;
     let extra = format!(
-        "[mcp_servers.time]\ncommand = \"python3\"\nargs = [\"-m\", \"mcp_server_time\", \"--local-timezone\", \"UTC\"]\n{POLICY}"
+        "[mcp_servers.time]\ncommand = {:?}\nargs = [\"-m\", \"mcp_server_time\", \"--local-timezone\", \"UTC\"]\n{POLICY}",
+        python.display().to_string()
     );
     let server = TestServer::start(&config_text(&fake, &extra)).await;
     let sid = server.session(json!({})).await;

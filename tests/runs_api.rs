@@ -6,6 +6,7 @@
 mod common;
 mod sse_reader;
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use common::mcp::example_server;
@@ -538,16 +539,16 @@ async fn interrupt_cancels_a_running_run_and_a_failed_run_streams_error_then_don
 }
 
 /// Run a spec client example script against the server, with a session ready for its run:
-/// what it printed.
-async fn run_spec_client(program: &str, script: &str) -> String {
+/// what it printed. `program` and `script` come from `common::provision` (the test venv's
+/// Python; Node with the script copied beside the provisioned node_modules).
+async fn run_spec_client(program: PathBuf, script: PathBuf) -> String {
     let (fake, server) = setup().await;
     let sid = session(&server).await;
     fake.push(add_call("call_ls", 1, 2).chunk_chars(2));
     fake.push(Reply::text("src/ 目录包含 main.rs 和 lib.rs").chunk_chars(2));
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/spec_clients");
-    let mut cmd = tokio::process::Command::new(program);
-    cmd.current_dir(&dir)
-        .arg(script)
+    let (program, script) = (program.display().to_string(), script.display().to_string());
+    let mut cmd = tokio::process::Command::new(&program);
+    cmd.arg(&script)
         .arg(&server.http.base)
         .arg(&sid)
         .env("PYTHONIOENCODING", "utf-8")
@@ -556,15 +557,12 @@ async fn run_spec_client(program: &str, script: &str) -> String {
     let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
         .await
         .unwrap_or_else(|_| panic!("{program} {script} did not finish within 60 s"))
-        .unwrap_or_else(|e| {
-            panic!("{program} could not start ({e}); see .ci/run for what the spec clients need")
-        });
+        .unwrap_or_else(|e| panic!("{program} could not start ({e})"));
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(
         out.status.success(),
-        "{program} {script} failed ({}); stdout:\n{stdout}\nstderr:\n{stderr}\n\
-         (the spec clients need `npm ci` in tests/spec_clients and `pip install sseclient-py requests`, as .ci/run does)",
+        "{program} {script} failed ({}); stdout:\n{stdout}\nstderr:\n{stderr}",
         out.status
     );
     let reqs = fake.requests();
@@ -577,7 +575,8 @@ async fn run_spec_client(program: &str, script: &str) -> String {
 
 #[tokio::test]
 async fn the_specs_javascript_example_works_as_written() {
-    let out = run_spec_client("node", "run_example.mjs").await;
+    let script = common::provision::node_script("run_example.mjs");
+    let out = run_spec_client("node".into(), script).await;
     assert_eq!(
         out.lines().collect::<Vec<_>>(),
         vec![
@@ -591,7 +590,10 @@ async fn the_specs_javascript_example_works_as_written() {
 
 #[tokio::test]
 async fn the_specs_python_example_works_as_written() {
-    let out = run_spec_client("python3", "run_example.py").await;
+    let python = common::provision::python();
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/spec_clients/run_example.py");
+    let out = run_spec_client(python, script).await;
     // The Python example prints only the messages and the end.
     assert_eq!(
         out.lines().collect::<Vec<_>>(),

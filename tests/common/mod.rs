@@ -4,6 +4,7 @@
 
 pub mod logcheck;
 pub mod mcp;
+pub mod provision;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
