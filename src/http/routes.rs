@@ -177,12 +177,25 @@ pub async fn handle(app: Arc<App>, req: Request) -> Response {
                 app.keys.owner(&req)?
             },
         };
+        let (limit, key) = body_limit(&app, &route);
+        super::body::check_declared_length(req.headers(), limit, key)?;
         dispatch(&app, route, caller, req).await
     }
     .await;
     let resp = result.unwrap_or_else(ApiError::into_response);
     tracing::debug!(%method, %path, status = resp.status().as_u16(), "request");
     resp
+}
+
+/// The largest body a route takes, and the config key that sets it.
+fn body_limit(app: &App, route: &Route) -> (u64, &'static str) {
+    match route {
+        Route::Upload => (app.files.max_bytes, "[files] max_bytes"),
+        _ => (
+            app.engine.config().server.max_body_bytes,
+            "[server] max_body_bytes",
+        ),
+    }
 }
 
 async fn dispatch(
