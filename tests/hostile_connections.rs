@@ -375,9 +375,19 @@ async fn ten_times_max_connections_never_hold_more_descriptors_than_the_limit() 
 #[tokio::test]
 async fn a_declared_body_over_the_limit_is_413_at_once_naming_the_limit_and_key() {
     let server = Server::start().await;
-    for (path, limit, key) in [
-        ("/sessions", MAX_BODY, "[server] max_body_bytes"),
-        ("/files?filename=big.bin", MAX_FILE, "[files] max_bytes"),
+    for (path, limit, key, kind) in [
+        (
+            "/sessions",
+            MAX_BODY,
+            "[server] max_body_bytes",
+            "body_too_large",
+        ),
+        (
+            "/files?filename=big.bin",
+            MAX_FILE,
+            "[files] max_bytes",
+            "file_too_large",
+        ),
     ] {
         let mut s = server.connect().await;
         let sent = Instant::now();
@@ -397,7 +407,7 @@ async fn a_declared_body_over_the_limit_is_413_at_once_naming_the_limit_and_key(
         assert!(sent.elapsed() < HEADER_TIMEOUT / 2, "{:?}", sent.elapsed());
         assert_eq!(r.status, 413, "{}", r.head);
         let body: Value = serde_json::from_slice(&r.body).unwrap();
-        assert_eq!(body["error"]["type"], "body_too_large", "{body}");
+        assert_eq!(body["error"]["type"], kind, "{body}");
         let message = body["error"]["message"].as_str().unwrap();
         assert!(message.contains(&limit.to_string()), "{message}");
         assert!(message.contains(key), "{message}");

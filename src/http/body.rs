@@ -34,11 +34,13 @@ fn stall_timeout() -> Duration {
 }
 
 /// A request whose declared `Content-Length` is over `limit` bytes: 413 at once, before any
-/// of its body is read. `key` names the config key that sets the limit.
+/// of its body is read. `key` names the config key that sets the limit, `kind` is the error type
+/// (the route's own for a body over its limit, e.g. `file_too_large`).
 pub fn check_declared_length(
     headers: &http::HeaderMap,
     limit: u64,
     key: &str,
+    kind: &'static str,
 ) -> Result<(), ApiError> {
     let declared = headers
         .get(http::header::CONTENT_LENGTH)
@@ -47,7 +49,7 @@ pub fn check_declared_length(
     match declared {
         Some(n) if n > limit => Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
-            "body_too_large",
+            kind,
             format!(
                 "the request body declares {n} bytes, over the limit of {limit} bytes ({key} in tools.toml); send less"
             ),
@@ -196,8 +198,13 @@ mod tests {
 
     #[test]
     fn a_declared_length_over_the_limit_is_413_naming_the_key() {
-        let e = check_declared_length(&headers("10737418240"), 4096, "[server] max_body_bytes")
-            .unwrap_err();
+        let e = check_declared_length(
+            &headers("10737418240"),
+            4096,
+            "[server] max_body_bytes",
+            "body_too_large",
+        )
+        .unwrap_err();
         assert_eq!(e.status, StatusCode::PAYLOAD_TOO_LARGE);
         assert!(e.message.contains("10737418240"), "{}", e.message);
         assert!(e.message.contains("4096"), "{}", e.message);
@@ -206,8 +213,8 @@ mod tests {
             "{}",
             e.message
         );
-        assert!(check_declared_length(&headers("4096"), 4096, "k").is_ok());
-        assert!(check_declared_length(&http::HeaderMap::new(), 1, "k").is_ok());
+        assert!(check_declared_length(&headers("4096"), 4096, "k", "t").is_ok());
+        assert!(check_declared_length(&http::HeaderMap::new(), 1, "k", "t").is_ok());
     }
 
     #[tokio::test]

@@ -76,6 +76,8 @@ pub async fn serve(
         tokio::spawn(async move {
             let _slot = slot;
             tokio::select! {
+                // The connection first: polled on every wake-up, the watchdog's timer after it.
+                biased;
                 r = conn => if let Err(e) = r {
                     tracing::debug!(%peer, error = %e, "connection ended with an error");
                 },
