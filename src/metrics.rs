@@ -26,6 +26,8 @@ counters! {
     TURNS_CANCELLED: "Turns that ended with turn.cancelled.",
     MODEL_CALLS: "Upstream model calls made (retries included).",
     TOOL_CALLS: "Server tool calls run.",
+    CONNECTIONS_REFUSED: "Connections closed at once because [server] max_connections were open.",
+    CONNECTIONS_TIMED_OUT: "Connections closed for [server] header_timeout_s or idle_timeout_s.",
 }
 
 /// Add one to a counter.

@@ -410,8 +410,9 @@ fn config_text(upstream: Option<&str>, fsync: bool, extra: &str) -> String {
         ),
         None => String::new(),
     };
+    // max_connections: the RSS figure holds 10,000 streams open at once (default limit 4096).
     format!(
-        "[server]\ndata_dir = \"data\"\nsandboxes = \"sandboxes\"\nfsync = {fsync}\n\n{upstream}\n{extra}\n"
+        "[server]\ndata_dir = \"data\"\nsandboxes = \"sandboxes\"\nfsync = {fsync}\nmax_connections = 65536\n\n{upstream}\n{extra}\n"
     )
 }
 

@@ -1,25 +1,167 @@
-//! Reading request bodies: bounded, and JSON errors that say where and what.
+//! Reading request bodies: bounded in size and in patience, and JSON errors that say where and
+//! what.
+//!
+//! A body is refused before any of it is read when its declared `Content-Length` is over the
+//! route's limit ([`check_declared_length`]); one that arrives in pieces is counted as it comes,
+//! never more than the limit buffered; one that stalls (no bytes for `[server] idle_timeout_s`)
+//! is cut off with a 408 instead of holding its connection and handler forever.
+
+use std::future::Future as _;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
+use http::StatusCode;
 use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
+use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
 
-/// The whole body, refusing more than `limit` bytes (413).
+/// How long a request body may send nothing before it is cut off, in milliseconds: the server's
+/// `[server] idle_timeout_s`, set by [`set_stall_timeout`] when it starts serving.
+static STALL_MS: AtomicU64 = AtomicU64::new(60_000);
+
+/// Set how long a request body may stall (process-wide: the server calls it once at start).
+pub fn set_stall_timeout(d: Duration) {
+    STALL_MS.store(d.as_millis().max(1) as u64, Ordering::Relaxed);
+}
+
+fn stall_timeout() -> Duration {
+    Duration::from_millis(STALL_MS.load(Ordering::Relaxed))
+}
+
+/// A request whose declared `Content-Length` is over `limit` bytes: 413 at once, before any
+/// of its body is read. `key` names the config key that sets the limit, `kind` is the error type
+/// (the route's own for a body over its limit, e.g. `file_too_large`).
+pub fn check_declared_length(
+    headers: &http::HeaderMap,
+    limit: u64,
+    key: &str,
+    kind: &'static str,
+) -> Result<(), ApiError> {
+    let declared = headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    match declared {
+        Some(n) if n > limit => Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            kind,
+            format!(
+                "the request body declares {n} bytes, over the limit of {limit} bytes ({key} in tools.toml); send less"
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The body stalled: no bytes for the stall timeout.
+#[derive(Debug)]
+pub struct Stalled(Duration);
+
+impl std::fmt::Display for Stalled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "no bytes of the request body arrived for {} s (the limit: [server] idle_timeout_s in tools.toml); send the body without pausing",
+            self.0.as_secs()
+        )
+    }
+}
+
+impl std::error::Error for Stalled {}
+
+/// A body that fails with [`Stalled`] when no frame comes for the stall timeout. The timer is
+/// made only when a frame is not ready at once (a small body that came with its head never
+/// makes one), and is re-armed, not re-made, between frames.
+pub struct Patient<B> {
+    body: B,
+    stall: Duration,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// A frame came since the timer was last armed: re-arm it before waiting.
+    rearm: bool,
+}
+
+/// `body`, cut off with [`Stalled`] when it sends nothing for `[server] idle_timeout_s`.
+pub fn patient<B>(body: B) -> Patient<B> {
+    Patient {
+        body,
+        stall: stall_timeout(),
+        timer: None,
+        rearm: false,
+    }
+}
+
+impl<B> HttpBody for Patient<B>
+where
+    B: HttpBody + Unpin,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Data = B::Data;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, Self::Error>>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.body).poll_frame(cx) {
+            Poll::Ready(r) => {
+                this.rearm = true;
+                Poll::Ready(r.map(|r| r.map_err(Into::into)))
+            }
+            Poll::Pending => {
+                let deadline = tokio::time::Instant::now() + this.stall;
+                let timer = match &mut this.timer {
+                    Some(t) => {
+                        if this.rearm {
+                            t.as_mut().reset(deadline);
+                        }
+                        t
+                    }
+                    None => this
+                        .timer
+                        .insert(Box::pin(tokio::time::sleep_until(deadline))),
+                };
+                this.rearm = false;
+                match timer.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(Stalled(this.stall))))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// The whole body, refusing more than `limit` bytes (413) and a body that stalls (408).
 pub async fn read_limited(body: Incoming, limit: u64) -> Result<Bytes, ApiError> {
-    match Limited::new(body, limit as usize).collect().await {
+    match Limited::new(patient(body), limit as usize).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
             Err(ApiError::new(
-                http::StatusCode::PAYLOAD_TOO_LARGE,
+                StatusCode::PAYLOAD_TOO_LARGE,
                 "body_too_large",
                 format!(
                     "the request body is over the limit of {limit} bytes; send less, or raise [server] max_body_bytes"
                 ),
             ))
         }
+        Err(e) if e.downcast_ref::<Stalled>().is_some() => Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "body_stalled",
+            e.to_string(),
+        )),
         Err(e) => Err(ApiError::bad_request(format!("could not read the request body: {e}"))),
     }
 }
@@ -42,4 +184,71 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
 pub async fn json<T: DeserializeOwned>(body: Incoming, limit: u64) -> Result<T, ApiError> {
     let bytes = read_limited(body, limit).await?;
     parse_json(&bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(len: &str) -> http::HeaderMap {
+        let mut h = http::HeaderMap::new();
+        h.insert(http::header::CONTENT_LENGTH, len.parse().unwrap());
+        h
+    }
+
+    #[test]
+    fn a_declared_length_over_the_limit_is_413_naming_the_key() {
+        let e = check_declared_length(
+            &headers("10737418240"),
+            4096,
+            "[server] max_body_bytes",
+            "body_too_large",
+        )
+        .unwrap_err();
+        assert_eq!(e.status, StatusCode::PAYLOAD_TOO_LARGE);
+        assert!(e.message.contains("10737418240"), "{}", e.message);
+        assert!(e.message.contains("4096"), "{}", e.message);
+        assert!(
+            e.message.contains("[server] max_body_bytes"),
+            "{}",
+            e.message
+        );
+        assert!(check_declared_length(&headers("4096"), 4096, "k", "t").is_ok());
+        assert!(check_declared_length(&http::HeaderMap::new(), 1, "k", "t").is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_body_that_stalls_is_cut_off_and_one_that_trickles_is_not() {
+        use futures_util::{stream, StreamExt};
+        use http_body_util::StreamBody;
+        let stall = Duration::from_millis(300);
+        // Trickles a byte every 100 ms: never 300 ms without one.
+        let trickle = stream::unfold(0, |i| async move {
+            (i < 5).then_some(())?;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            Some((
+                Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from("x"))),
+                i + 1,
+            ))
+        });
+        let body = Patient {
+            stall,
+            ..patient(StreamBody::new(Box::pin(trickle)))
+        };
+        assert_eq!(body.collect().await.unwrap().to_bytes(), "xxxxx");
+        // One byte, then nothing.
+        let stalls = stream::iter([Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from(
+            "x",
+        )))])
+        .chain(stream::pending());
+        let body = Patient {
+            stall,
+            ..patient(StreamBody::new(Box::pin(stalls)))
+        };
+        let started = tokio::time::Instant::now();
+        let err = body.collect().await.unwrap_err();
+        assert!(err.downcast_ref::<Stalled>().is_some(), "{err}");
+        let took = started.elapsed();
+        assert!(took >= stall && took < stall * 5, "{took:?}");
+    }
 }

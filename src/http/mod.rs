@@ -3,6 +3,7 @@
 
 pub mod auth;
 pub mod body;
+pub mod conn;
 pub mod error;
 pub mod routes;
 pub mod server;

@@ -177,12 +177,26 @@ pub async fn handle(app: Arc<App>, req: Request) -> Response {
                 app.keys.owner(&req)?
             },
         };
+        let (limit, key, kind) = body_limit(&app, &route);
+        super::body::check_declared_length(req.headers(), limit, key, kind)?;
         dispatch(&app, route, caller, req).await
     }
     .await;
     let resp = result.unwrap_or_else(ApiError::into_response);
     tracing::debug!(%method, %path, status = resp.status().as_u16(), "request");
     resp
+}
+
+/// The largest body a route takes, the config key that sets it and the error type past it.
+fn body_limit(app: &App, route: &Route) -> (u64, &'static str, &'static str) {
+    match route {
+        Route::Upload => (app.files.max_bytes, "[files] max_bytes", "file_too_large"),
+        _ => (
+            app.engine.config().server.max_body_bytes,
+            "[server] max_body_bytes",
+            "body_too_large",
+        ),
+    }
 }
 
 async fn dispatch(

@@ -48,7 +48,7 @@ pub async fn upload(app: &App, caller: &Caller, req: Request) -> Result<Response
         .unwrap_or("")
         .to_string();
     let filename_q = query_param(&req, "filename");
-    let body = BodyStream::new(req.into_body())
+    let body = BodyStream::new(crate::http::body::patient(req.into_body()))
         .try_filter_map(|frame| futures_util::future::ready(Ok(frame.into_data().ok())))
         .map_err(io_err);
     let stored = if let Ok(boundary) = multer::parse_boundary(&content_type) {
