@@ -184,7 +184,7 @@ async fn an_unanswered_permission_expires_on_time_is_denied_in_the_log_and_the_m
     assert_eq!(status, 409, "{err}");
     let msg = err["error"]["message"].as_str().unwrap();
     assert!(msg.contains("call_x") && msg.contains("expired"), "{msg}");
-    assert!(msg.contains("nothing is outstanding"), "{msg}");
+    assert!(msg.contains("no tool calls are pending"), "{msg}");
 
     // The model is told on the next turn: the denial is in its history like any other.
     fake.push(Reply::text("I could not echo it."));
@@ -435,7 +435,7 @@ async fn answers_for_unknown_or_settled_calls_are_409_naming_what_is_outstanding
     assert_eq!(status, 409, "{err}");
     let msg = err["error"]["message"].as_str().unwrap();
     assert!(
-        msg.contains("call_b is already settled") && msg.contains("nothing is outstanding"),
+        msg.contains("call_b is already settled") && msg.contains("no tool calls are pending"),
         "{msg}"
     );
     assert_eq!(

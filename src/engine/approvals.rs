@@ -382,7 +382,7 @@ pub(crate) fn check_answers(
         })
         .collect();
     let outstanding = if outstanding.is_empty() {
-        "nothing is outstanding: send a user message to go on".to_string()
+        "no tool calls are pending in this session: send a user message instead".to_string()
     } else {
         format!("still outstanding: {}", outstanding.join(", "))
     };
@@ -523,7 +523,7 @@ mod tests {
         // Nothing pending at all.
         let e = check_answers(&[], &resume(&[("a", true)], &[]), &hist).unwrap_err();
         assert!(
-            matches!(&e, EngineError::Conflict(m) if m.contains("nothing is outstanding")),
+            matches!(&e, EngineError::Conflict(m) if m.contains("no tool calls are pending")),
             "{e:?}"
         );
         let user = TurnInput::User {
