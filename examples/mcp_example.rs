@@ -13,6 +13,8 @@
 //! - `--tools N`: register N extra trivial tools `t0..t(N-1)`; `tools/list` is then paginated.
 //! - `--page-size N`: the `tools/list` page size; default 5 with `--tools`, else no paging.
 //! - `--extra-tool NAME` (repeatable): one more tool with exactly that name.
+//! - `--log-calls PATH`: append one line per `tools/call` to PATH (`<tool> <arguments JSON>`),
+//!   before the call runs, so that a test can count the calls that reached the server.
 //!
 //! Tools: `echo`, `add`, `slow`, `fail`, `env`, `pid`, `image`, `add_tool`, `write_file`, `cwd`
 //! (see each tool's description). `add_tool` registers a tool at runtime and sends
@@ -147,6 +149,8 @@ struct ExampleServer {
     dynamic: Arc<Mutex<Vec<Tool>>>,
     /// The `tools/list` page size; `None` lists every tool in one page.
     page_size: Option<usize>,
+    /// `--log-calls`: where each call is recorded.
+    log_calls: Option<Arc<std::path::PathBuf>>,
 }
 
 #[tool_router]
@@ -291,6 +295,7 @@ impl ExampleServer {
             router: Self::tool_router(),
             dynamic: Arc::new(Mutex::new(dynamic)),
             page_size,
+            log_calls: None,
         }
     }
 
@@ -360,6 +365,21 @@ impl ServerHandler for ExampleServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        if let Some(path) = &self.log_calls {
+            let args = serde_json::to_string(&request.arguments).unwrap_or_default();
+            let line = format!("{} {args}\n", request.name);
+            let logged = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path.as_path())
+                .and_then(|mut f| f.write_all(line.as_bytes()));
+            if let Err(error) = logged {
+                eprintln!(
+                    "mcp_example: cannot log the call to {}: {error}",
+                    path.display()
+                );
+            }
+        }
         if self.router.has_route(&request.name) {
             let call = ToolCallContext::new(self, request, context);
             return self.router.call(call).await;
@@ -387,11 +407,13 @@ struct Options {
     page_size: Option<usize>,
     /// `--extra-tool NAME` (repeatable): a tool with exactly this name.
     named: Vec<String>,
+    /// `--log-calls PATH`.
+    log_calls: Option<std::path::PathBuf>,
 }
 
 fn usage() -> ! {
     eprintln!(
-        "usage: mcp_example [--http ADDR] [--tools N] [--page-size N] [--extra-tool NAME]..."
+        "usage: mcp_example [--http ADDR] [--tools N] [--page-size N] [--extra-tool NAME]... [--log-calls PATH]"
     );
     std::process::exit(2);
 }
@@ -402,6 +424,7 @@ fn parse_options() -> Options {
         tools: 0,
         page_size: None,
         named: Vec::new(),
+        log_calls: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -420,8 +443,9 @@ fn parse_options() -> Options {
             "--tools" => options.tools = value().parse().unwrap_or_else(|_| usage()),
             "--page-size" => options.page_size = Some(value().parse().unwrap_or_else(|_| usage())),
             "--extra-tool" => options.named.push(value()),
+            "--log-calls" => options.log_calls = Some(value().into()),
             "-h" | "--help" => {
-                eprintln!("usage: mcp_example [--http ADDR] [--tools N] [--page-size N] [--extra-tool NAME]...");
+                eprintln!("usage: mcp_example [--http ADDR] [--tools N] [--page-size N] [--extra-tool NAME]... [--log-calls PATH]");
                 std::process::exit(0);
             }
             _ => usage(),
@@ -436,7 +460,8 @@ fn parse_options() -> Options {
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let options = parse_options();
-    let server = ExampleServer::new(options.tools, options.page_size, &options.named);
+    let mut server = ExampleServer::new(options.tools, options.page_size, &options.named);
+    server.log_calls = options.log_calls.map(Arc::new);
     let result = match options.http {
         None => serve_stdio(server).await,
         Some(addr) => serve_http(server, addr).await,

@@ -7,6 +7,7 @@
 //!   run tools or answer permissions) and render the events a turn sends to its sink, or
 //!   subscribe to a session's live feed with [`Session::subscribe`].
 
+pub mod approvals;
 pub mod catalog;
 mod driven;
 pub mod follow;
@@ -327,6 +328,14 @@ impl Engine {
             .store(us, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Testing: apply approval expiry to a session as if `ahead` had passed (see
+    /// `engine/approvals.rs`), so tests need not wait out `approval_ttl_s`.
+    #[doc(hidden)]
+    pub fn expire_approvals_ahead(&self, session: &Arc<Session>, ahead: Duration) {
+        let ahead = ahead.as_millis().min(i64::MAX as u128) as i64;
+        approvals::settle_at(&self.inner, session, clock::now_ms().saturating_add(ahead));
+    }
+
     /// The tool host's current tools.
     pub fn host_tools(&self) -> Arc<Vec<ServerTool>> {
         self.inner.tools.tools()
@@ -390,6 +399,7 @@ impl Engine {
             options: BTreeMap::new(),
             client_tools: Vec::new(),
             seed: new.seed,
+            asked: Vec::new(),
         };
         self.apply_update(
             agent,
@@ -588,7 +598,11 @@ impl Engine {
             return Err(not_found());
         }
         match self.load(id).await? {
-            Some(s) if s.owner.as_deref() == owner && !s.lock().deleted => Ok(s),
+            Some(s) if s.owner.as_deref() == owner && !s.lock().deleted => {
+                // Expired permissions are applied by every request that takes the session.
+                approvals::settle(&self.inner, &s);
+                Ok(s)
+            }
             _ => Err(not_found()),
         }
     }
@@ -685,7 +699,11 @@ impl Engine {
                 });
             }
         }
-        let answering = check_answers(&st.pending, &req.input)?;
+        approvals::settle_locked(&self.inner, session, &mut st, clock::now_ms());
+        let answering = {
+            let history = &st.history;
+            approvals::check_answers(&st.pending, &req.input, &|| history.messages())?
+        };
         let agent = config.agent(&st.record.agent).ok_or_else(|| {
             EngineError::Conflict(format!(
                 "the session's agent {:?} is no longer configured",
@@ -919,73 +937,6 @@ pub fn validate_option(agent: &AgentConfig, key: &str, value: &str) -> Result<()
             "agent {:?} has no option {key:?}; GET /meta lists its options",
             agent.name
         ))),
-    }
-}
-
-/// Check a turn's input against the calls the session waits on; the calls it answers.
-fn check_answers(pending: &[Pending], input: &TurnInput) -> Result<Vec<Pending>, EngineError> {
-    let ids = |kind: Option<PendingKind>| -> Vec<&str> {
-        pending
-            .iter()
-            .filter(|p| kind.is_none_or(|k| p.kind == k))
-            .map(|p| p.call_id.as_str())
-            .collect()
-    };
-    match input {
-        TurnInput::User { .. } if !pending.is_empty() => Err(EngineError::Conflict(format!(
-            "the session waits for tool results ({}) and permissions ({}); send them all in one request as role \"tool\" and \"tool_permission\" messages before a new user message",
-            ids(Some(PendingKind::Client)).join(", "),
-            ids(Some(PendingKind::Permission)).join(", ")
-        ))),
-        TurnInput::User { .. } => Ok(Vec::new()),
-        TurnInput::Resume { .. } if pending.is_empty() => Err(EngineError::Conflict(
-            "no tool calls are pending in this session; send a user message instead".into(),
-        )),
-        TurnInput::Resume {
-            results,
-            permissions,
-        } => {
-            let mut answered: HashMap<&str, &'static str> = HashMap::new();
-            let mut errors = Vec::new();
-            let answers = results
-                .iter()
-                .map(|r| (r.call_id.as_str(), "tool"))
-                .chain(permissions.iter().map(|p| (p.call_id.as_str(), "tool_permission")));
-            for (id, role) in answers {
-                if answered.insert(id, role).is_some() {
-                    errors.push(format!("toolCallId {id} is answered twice"));
-                    continue;
-                }
-                match pending.iter().find(|p| p.call_id == id) {
-                    None => errors.push(format!("toolCallId {id} is not a pending call")),
-                    Some(p) if p.kind == PendingKind::Client && role != "tool" => errors.push(format!(
-                        "toolCallId {id} is client tool {}: answer it with a role \"tool\" message carrying its result",
-                        p.name
-                    )),
-                    Some(p) if p.kind == PendingKind::Permission && role != "tool_permission" => errors.push(format!(
-                        "toolCallId {id} is server tool {}: answer it with a role \"tool_permission\" message (granted true or false)",
-                        p.name
-                    )),
-                    Some(_) => {}
-                }
-            }
-            let missing: Vec<&str> = pending
-                .iter()
-                .filter(|p| !answered.contains_key(p.call_id.as_str()))
-                .map(|p| p.call_id.as_str())
-                .collect();
-            if !missing.is_empty() {
-                errors.push(format!(
-                    "missing answers for toolCallId {}: every pending call needs its result or permission in this one request",
-                    missing.join(", ")
-                ));
-            }
-            if errors.is_empty() {
-                Ok(pending.to_vec())
-            } else {
-                Err(EngineError::Invalid(errors.join("; ")))
-            }
-        }
     }
 }
 

@@ -39,6 +39,27 @@ pub struct SessionRecord {
     pub client_tools: Vec<ToolSpec>,
     /// Seed history (`POST /sessions` `messages`).
     pub seed: Vec<Message>,
+    /// What each server call the last turn paused on was bound to when it asked for
+    /// permission (see `engine/approvals.rs`): a grant applies to exactly that call.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub asked: Vec<AskedCall>,
+}
+
+/// A paused server call as it was when it asked for the client's permission. A grant binds to
+/// it: the same server and tool, the same arguments (their digest, as logged), and the policy
+/// verdict and rule that asked. When any of these differ at the grant, the call is re-decided.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AskedCall {
+    pub call_id: String,
+    /// The MCP server (`builtin` for built-in tools) and the tool's own name on it.
+    pub server: String,
+    pub tool: String,
+    /// SHA-256 (hex) of the call's arguments as logged in its `agent.tool_use`.
+    pub input_sha256: String,
+    /// The operator's verdict then (`ask`, or `trust` when the session did not trust the
+    /// tool), and the rule that decided it.
+    pub verdict: String,
+    pub rule: String,
 }
 
 /// Which text a delta extends.
@@ -126,6 +147,18 @@ pub struct Pending {
     pub name: String,
     pub input: serde_json::Value,
     pub kind: PendingKind,
+    /// When the call was logged: its `agent.tool_use`'s `created_at` (so expiry survives a
+    /// restart).
+    #[serde(skip)]
+    pub asked_at: String,
+    /// A permission's deadline (`asked_at` plus the agent's `approval_ttl_s`): then the call
+    /// is denied with reason "approval expired".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+    /// Past its deadline: denied ("approval expired") when the session goes on; a grant for it
+    /// is refused, and the follow-up need not answer it.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub expired: bool,
 }
 
 impl Pending {
@@ -195,6 +228,8 @@ pub(crate) struct State {
     pub diverged: bool,
     /// The store ticket of the session's last row write (its record).
     pub record_written: u64,
+    /// The timer that expires pending permissions: its deadline (ms since the epoch) and task.
+    pub expiry_timer: Option<(i64, tokio::task::AbortHandle)>,
     /// The live feed, made when the first subscriber comes and dropped when the last has gone
     /// (its buffer is sizeable, and most sessions never have a subscriber).
     feed: Option<broadcast::Sender<Feed>>,
@@ -237,6 +272,8 @@ pub struct Session {
     /// least recently used first.
     pub(crate) used: std::sync::atomic::AtomicU64,
     state: Mutex<State>,
+    /// What protocol adapters keep per session, one value per type (see [`Session::extension`]).
+    extensions: Mutex<Vec<Arc<dyn std::any::Any + Send + Sync>>>,
 }
 
 /// Live subscribers may lag this many items behind before they must refill from the log.
@@ -262,6 +299,7 @@ impl Session {
             owner,
             created_at,
             used: Default::default(),
+            extensions: Default::default(),
             state: Mutex::new(State {
                 record: Arc::new(record),
                 next_seq,
@@ -276,6 +314,7 @@ impl Session {
                 deleted: false,
                 diverged: false,
                 record_written: 0,
+                expiry_timer: None,
                 feed: None,
             }),
         }
@@ -548,6 +587,19 @@ impl Session {
         }
     }
 
+    /// The adapter's value of type `T` for this session, made on first use. Adapters keep
+    /// here what belongs to their wire format (AAP: its `Idempotency-Key` records); it lives
+    /// while the session is in memory.
+    pub fn extension<T: std::any::Any + Send + Sync + Default>(&self) -> Arc<T> {
+        let mut ext = lock(&self.extensions);
+        if let Some(v) = ext.iter().find_map(|e| e.clone().downcast::<T>().ok()) {
+            return v;
+        }
+        let v = Arc::new(T::default());
+        ext.push(v.clone());
+        v
+    }
+
     /// The plan waiting for approval, if any.
     pub fn pending_plan(&self) -> Option<String> {
         self.lock().plan.as_ref().map(|p| p.plan.clone())
@@ -701,6 +753,9 @@ fn pending_calls(turn: &[Arc<Event>], record: &SessionRecord) -> Vec<Pending> {
                 } else {
                     PendingKind::Permission
                 },
+                asked_at: ev.created_at.clone(),
+                expires_at: None,
+                expired: false,
             }),
             EventBody::ToolResult { tool_use_id, .. } => out.retain(|p| &p.call_id != tool_use_id),
             _ => {}

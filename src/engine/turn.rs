@@ -148,6 +148,8 @@ struct Turn {
     open: Vec<String>,
     /// The calls the turn stops on, when it stops with `tool_use`.
     stop_on: Vec<Pending>,
+    /// What each server call it stops on is bound to (see `engine/approvals.rs`).
+    asked: Vec<super::session::AskedCall>,
     /// Instructions for the model that are not history (plan mode), after the history.
     extra: Vec<Message>,
     /// Attached files as the model sees them, read once per turn.
@@ -189,6 +191,7 @@ pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
         said: false,
         open: Vec::new(),
         stop_on: Vec::new(),
+        asked: Vec::new(),
         extra: Vec::new(),
         inlined: HashMap::new(),
         irrevocable,
@@ -338,12 +341,16 @@ impl Turn {
                     _ => Ok(StopReason::EndTurn),
                 };
             }
+            let mut asked_at = HashMap::new();
             for call in &tool_calls {
-                self.emit(EventBody::ToolUse {
+                let logged = self.emit(EventBody::ToolUse {
                     tool_use_id: call.id.clone(),
                     name: call.name.clone(),
                     input: call.input.clone(),
                 });
+                if let Some(ev) = logged {
+                    asked_at.insert(call.id.clone(), ev.created_at.clone());
+                }
             }
             if step == max_steps {
                 for call in &tool_calls {
@@ -356,10 +363,16 @@ impl Turn {
             }
             let mut inline = Vec::new();
             let mut stop_on = Vec::new();
+            let mut asked = Vec::new();
             for call in tool_calls {
                 let kind = match catalog.route(&call.name) {
                     Route::Client => PendingKind::Client,
-                    Route::Ask => PendingKind::Permission,
+                    Route::Ask => {
+                        let binding =
+                            super::approvals::bind(&call.id, &call.name, &call.input, &host_tools);
+                        asked.push(binding);
+                        PendingKind::Permission
+                    }
                     Route::Inline => {
                         inline.push(call);
                         continue;
@@ -370,10 +383,13 @@ impl Turn {
                     }
                 };
                 stop_on.push(Pending {
+                    asked_at: asked_at.remove(&call.id).unwrap_or_default(),
                     call_id: call.id,
                     name: call.name,
                     input: call.input,
                     kind,
+                    expires_at: None,
+                    expired: false,
                 });
             }
             self.run_tools(inline).await?;
@@ -381,6 +397,7 @@ impl Turn {
                 self.open
                     .retain(|id| !stop_on.iter().any(|p| &p.call_id == id));
                 self.stop_on = stop_on;
+                self.asked = asked;
                 return Ok(StopReason::ToolUse);
             }
         }
@@ -489,6 +506,10 @@ impl Turn {
                         files: vec![],
                     },
                 );
+            } else if p.expired {
+                // Its permission expired before the client answered (a grant was refused).
+                let text = super::approvals::expired_result();
+                self.emit_result(&p.call_id, ToolOutput::error(text));
             } else if let Some(perm) = permissions.remove(&p.call_id) {
                 if !perm.granted {
                     let text = match perm.reason.as_deref().map(str::trim) {
@@ -498,15 +519,14 @@ impl Turn {
                     self.emit_result(&p.call_id, ToolOutput::error(text));
                     continue;
                 }
-                let route = config
-                    .agent(&record.agent)
-                    .map(|agent| {
-                        Catalog::new(agent, &host_tools, &record, true).route_granted(&p.name)
-                    })
-                    .unwrap_or_else(|| Route::Refuse("The session's agent is gone.".into()));
-                match route {
-                    Route::Refuse(msg) => self.emit_result(&p.call_id, ToolOutput::error(msg)),
-                    _ => granted.push(p.call()),
+                use super::approvals::{regrant, Regrant};
+                let decided = match config.agent(&record.agent) {
+                    Some(agent) => regrant(agent, &host_tools, &record, &p, &self.session.id),
+                    None => Regrant::Refuse("The session's agent is gone.".into()),
+                };
+                match decided {
+                    Regrant::Refuse(msg) => self.emit_result(&p.call_id, ToolOutput::error(msg)),
+                    Regrant::Run => granted.push(p.call()),
                 }
             }
         }
@@ -725,15 +745,21 @@ impl Turn {
             EventBody::TurnCancelled { .. } => &crate::metrics::TURNS_CANCELLED,
             _ => &crate::metrics::TURNS_FAILED,
         });
-        let stop_on = std::mem::take(&mut self.stop_on);
+        let mut stop_on = std::mem::take(&mut self.stop_on);
+        let asked = std::mem::take(&mut self.asked);
         let store = &self.inner.store;
         // After a failed commit the terminal event is not written with the rest: it would go
         // into the log after a hole, perhaps with no start of its turn before it.
         let lost = self.session.lost_writes(store);
         if !lost {
             let mut st = self.session.lock();
+            let stopped = matches!(terminal, EventBody::TurnCompleted { .. });
             self.session
                 .append_locked(&mut st, store, &self.turn_id, terminal);
+            if stopped && !stop_on.is_empty() {
+                let session = &self.session;
+                super::approvals::paused(&self.inner, session, &mut st, &mut stop_on, asked);
+            }
             st.pending = stop_on;
         }
         let flushed = store.flush().await;
@@ -783,6 +809,8 @@ impl Turn {
         if let Some(job) = next {
             self.inner.spawn_turn(job);
         }
+        // Paused on permissions: their expiry is timed from now on.
+        super::approvals::settle(&self.inner, &self.session);
     }
 }
 

@@ -1,5 +1,6 @@
 //! AAP v3: `/meta`, sessions, history and turns (spec 000 and the AAP endpoint pages).
 
+pub mod idempotency;
 pub mod render;
 pub mod wire;
 
@@ -13,8 +14,8 @@ use tokio::sync::oneshot;
 
 use crate::config::{AgentConfig, Verdict};
 use crate::engine::{
-    AgentChoice, ClientResult, Feed, NewSession, Permission, SessionUpdate, SessionView,
-    TurnHandle, TurnInput, TurnRequest,
+    AgentChoice, ClientResult, EngineError, Feed, NewSession, Permission, SessionUpdate,
+    SessionView, TurnHandle, TurnInput, TurnRequest,
 };
 use crate::http::routes::{App, Caller};
 use crate::http::{body, json_response, query_param, sse, ApiError, Request, Response};
@@ -391,7 +392,11 @@ async fn turn_task(
     reply: oneshot::Sender<Result<Response, ApiError>>,
 ) {
     let (mut handle, mode) = match start_turn(app, caller, id, req).await {
-        Ok(started) => started,
+        Ok(Started::Turn(handle, mode)) => (handle, mode),
+        Ok(Started::Replayed(resp)) => {
+            let _ = reply.send(Ok(resp));
+            return;
+        }
         Err(e) => {
             let _ = reply.send(Err(e));
             return;
@@ -451,15 +456,47 @@ fn turn_frames(
     futures_util::stream::once(std::future::ready(start)).chain(rest)
 }
 
-/// Parse a turn request and start its turn, for its task to run.
+/// A turn request's outcome: a turn started, or (a repeat of an `Idempotency-Key`) the first
+/// request's response again.
+enum Started {
+    Turn(TurnHandle, StreamMode),
+    Replayed(Response),
+}
+
+/// Parse a turn request and start its turn, for its task to run; or, for a repeat of a keyed
+/// request, replay the first one's turn (see `idempotency.rs`).
 async fn start_turn(
     app: &App,
     caller: &Caller,
     id: &str,
     req: Request,
-) -> Result<(TurnHandle, StreamMode), ApiError> {
+) -> Result<Started, ApiError> {
     let session = app.engine.session(caller.owner.as_deref(), id).await?;
-    let body: wire::TurnRequest = body::json(req.into_body(), limit(app)).await?;
+    let key = idempotency::key_of(req.headers())?;
+    let bytes = body::read_limited(req.into_body(), limit(app)).await?;
+    let body: wire::TurnRequest = body::parse_json(&bytes)?;
+    let mode = body.stream;
+    let mut ticket = None;
+    if let Some(key) = key {
+        let keys = session.extension::<idempotency::Keys>();
+        let fingerprint = idempotency::fingerprint(&bytes);
+        loop {
+            match keys.claim(&key, &fingerprint)? {
+                idempotency::Claim::First(t) => {
+                    ticket = Some(t);
+                    break;
+                }
+                idempotency::Claim::Repeat(rx) => {
+                    // The first was refused before it started a turn: this one goes on afresh.
+                    let Some((turn_id, after_seq)) = idempotency::wait_started(rx).await else {
+                        continue;
+                    };
+                    let resp = replay(app, &session, &turn_id, after_seq, mode).await?;
+                    return Ok(Started::Replayed(resp));
+                }
+            }
+        }
+    }
     let mut update = SessionUpdate {
         client_tools: body.tools,
         ..SessionUpdate::default()
@@ -479,5 +516,126 @@ async fn start_turn(
     // Delta mode shows text as it streams and the AAP wire cannot take it back.
     req.irrevocable = body.stream == StreamMode::Delta;
     req.drive = true;
-    Ok((app.engine.start_turn(&session, req)?, body.stream))
+    let after_seq = session.tail().last().map_or(0, |e| e.seq);
+    let handle = app.engine.start_turn(&session, req)?;
+    if let Some(ticket) = ticket {
+        ticket.started(&handle.turn_id, after_seq);
+    }
+    Ok(Started::Turn(handle, mode))
+}
+
+/// The response of the keyed request that started `turn_id`, rendered again from the log (what
+/// it was rendered from the first time). A `none` repeat waits for the turn to end; a streamed
+/// one of a turn still running is a 409 naming it.
+async fn replay(
+    app: &App,
+    session: &Arc<crate::engine::Session>,
+    turn_id: &str,
+    after_seq: u64,
+    mode: StreamMode,
+) -> Result<Response, ApiError> {
+    let ended =
+        |events: &[Arc<crate::log::Event>]| events.last().is_some_and(|e| e.body.is_terminal());
+    let mut events = turn_events(app, session, turn_id, after_seq).await?;
+    if !ended(&events) {
+        if mode != StreamMode::None {
+            return Err(idempotency::in_progress(turn_id));
+        }
+        // Subscribed before the log is read again, so that its end cannot fall between.
+        let (_, mut rx) = session.subscribe();
+        loop {
+            events = turn_events(app, session, turn_id, after_seq).await?;
+            if ended(&events) {
+                break;
+            }
+            if !next_end(&mut rx, turn_id).await {
+                return Err(EngineError::NotFound {
+                    what: "session",
+                    id: session.id.to_string(),
+                }
+                .into());
+            }
+        }
+    }
+    let mut renderer = TurnRenderer::default();
+    if mode == StreamMode::None {
+        for ev in events {
+            if let Some(resp) = renderer.collect(&Feed::Event(ev)) {
+                return Ok(json_response(StatusCode::OK, &resp));
+            }
+        }
+        return Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_error",
+            format!("turn {turn_id} has no end in the event log; see the server log"),
+        ));
+    }
+    let mut frames = vec![sse::format_event("turn_start", "{}", None)];
+    for ev in events {
+        // Deltas are not stored: in `delta` mode each text goes out as one delta.
+        let text = match &ev.body {
+            crate::log::EventBody::AgentMessage { content, .. } if !content.is_empty() => {
+                Some((crate::engine::DeltaKind::Message, content.clone()))
+            }
+            crate::log::EventBody::AgentThinking { content } => {
+                Some((crate::engine::DeltaKind::Thinking, content.clone()))
+            }
+            _ => None,
+        };
+        if let (Some((kind, text)), StreamMode::Delta) = (text, mode) {
+            let item = Feed::Fragment { kind, text };
+            if let Some((name, data)) = renderer.sse(mode, &item) {
+                frames.push(sse::format_event(name, &data, None));
+            }
+        }
+        if let Some((name, data)) = renderer.sse(mode, &Feed::Event(ev)) {
+            frames.push(sse::format_event(name, &data, None));
+        }
+    }
+    Ok(sse::response(
+        futures_util::stream::iter(frames),
+        &app.streams,
+    ))
+}
+
+/// The events of `turn_id` so far (it starts after `after_seq`), up to its terminal event.
+async fn turn_events(
+    app: &App,
+    session: &crate::engine::Session,
+    turn_id: &str,
+    mut after_seq: u64,
+) -> Result<Vec<Arc<crate::log::Event>>, ApiError> {
+    const PAGE: usize = 1000;
+    let mut out = Vec::new();
+    loop {
+        let (page, more) = app
+            .engine
+            .events_after_seq(session, after_seq, PAGE)
+            .await?;
+        after_seq = page.last().map_or(after_seq, |e| e.seq);
+        for ev in page.into_iter().filter(|e| e.turn_id == turn_id) {
+            let end = ev.body.is_terminal();
+            out.push(ev);
+            if end {
+                return Ok(out);
+            }
+        }
+        if !more {
+            return Ok(out);
+        }
+    }
+}
+
+/// Waits for the end of `turn_id` on a session's feed: `true` when it may have ended (its
+/// terminal event, or items were missed), `false` when the feed closed (the session is gone).
+async fn next_end(rx: &mut tokio::sync::broadcast::Receiver<Feed>, turn_id: &str) -> bool {
+    use tokio::sync::broadcast::error::RecvError;
+    loop {
+        match rx.recv().await {
+            Ok(Feed::Event(ev)) if ev.turn_id == turn_id && ev.body.is_terminal() => return true,
+            Ok(_) => {}
+            Err(RecvError::Lagged(_)) => return true,
+            Err(RecvError::Closed) => return false,
+        }
+    }
 }

@@ -1,0 +1,544 @@
+//! Approvals that cannot hang or be forged: when a paused server call's permission expires,
+//! what a grant is bound to, and which answers a follow-up may give.
+//!
+//! - **Expiry.** A permission is due `approval_ttl_s` after its call was logged (the
+//!   `agent.tool_use`'s `created_at`, so a restart changes nothing). Expiry is applied lazily by
+//!   every request that takes the session, and on time by a timer per session (armed when a
+//!   turn pauses, or when a session with pending permissions is read back). When every call the
+//!   session waits on has expired, a short turn of its own settles them in the log:
+//!   `user.message` (a `tool_permission` block per call, `granted: false`, `reason: "approval
+//!   expired"`, `expired: true`), one `agent.tool_result` per call (`Tool call denied: approval
+//!   expired`, `is_error: true`), `turn.completed` (`end_turn`, no usage; the model is not
+//!   called: it is told on the next turn, where the denial is in its history like any other).
+//!   When other calls are still open (a client tool's result), the expired ones are marked and
+//!   denied at the start of the follow-up, which need not answer them.
+//! - **Binding.** When a turn pauses on a server call, the session's record keeps the call's
+//!   server, tool, argument digest and the verdict and rule that asked ([`AskedCall`]). A grant
+//!   runs the call only if it is still that call under a policy that allows it: a policy that
+//!   now denies it turns the grant into a denial (`Tool call denied: the policy now denies <tool>
+//!   (rule <rule>)`); one that now trusts or asks lets the grant apply, and the server's log says
+//!   the policy changed.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::catalog::{Catalog, Route};
+use super::session::{AskedCall, Pending, PendingKind, Session, SessionRecord, State};
+use super::turn::{Permission, TurnInput};
+use super::{EngineError, Inner};
+use crate::config::{AgentConfig, Verdict};
+use crate::log::{Event, EventBody, SessionRow, StopReason, Store};
+use crate::message::{Content, Message};
+use crate::tools::ServerTool;
+use crate::{clock, ids};
+
+/// The reason an expired permission is denied with.
+pub const EXPIRED_REASON: &str = "approval expired";
+
+/// The result an expired permission's call gets.
+pub fn expired_result() -> String {
+    format!("Tool call denied: {EXPIRED_REASON}")
+}
+
+/// The agent's `approval_ttl_s` (the default when the agent is gone).
+fn ttl(inner: &Inner, record: &SessionRecord) -> Duration {
+    inner
+        .config
+        .agent(&record.agent)
+        .map_or(Duration::from_secs(3600), |a| a.approval_ttl)
+}
+
+/// SHA-256 (hex) of a call's arguments as logged.
+pub fn digest(input: &Value) -> String {
+    let bytes = serde_json::to_vec(input).unwrap_or_default();
+    let d = ring::digest::digest(&ring::digest::SHA256, &bytes);
+    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn verdict_name(v: Verdict) -> &'static str {
+    match v {
+        Verdict::Trust => "trust",
+        Verdict::Ask => "ask",
+        Verdict::Deny => "deny",
+    }
+}
+
+/// What a server call that pauses for permission is bound to.
+pub(crate) fn bind(call_id: &str, name: &str, input: &Value, host: &[ServerTool]) -> AskedCall {
+    let tool = host.iter().find(|t| t.spec.name == name);
+    AskedCall {
+        call_id: call_id.to_string(),
+        server: tool.map_or_else(String::new, |t| t.server.clone()),
+        tool: tool.map_or_else(String::new, |t| t.tool.clone()),
+        input_sha256: digest(input),
+        verdict: tool.map_or("ask", |t| verdict_name(t.verdict)).to_string(),
+        rule: tool.map_or_else(|| "default".to_string(), |t| t.rule.clone()),
+    }
+}
+
+/// Set each permission's deadline from when it was asked, and mark those past it (`now_ms`).
+/// Once expired, a call stays expired. The earliest deadline still ahead, if any.
+pub(crate) fn stamp(pending: &mut [Pending], ttl: Duration, now_ms: i64) -> Option<i64> {
+    let mut next: Option<i64> = None;
+    for p in pending
+        .iter_mut()
+        .filter(|p| p.kind == PendingKind::Permission)
+    {
+        let Some(asked) = clock::parse_ms(&p.asked_at) else {
+            continue;
+        };
+        let due = asked.saturating_add(ttl.as_millis().min(i64::MAX as u128) as i64);
+        p.expires_at = Some(clock::format_ms(due));
+        p.expired |= due <= now_ms;
+        if !p.expired {
+            next = Some(next.map_or(due, |n| n.min(due)));
+        }
+    }
+    next
+}
+
+/// A turn paused on `pending`: stamp the permissions' deadlines, and keep what each server call
+/// is bound to in the session's record (written with the turn's last events).
+pub(crate) fn paused(
+    inner: &Inner,
+    session: &Session,
+    st: &mut State,
+    pending: &mut [Pending],
+    asked: Vec<AskedCall>,
+) {
+    stamp(pending, ttl(inner, &st.record), clock::now_ms());
+    if asked.is_empty() && st.record.asked.is_empty() {
+        return;
+    }
+    let mut record = (*st.record).clone();
+    record.asked = asked;
+    st.record = Arc::new(record);
+    write_record(session, st, &inner.store);
+}
+
+/// Queue the session's row (its record) for the store.
+fn write_record(session: &Session, st: &mut State, store: &Store) {
+    let ticket = store.put_session(SessionRow {
+        id: session.id.to_string(),
+        owner: session.owner.clone(),
+        created_at: session.created_at.clone(),
+        record: serde_json::to_string(&*st.record).unwrap_or_default(),
+    });
+    st.record_written = st.record_written.max(ticket);
+}
+
+/// Apply expiry to a session (lazily, on every request that takes it, and from its timer):
+/// see the module's doc. Arms the timer for the next deadline.
+pub(crate) fn settle(inner: &Arc<Inner>, session: &Arc<Session>) {
+    settle_at(inner, session, clock::now_ms());
+}
+
+/// [`settle`] as if it were `now_ms`.
+pub(crate) fn settle_at(inner: &Arc<Inner>, session: &Arc<Session>, now_ms: i64) {
+    let next = {
+        let mut st = session.lock();
+        if st.pending.is_empty() {
+            return;
+        }
+        settle_locked(inner, session, &mut st, now_ms)
+    };
+    if let Some(due) = next {
+        arm(inner, session, due);
+    }
+}
+
+/// [`settle`] with the session's lock held; the next deadline, for the timer.
+pub(crate) fn settle_locked(
+    inner: &Inner,
+    session: &Session,
+    st: &mut State,
+    now_ms: i64,
+) -> Option<i64> {
+    if st.deleted || st.pending.is_empty() {
+        return None;
+    }
+    let ttl = ttl(inner, &st.record);
+    let next = stamp(&mut st.pending, ttl, now_ms);
+    let all_expired = st.pending.iter().all(|p| p.expired);
+    // A turn that runs (or one the log still has open) goes first; it answers the calls.
+    let open_in_log = st.tail.last().is_some_and(|e| !e.body.is_terminal());
+    if !all_expired || st.running.is_some() || open_in_log {
+        return next;
+    }
+    let calls = std::mem::take(&mut st.pending);
+    let turn_id = ids::new("turn");
+    let blocks: Vec<Value> = calls
+        .iter()
+        .map(|p| {
+            json!({"type": "tool_permission", "tool_use_id": p.call_id, "granted": false,
+                   "reason": EXPIRED_REASON, "expired": true})
+        })
+        .collect();
+    let store = &inner.store;
+    let mut bodies = vec![EventBody::UserMessage {
+        content: Value::Array(blocks),
+        files: vec![],
+        skills: vec![],
+    }];
+    bodies.extend(calls.iter().map(|p| EventBody::ToolResult {
+        tool_use_id: p.call_id.clone(),
+        content: Value::String(expired_result()),
+        is_error: true,
+        files: vec![],
+    }));
+    bodies.push(EventBody::TurnCompleted {
+        usage: None,
+        stop_reason: StopReason::EndTurn,
+    });
+    for body in bodies {
+        session.append_locked(st, store, &turn_id, body);
+    }
+    // Rare: committed here, under the session's lock, so that nothing comes between.
+    if let Err(e) = store.commit() {
+        tracing::error!(session = %session.id, error = %e, "expired permissions could not be logged");
+    }
+    let published: Vec<Arc<Event>> = session.publish_durable_locked(st, store);
+    let ids: Vec<&str> = calls.iter().map(|p| p.call_id.as_str()).collect();
+    tracing::info!(session = %session.id, turn = %turn_id, calls = ?ids, ttl_s = ttl.as_secs(), events = published.len(),
+        "pending permissions expired (approval_ttl_s) and were denied: approval expired");
+    None
+}
+
+/// Wake at `due` (ms since the epoch) to settle the session, unless a timer already wakes by then.
+fn arm(inner: &Arc<Inner>, session: &Arc<Session>, due: i64) {
+    let mut st = session.lock();
+    if let Some((at, handle)) = &st.expiry_timer {
+        if *at <= due && !handle.is_finished() {
+            return;
+        }
+        handle.abort();
+    }
+    // Weak: a timer keeps neither the engine nor the session alive (an evicted session is
+    // settled when it is next read back).
+    let (weak_inner, weak_session): (Weak<Inner>, Weak<Session>) =
+        (Arc::downgrade(inner), Arc::downgrade(session));
+    let wait = Duration::from_millis((due - clock::now_ms()).max(0) as u64 + 1);
+    let task = tokio::spawn(async move {
+        tokio::time::sleep(wait).await;
+        let (Some(inner), Some(session)) = (weak_inner.upgrade(), weak_session.upgrade()) else {
+            return;
+        };
+        session.lock().expiry_timer = None;
+        settle(&inner, &session);
+    });
+    st.expiry_timer = Some((due, task.abort_handle()));
+}
+
+/// How a grant is decided when it arrives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Regrant {
+    /// Run the call.
+    Run,
+    /// Do not: the call gets this error result.
+    Refuse(String),
+}
+
+/// Re-decide a granted call under the policy and tools of now, against what it was bound to
+/// when it asked (`asked`; `None` for a call paused before bindings were kept).
+pub(crate) fn regrant(
+    agent: &AgentConfig,
+    host: &[ServerTool],
+    record: &SessionRecord,
+    p: &Pending,
+    session_id: &str,
+) -> Regrant {
+    let name = &p.name;
+    let asked = record.asked.iter().find(|a| a.call_id == p.call_id);
+    let now = host.iter().find(|t| t.spec.name == *name);
+    if let Some(tool) = now.filter(|t| t.verdict == Verdict::Deny) {
+        tracing::info!(session = %session_id, call = %p.call_id, tool = %name, rule = %tool.rule,
+            "a granted call is denied: the policy now denies it");
+        return Regrant::Refuse(format!(
+            "Tool call denied: the policy now denies {name} (rule {})",
+            tool.rule
+        ));
+    }
+    if let (Some(asked), Some(tool)) = (asked, now) {
+        if asked.input_sha256 != digest(&p.input) {
+            return Regrant::Refuse(
+                "Tool call denied: its arguments are not those that asked for permission".into(),
+            );
+        }
+        if !asked.server.is_empty() && (asked.server != tool.server || asked.tool != tool.tool) {
+            return Regrant::Refuse(format!(
+                "Tool call denied: {name} is now tool {} of server {}, not tool {} of server {} that asked for permission",
+                tool.tool, tool.server, asked.tool, asked.server
+            ));
+        }
+        let verdict = verdict_name(tool.verdict);
+        if asked.verdict != verdict || asked.rule != tool.rule {
+            tracing::info!(session = %session_id, call = %p.call_id, tool = %name,
+                asked = %format!("{} (rule {})", asked.verdict, asked.rule),
+                now = %format!("{verdict} (rule {})", tool.rule),
+                "the policy changed since the call asked for permission; re-decided: the client's grant applies");
+        }
+    }
+    match Catalog::new(agent, host, record, true).route_granted(name) {
+        Route::Refuse(msg) => Regrant::Refuse(msg),
+        _ => Regrant::Run,
+    }
+}
+
+/// Check a turn's input against the calls the session waits on; the calls it answers.
+/// `history`: the session's history, read only to name settled calls in an error.
+///
+/// 400 when the request is malformed or incomplete (a call answered twice or with the wrong
+/// role, a pending call left unanswered); 409 when it is complete but names calls that are not,
+/// or no longer, pending (unknown, settled, or expired). Either way the message names what is
+/// still outstanding.
+pub(crate) fn check_answers(
+    pending: &[Pending],
+    input: &TurnInput,
+    history: &dyn Fn() -> Vec<Message>,
+) -> Result<Vec<Pending>, EngineError> {
+    let live = || pending.iter().filter(|p| !p.expired);
+    let ids = |kind: PendingKind| -> Vec<&str> {
+        pending
+            .iter()
+            .filter(|p| p.kind == kind)
+            .map(|p| p.call_id.as_str())
+            .collect()
+    };
+    let (results, permissions) = match input {
+        // (Expired calls are settled before this is asked, unless a turn is open.)
+        TurnInput::User { .. } if !pending.is_empty() => {
+            return Err(EngineError::Conflict(format!(
+                "the session waits for tool results ({}) and permissions ({}); send them all in one request as role \"tool\" and \"tool_permission\" messages before a new user message",
+                ids(PendingKind::Client).join(", "),
+                ids(PendingKind::Permission).join(", ")
+            )))
+        }
+        TurnInput::User { .. } => return Ok(Vec::new()),
+        TurnInput::Resume {
+            results,
+            permissions,
+        } => (results, permissions),
+    };
+    let mut answered = std::collections::HashMap::new();
+    let mut malformed = Vec::new();
+    let mut stale = Vec::new();
+    let answers = results
+        .iter()
+        .map(|r| (r.call_id.as_str(), None))
+        .chain(permissions.iter().map(|p| (p.call_id.as_str(), Some(p))));
+    for (id, perm) in answers {
+        let role = if perm.is_some() {
+            "tool_permission"
+        } else {
+            "tool"
+        };
+        if answered.insert(id, role).is_some() {
+            malformed.push(format!("toolCallId {id} is answered twice"));
+            continue;
+        }
+        match pending.iter().find(|p| p.call_id == id) {
+            None => stale.push(id),
+            Some(p) if p.kind == PendingKind::Client && perm.is_some() => malformed.push(format!(
+                "toolCallId {id} is client tool {}: answer it with a role \"tool\" message carrying its result",
+                p.name
+            )),
+            Some(p) if p.kind == PendingKind::Permission && perm.is_none() => malformed.push(format!(
+                "toolCallId {id} is server tool {}: answer it with a role \"tool_permission\" message (granted true or false)",
+                p.name
+            )),
+            Some(p) if p.expired && perm.is_some_and(|g: &Permission| g.granted) => {
+                stale.push(id);
+            }
+            Some(_) => {}
+        }
+    }
+    let missing: Vec<&str> = live()
+        .filter(|p| !answered.contains_key(p.call_id.as_str()))
+        .map(|p| p.call_id.as_str())
+        .collect();
+    if !missing.is_empty() {
+        malformed.push(format!(
+            "missing answers for toolCallId {}: every pending call needs its result or permission in this one request",
+            missing.join(", ")
+        ));
+    }
+    if malformed.is_empty() && stale.is_empty() {
+        return Ok(pending.to_vec());
+    }
+    let mut errors: Vec<String> = stale
+        .iter()
+        .map(|id| stale_call(pending, id, history))
+        .collect();
+    errors.extend(malformed.iter().cloned());
+    let outstanding: Vec<String> = live()
+        .map(|p| {
+            let what = match p.kind {
+                PendingKind::Client => "client tool, answer with role \"tool\"",
+                PendingKind::Permission => "server tool, answer with role \"tool_permission\"",
+            };
+            format!("{} ({}: {what})", p.call_id, p.name)
+        })
+        .collect();
+    let outstanding = if outstanding.is_empty() {
+        "no tool calls are pending in this session: send a user message instead".to_string()
+    } else {
+        format!("still outstanding: {}", outstanding.join(", "))
+    };
+    let message = format!("{}; {outstanding}", errors.join("; "));
+    if malformed.is_empty() {
+        Err(EngineError::Conflict(message))
+    } else {
+        Err(EngineError::Invalid(message))
+    }
+}
+
+/// Why `id` cannot be answered: it expired, was settled already, or was never a call here.
+fn stale_call(pending: &[Pending], id: &str, history: &dyn Fn() -> Vec<Message>) -> String {
+    if let Some(p) = pending.iter().find(|p| p.call_id == id && p.expired) {
+        return format!(
+            "toolCallId {id} ({}) has expired: its permission was not given within [agents] approval_ttl_s (by {}), so it is denied (approval expired); ask the model to call it again",
+            p.name,
+            p.expires_at.as_deref().unwrap_or("its deadline")
+        );
+    }
+    let settled = history().into_iter().find_map(|m| match m {
+        Message::Tool {
+            tool_call_id,
+            content,
+        } if tool_call_id == id => Some(content),
+        _ => None,
+    });
+    match settled {
+        Some(Content::Text(t)) if t == expired_result() => format!(
+            "toolCallId {id} has expired: its permission was not given within [agents] approval_ttl_s, so it was denied (approval expired); ask the model to call it again"
+        ),
+        Some(_) => format!("toolCallId {id} is already settled: it has its result"),
+        None => format!("toolCallId {id} is not a call of this session"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pending(id: &str, kind: PendingKind, asked_at: &str) -> Pending {
+        Pending {
+            call_id: id.into(),
+            name: format!("tool_{id}"),
+            input: json!({}),
+            kind,
+            asked_at: asked_at.into(),
+            expires_at: None,
+            expired: false,
+        }
+    }
+
+    fn resume(perms: &[(&str, bool)], results: &[&str]) -> TurnInput {
+        TurnInput::Resume {
+            results: results
+                .iter()
+                .map(|id| super::super::turn::ClientResult {
+                    call_id: id.to_string(),
+                    content: json!("r"),
+                    is_error: false,
+                })
+                .collect(),
+            permissions: perms
+                .iter()
+                .map(|(id, granted)| Permission {
+                    call_id: id.to_string(),
+                    granted: *granted,
+                    reason: None,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn permissions_expire_after_the_ttl_from_their_logged_time_and_stay_expired() {
+        let t0 = "2030-01-01T00:00:00.000Z";
+        let at0 = clock::parse_ms(t0).unwrap();
+        let mut p = vec![
+            pending("a", PendingKind::Permission, t0),
+            pending("c", PendingKind::Client, t0),
+        ];
+        let ttl = Duration::from_secs(60);
+        assert_eq!(stamp(&mut p, ttl, at0 + 59_999), Some(at0 + 60_000));
+        assert_eq!(p[0].expires_at.as_deref(), Some("2030-01-01T00:01:00.000Z"));
+        assert!(
+            !p[0].expired && p[1].expires_at.is_none(),
+            "client calls never expire"
+        );
+        assert_eq!(stamp(&mut p, ttl, at0 + 60_000), None);
+        assert!(p[0].expired && !p[1].expired);
+        // A longer ttl later does not revive it.
+        assert_eq!(stamp(&mut p, Duration::from_secs(3600), at0 + 60_000), None);
+        assert!(p[0].expired);
+    }
+
+    #[test]
+    fn grants_of_expired_settled_or_unknown_calls_are_409_naming_what_is_outstanding() {
+        let t0 = "2030-01-01T00:00:00.000Z";
+        let mut p = vec![
+            pending("a", PendingKind::Permission, t0),
+            pending("c", PendingKind::Client, t0),
+        ];
+        p[0].expired = true;
+        let none = || Vec::new();
+        // The expired call need not be answered.
+        assert_eq!(
+            check_answers(&p, &resume(&[], &["c"]), &none)
+                .unwrap()
+                .len(),
+            2
+        );
+        // A denial of it is accepted; a grant is a conflict naming it as expired.
+        assert!(check_answers(&p, &resume(&[("a", false)], &["c"]), &none).is_ok());
+        let e = check_answers(&p, &resume(&[("a", true)], &["c"]), &none).unwrap_err();
+        let EngineError::Conflict(msg) = e else {
+            panic!("{e:?}")
+        };
+        assert!(msg.contains("toolCallId a (tool_a) has expired"), "{msg}");
+        assert!(msg.contains("still outstanding: c (tool_c"), "{msg}");
+        // A settled call, from the history.
+        let hist = || {
+            vec![Message::Tool {
+                tool_call_id: "old".into(),
+                content: Content::Text("done".into()),
+            }]
+        };
+        let e = check_answers(&p, &resume(&[("old", true)], &["c"]), &hist).unwrap_err();
+        assert!(
+            matches!(&e, EngineError::Conflict(m) if m.contains("old is already settled")),
+            "{e:?}"
+        );
+        // Unknown plus a missing answer: malformed, 400, still naming both.
+        let e = check_answers(&p, &resume(&[("zzz", true)], &[]), &none).unwrap_err();
+        assert!(
+            matches!(&e, EngineError::Invalid(m) if m.contains("zzz is not a call") && m.contains("missing answers for toolCallId c")),
+            "{e:?}"
+        );
+        // Nothing pending at all.
+        let e = check_answers(&[], &resume(&[("a", true)], &[]), &hist).unwrap_err();
+        assert!(
+            matches!(&e, EngineError::Conflict(m) if m.contains("no tool calls are pending")),
+            "{e:?}"
+        );
+        let user = TurnInput::User {
+            content: json!("hi"),
+            files: vec![],
+            skills: vec![],
+        };
+        assert!(check_answers(&p, &user, &none).is_err());
+        assert!(check_answers(&[], &user, &none).is_ok());
+    }
+
+    #[test]
+    fn digests_are_of_the_logged_json() {
+        assert_eq!(digest(&json!({"a": 1})), digest(&json!({"a": 1})));
+        assert_ne!(digest(&json!({"a": 1})), digest(&json!({"a": 2})));
+        assert_eq!(digest(&json!({})).len(), 64);
+    }
+}
