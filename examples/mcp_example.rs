@@ -13,6 +13,10 @@
 //! - `--tools N`: register N extra trivial tools `t0..t(N-1)`; `tools/list` is then paginated.
 //! - `--page-size N`: the `tools/list` page size; default 5 with `--tools`, else no paging.
 //! - `--extra-tool NAME` (repeatable): one more tool with exactly that name.
+//! - `--test-tools`: also list `stderr_flood`, `stderr_write`, `read_file`, `argv` and
+//!   `connect`, for tests of hostile or confined servers (a flood of stderr, a line that is not
+//!   UTF-8, reads and connections a sandbox must refuse, the args as the server got them).
+//! - `--label TEXT` (repeatable): ignored; a value for a test to read back with `argv`.
 //!
 //! Tools: `echo`, `add`, `slow`, `fail`, `env`, `pid`, `image`, `add_tool`, `write_file`, `cwd`
 //! (see each tool's description). `add_tool` registers a tool at runtime and sends
@@ -104,6 +108,43 @@ struct WriteFileArgs {
     path: String,
     /// The text to write (the file is created or truncated).
     text: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+struct StderrFloodArgs {
+    /// How many bytes (`x`) to write to stderr.
+    bytes: u64,
+    /// Whether to end them with a newline.
+    #[serde(default)]
+    newline: bool,
+    /// How many times to write them (default 1).
+    #[serde(default)]
+    lines: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+struct StderrWriteArgs {
+    /// The line to write to stderr (a newline is added).
+    text: String,
+    /// Write the bytes 0xff 0xfe (not UTF-8) before the text.
+    #[serde(default)]
+    bad_utf8: bool,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+struct ReadFileArgs {
+    /// The file to read; a relative path is relative to the server's current directory.
+    path: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+struct ConnectArgs {
+    /// `host:port` to open a TCP connection to.
+    addr: String,
 }
 
 /// The output schema of `add`.
@@ -268,12 +309,92 @@ impl ExampleServer {
     }
 }
 
+/// Tools for hostile-server tests, listed only with `--test-tools`.
+#[tool_router(router = test_tool_router)]
+impl ExampleServer {
+    #[tool(
+        description = "Write `bytes` bytes of `x` to stderr (then a newline if `newline`), `lines` times (default 1). Returns \"wrote N bytes to stderr\", or an error result with the OS error (e.g. a closed pipe)."
+    )]
+    async fn stderr_flood(&self, Parameters(args): Parameters<StderrFloodArgs>) -> CallToolResult {
+        let chunk = vec![b'x'; 64 * 1024];
+        let lines = args.lines.unwrap_or(1);
+        let mut err = std::io::stderr().lock();
+        for _ in 0..lines {
+            let mut left = args.bytes;
+            while left > 0 {
+                let n = left.min(chunk.len() as u64) as usize;
+                if let Err(error) = err.write_all(&chunk[..n]) {
+                    return error_result(format!("cannot write to stderr: {error}"));
+                }
+                left -= n as u64;
+            }
+            if args.newline {
+                if let Err(error) = err.write_all(b"\n") {
+                    return error_result(format!("cannot write to stderr: {error}"));
+                }
+            }
+        }
+        match err.flush() {
+            Ok(()) => text_result(format!("wrote {} bytes to stderr", args.bytes * lines)),
+            Err(error) => error_result(format!("cannot write to stderr: {error}")),
+        }
+    }
+
+    #[tool(
+        description = "Write `text` and a newline to stderr (after the bytes 0xff 0xfe if `bad_utf8`). Returns \"written\", or an error result with the OS error (e.g. a closed pipe)."
+    )]
+    async fn stderr_write(&self, Parameters(args): Parameters<StderrWriteArgs>) -> CallToolResult {
+        let mut line = Vec::new();
+        if args.bad_utf8 {
+            line.extend_from_slice(b"\xff\xfe");
+        }
+        line.extend_from_slice(args.text.as_bytes());
+        line.push(b'\n');
+        let mut err = std::io::stderr().lock();
+        match err.write_all(&line).and_then(|()| err.flush()) {
+            Ok(()) => text_result("written"),
+            Err(error) => error_result(format!("cannot write to stderr: {error}")),
+        }
+    }
+
+    #[tool(
+        description = "Return the text of the file `path` (relative to the server's current directory), or an error result with the OS error."
+    )]
+    async fn read_file(&self, Parameters(args): Parameters<ReadFileArgs>) -> CallToolResult {
+        match tokio::fs::read(&args.path).await {
+            Ok(bytes) => text_result(String::from_utf8_lossy(&bytes)),
+            Err(error) => error_result(format!("cannot read {}: {error}", args.path)),
+        }
+    }
+
+    #[tool(description = "Return the server process's arguments as a JSON array of strings.")]
+    async fn argv(&self) -> CallToolResult {
+        let args: Vec<String> = std::env::args().collect();
+        text_result(json!(args).to_string())
+    }
+
+    #[tool(
+        description = "Open a TCP connection to `addr` (`host:port`) and close it. Returns \"connected\", or an error result with the OS error."
+    )]
+    async fn connect(&self, Parameters(args): Parameters<ConnectArgs>) -> CallToolResult {
+        match tokio::net::TcpStream::connect(args.addr.as_str()).await {
+            Ok(_) => text_result("connected"),
+            Err(error) => error_result(format!("cannot connect to {}: {error}", args.addr)),
+        }
+    }
+}
+
 fn dynamic_tool(name: &str, description: String) -> Tool {
     Tool::new(name.to_owned(), description, schema_for_empty_input())
 }
 
 impl ExampleServer {
-    fn new(extra_tools: usize, page_size: Option<usize>, named: &[String]) -> Self {
+    fn new(
+        extra_tools: usize,
+        page_size: Option<usize>,
+        named: &[String],
+        test_tools: bool,
+    ) -> Self {
         let dynamic = (0..extra_tools)
             .map(|i| {
                 let name = format!("t{i}");
@@ -287,8 +408,12 @@ impl ExampleServer {
                 )
             }))
             .collect();
+        let mut router = Self::tool_router();
+        if test_tools {
+            router += Self::test_tool_router();
+        }
         Self {
-            router: Self::tool_router(),
+            router,
             dynamic: Arc::new(Mutex::new(dynamic)),
             page_size,
         }
@@ -387,11 +512,13 @@ struct Options {
     page_size: Option<usize>,
     /// `--extra-tool NAME` (repeatable): a tool with exactly this name.
     named: Vec<String>,
+    /// `--test-tools`: also list the tools for hostile-server tests.
+    test_tools: bool,
 }
 
 fn usage() -> ! {
     eprintln!(
-        "usage: mcp_example [--http ADDR] [--tools N] [--page-size N] [--extra-tool NAME]..."
+        "usage: mcp_example [--http ADDR] [--tools N] [--page-size N] [--extra-tool NAME]... [--test-tools] [--label TEXT]..."
     );
     std::process::exit(2);
 }
@@ -402,6 +529,7 @@ fn parse_options() -> Options {
         tools: 0,
         page_size: None,
         named: Vec::new(),
+        test_tools: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -420,8 +548,13 @@ fn parse_options() -> Options {
             "--tools" => options.tools = value().parse().unwrap_or_else(|_| usage()),
             "--page-size" => options.page_size = Some(value().parse().unwrap_or_else(|_| usage())),
             "--extra-tool" => options.named.push(value()),
+            "--test-tools" => options.test_tools = true,
+            // Ignored: a value for tests to read back with the `argv` tool.
+            "--label" => {
+                value();
+            }
             "-h" | "--help" => {
-                eprintln!("usage: mcp_example [--http ADDR] [--tools N] [--page-size N] [--extra-tool NAME]...");
+                eprintln!("usage: mcp_example [--http ADDR] [--tools N] [--page-size N] [--extra-tool NAME]... [--test-tools] [--label TEXT]...");
                 std::process::exit(0);
             }
             _ => usage(),
@@ -436,7 +569,12 @@ fn parse_options() -> Options {
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let options = parse_options();
-    let server = ExampleServer::new(options.tools, options.page_size, &options.named);
+    let server = ExampleServer::new(
+        options.tools,
+        options.page_size,
+        &options.named,
+        options.test_tools,
+    );
     let result = match options.http {
         None => serve_stdio(server).await,
         Some(addr) => serve_http(server, addr).await,
