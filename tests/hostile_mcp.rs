@@ -320,14 +320,15 @@ async fn a_stderr_line_that_is_not_utf8_leaves_the_childs_stderr_open() {
         "written"
     );
     // 1 MiB is more than a pipe holds: it goes through only if turnstile still reads (a
-    // closed pipe fails it with EPIPE, which kills a Node server).
+    // closed pipe fails it with EPIPE, which kills a Node server). 64 lines: fewer than the
+    // log's burst, so the next line is logged.
     assert_eq!(
         call_tool(
             &p.http,
             &fake,
             &sid,
             "mcp__ex__stderr_flood",
-            json!({"bytes": 1024, "newline": true, "lines": 1024})
+            json!({"bytes": 16 * 1024, "newline": true, "lines": 64})
         )
         .await,
         format!("wrote {} bytes to stderr", 1024 * 1024)
@@ -413,6 +414,23 @@ async fn a_flood_of_stderr_lines_is_rate_limited_and_counted() {
     );
 }
 
+/// On a kernel without Landlock, a confined server is never started unconfined: `turnstile
+/// check` fails and says why.
+async fn landlock_is_refused(config: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("tools.toml"), config).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .current_dir(dir.path())
+        .args(["check", "--config", "tools.toml"])
+        .env("NO_COLOR", "1")
+        .output()
+        .await
+        .expect("run turnstile check");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("does not enforce Landlock"), "{stderr}");
+}
+
 /// Where a file with `content` lies beneath `dir`.
 fn find_file(dir: &Path, content: &[u8]) -> Option<PathBuf> {
     for entry in std::fs::read_dir(dir).ok()?.flatten() {
@@ -456,9 +474,7 @@ async fn a_landlocked_session_server_reads_and_writes_only_its_workspace() {
     assert!(db.is_file());
 
     if !turnstile::mcp::sandbox::available() {
-        // Never started unconfined: the call says why.
-        let out = call_tool(http, &fake, &b, "mcp__box__pid", json!({})).await;
-        assert!(out.contains("does not enforce Landlock"), "{out}");
+        landlock_is_refused(&config_text(&fake, &extra)).await;
         return;
     }
     let read = |path: &Path| json!({"path": path.display().to_string()});
@@ -533,6 +549,10 @@ async fn a_landlocked_server_connects_over_tcp_only_with_network_true() {
         test_server("shut", &[], "sandbox = \"landlock\""),
         test_server("net", &[], "sandbox = \"landlock\"\nnetwork = true"),
     ]);
+    if !turnstile::mcp::sandbox::available() {
+        landlock_is_refused(&config_text(&fake, &extra)).await;
+        return;
+    }
     let server = TestServer::start(&config_text(&fake, &extra)).await;
     let sid = session(&server.http).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -688,4 +708,111 @@ async fn workspace_in_args_is_absolute_under_a_relative_config_path() {
         workspace.canonicalize().unwrap()
     );
     p.stop().await;
+}
+
+/// A minimal MCP stdio server in Python with one tool, `read {path}`.
+const PY_SERVER: &str = r#"
+import json, sys
+def answer(id, result):
+    sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": id, "result": result}) + "\n")
+    sys.stdout.flush()
+for line in sys.stdin:
+    msg = json.loads(line)
+    method, id = msg.get("method"), msg.get("id")
+    if id is None:
+        continue
+    if method == "initialize":
+        answer(id, {"protocolVersion": msg["params"]["protocolVersion"], "capabilities": {"tools": {}},
+                    "serverInfo": {"name": "py", "version": "1"}})
+    elif method == "tools/list":
+        answer(id, {"tools": [{"name": "read", "description": "read a file",
+                               "inputSchema": {"type": "object", "properties": {"path": {"type": "string"}}}}]})
+    elif method == "tools/call":
+        try:
+            with open(msg["params"]["arguments"]["path"]) as f:
+                answer(id, {"content": [{"type": "text", "text": f.read()}], "isError": False})
+        except OSError as e:
+            answer(id, {"content": [{"type": "text", "text": str(e)}], "isError": True})
+    else:
+        answer(id, {})
+"#;
+
+/// The same server in Node.
+const JS_SERVER: &str = r#"
+const fs = require("fs");
+const rl = require("readline").createInterface({ input: process.stdin });
+const answer = (id, result) => process.stdout.write(JSON.stringify({ jsonrpc: "2.0", id, result }) + "\n");
+rl.on("line", (line) => {
+  const msg = JSON.parse(line);
+  if (msg.id === undefined) return;
+  if (msg.method === "initialize") {
+    answer(msg.id, { protocolVersion: msg.params.protocolVersion, capabilities: { tools: {} },
+                     serverInfo: { name: "js", version: "1" } });
+  } else if (msg.method === "tools/list") {
+    answer(msg.id, { tools: [{ name: "read", description: "read a file",
+                               inputSchema: { type: "object", properties: { path: { type: "string" } } } }] });
+  } else if (msg.method === "tools/call") {
+    try {
+      answer(msg.id, { content: [{ type: "text", text: fs.readFileSync(msg.params.arguments.path, "utf8") }], isError: false });
+    } catch (e) {
+      answer(msg.id, { content: [{ type: "text", text: String(e) }], isError: true });
+    }
+  } else {
+    answer(msg.id, {});
+  }
+});
+"#;
+
+/// Python and Node, as found on PATH (a pyenv shim, /usr/bin/node), start confined: their
+/// install folders and the script are readable; the data folder is not.
+#[tokio::test]
+async fn python_and_node_servers_run_confined_and_cannot_read_the_data_folder() {
+    let scripts = tempfile::tempdir().unwrap();
+    std::fs::write(scripts.path().join("server.py"), PY_SERVER).unwrap();
+    std::fs::write(scripts.path().join("server.js"), JS_SERVER).unwrap();
+    let table = |name: &str, command: &str, script: &str| {
+        format!(
+            "[mcp_servers.{name}]\ncommand = {command:?}\nargs = [{:?}]\nscope = \"session\"\nsandbox = \"landlock\"\n",
+            scripts.path().join(script).display().to_string()
+        )
+    };
+    let fake = FakeOpenAi::start().await;
+    let extra = trusted(&[
+        table("py", "python3", "server.py"),
+        table("js", "node", "server.js"),
+    ]);
+    if !turnstile::mcp::sandbox::available() {
+        landlock_is_refused(&config_text(&fake, &extra)).await;
+        return;
+    }
+    let server = TestServer::start(&config_text(&fake, &extra)).await;
+    let sid = session(&server.http).await;
+    std::fs::write(
+        server
+            .dir
+            .path()
+            .join("sandboxes")
+            .join(&sid)
+            .join("own.txt"),
+        "own file",
+    )
+    .unwrap();
+    let db = server.data_dir().join("turnstile.db");
+    for tool in ["mcp__py__read", "mcp__js__read"] {
+        let own = call_tool(&server.http, &fake, &sid, tool, json!({"path": "own.txt"})).await;
+        assert_eq!(own, "own file", "{tool}");
+        let out = call_tool(
+            &server.http,
+            &fake,
+            &sid,
+            tool,
+            json!({"path": db.display().to_string()}),
+        )
+        .await;
+        assert!(
+            out.contains("Permission denied") || out.contains("EACCES"),
+            "{tool}: {out}"
+        );
+    }
+    server.stop().await;
 }
