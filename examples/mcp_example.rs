@@ -15,6 +15,10 @@
 //! - `--extra-tool NAME` (repeatable): one more tool with exactly that name.
 //! - `--log-calls PATH`: append one line per `tools/call` to PATH (`<tool> <arguments JSON>`),
 //!   before the call runs, so that a test can count the calls that reached the server.
+//! - `--test-tools`: also list `stderr_flood`, `stderr_write`, `read_file`, `argv` and
+//!   `connect`, for tests of hostile or confined servers (a flood of stderr, a line that is not
+//!   UTF-8, reads and connections a sandbox must refuse, the args as the server got them).
+//! - `--label TEXT` (repeatable): ignored; a value for a test to read back with `argv`.
 //!
 //! Tools: `echo`, `add`, `slow`, `fail`, `env`, `pid`, `image`, `add_tool`, `write_file`, `cwd`
 //! (see each tool's description). `add_tool` registers a tool at runtime and sends
@@ -106,6 +110,43 @@ struct WriteFileArgs {
     path: String,
     /// The text to write (the file is created or truncated).
     text: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+struct StderrFloodArgs {
+    /// How many bytes (`x`) to write to stderr.
+    bytes: u64,
+    /// Whether to end them with a newline.
+    #[serde(default)]
+    newline: bool,
+    /// How many times to write them (default 1).
+    #[serde(default)]
+    lines: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+struct StderrWriteArgs {
+    /// The line to write to stderr (a newline is added).
+    text: String,
+    /// Write the bytes 0xff 0xfe (not UTF-8) before the text.
+    #[serde(default)]
+    bad_utf8: bool,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+struct ReadFileArgs {
+    /// The file to read; a relative path is relative to the server's current directory.
+    path: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+struct ConnectArgs {
+    /// `host:port` to open a TCP connection to.
+    addr: String,
 }
 
 /// The output schema of `add`.
@@ -272,12 +313,92 @@ impl ExampleServer {
     }
 }
 
+/// Tools for hostile-server tests, listed only with `--test-tools`.
+#[tool_router(router = test_tool_router)]
+impl ExampleServer {
+    #[tool(
+        description = "Write `bytes` bytes of `x` to stderr (then a newline if `newline`), `lines` times (default 1). Returns \"wrote N bytes to stderr\", or an error result with the OS error (e.g. a closed pipe)."
+    )]
+    async fn stderr_flood(&self, Parameters(args): Parameters<StderrFloodArgs>) -> CallToolResult {
+        let chunk = vec![b'x'; 64 * 1024];
+        let lines = args.lines.unwrap_or(1);
+        let mut err = std::io::stderr().lock();
+        for _ in 0..lines {
+            let mut left = args.bytes;
+            while left > 0 {
+                let n = left.min(chunk.len() as u64) as usize;
+                if let Err(error) = err.write_all(&chunk[..n]) {
+                    return error_result(format!("cannot write to stderr: {error}"));
+                }
+                left -= n as u64;
+            }
+            if args.newline {
+                if let Err(error) = err.write_all(b"\n") {
+                    return error_result(format!("cannot write to stderr: {error}"));
+                }
+            }
+        }
+        match err.flush() {
+            Ok(()) => text_result(format!("wrote {} bytes to stderr", args.bytes * lines)),
+            Err(error) => error_result(format!("cannot write to stderr: {error}")),
+        }
+    }
+
+    #[tool(
+        description = "Write `text` and a newline to stderr (after the bytes 0xff 0xfe if `bad_utf8`). Returns \"written\", or an error result with the OS error (e.g. a closed pipe)."
+    )]
+    async fn stderr_write(&self, Parameters(args): Parameters<StderrWriteArgs>) -> CallToolResult {
+        let mut line = Vec::new();
+        if args.bad_utf8 {
+            line.extend_from_slice(b"\xff\xfe");
+        }
+        line.extend_from_slice(args.text.as_bytes());
+        line.push(b'\n');
+        let mut err = std::io::stderr().lock();
+        match err.write_all(&line).and_then(|()| err.flush()) {
+            Ok(()) => text_result("written"),
+            Err(error) => error_result(format!("cannot write to stderr: {error}")),
+        }
+    }
+
+    #[tool(
+        description = "Return the text of the file `path` (relative to the server's current directory), or an error result with the OS error."
+    )]
+    async fn read_file(&self, Parameters(args): Parameters<ReadFileArgs>) -> CallToolResult {
+        match tokio::fs::read(&args.path).await {
+            Ok(bytes) => text_result(String::from_utf8_lossy(&bytes)),
+            Err(error) => error_result(format!("cannot read {}: {error}", args.path)),
+        }
+    }
+
+    #[tool(description = "Return the server process's arguments as a JSON array of strings.")]
+    async fn argv(&self) -> CallToolResult {
+        let args: Vec<String> = std::env::args().collect();
+        text_result(json!(args).to_string())
+    }
+
+    #[tool(
+        description = "Open a TCP connection to `addr` (`host:port`) and close it. Returns \"connected\", or an error result with the OS error."
+    )]
+    async fn connect(&self, Parameters(args): Parameters<ConnectArgs>) -> CallToolResult {
+        match tokio::net::TcpStream::connect(args.addr.as_str()).await {
+            Ok(_) => text_result("connected"),
+            Err(error) => error_result(format!("cannot connect to {}: {error}", args.addr)),
+        }
+    }
+}
+
 fn dynamic_tool(name: &str, description: String) -> Tool {
     Tool::new(name.to_owned(), description, schema_for_empty_input())
 }
 
 impl ExampleServer {
-    fn new(extra_tools: usize, page_size: Option<usize>, named: &[String]) -> Self {
+    fn new(
+        extra_tools: usize,
+        page_size: Option<usize>,
+        named: &[String],
+        test_tools: bool,
+    ) -> Self {
         let dynamic = (0..extra_tools)
             .map(|i| {
                 let name = format!("t{i}");
@@ -291,8 +412,12 @@ impl ExampleServer {
                 )
             }))
             .collect();
+        let mut router = Self::tool_router();
+        if test_tools {
+            router += Self::test_tool_router();
+        }
         Self {
-            router: Self::tool_router(),
+            router,
             dynamic: Arc::new(Mutex::new(dynamic)),
             page_size,
             log_calls: None,
@@ -409,11 +534,13 @@ struct Options {
     named: Vec<String>,
     /// `--log-calls PATH`.
     log_calls: Option<std::path::PathBuf>,
+    /// `--test-tools`: also list the tools for hostile-server tests.
+    test_tools: bool,
 }
 
 fn usage() -> ! {
     eprintln!(
-        "usage: mcp_example [--http ADDR] [--tools N] [--page-size N] [--extra-tool NAME]... [--log-calls PATH]"
+        "usage: mcp_example [--http ADDR] [--tools N] [--page-size N] [--extra-tool NAME]... [--log-calls PATH] [--test-tools] [--label TEXT]..."
     );
     std::process::exit(2);
 }
@@ -425,6 +552,7 @@ fn parse_options() -> Options {
         page_size: None,
         named: Vec::new(),
         log_calls: None,
+        test_tools: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -444,8 +572,13 @@ fn parse_options() -> Options {
             "--page-size" => options.page_size = Some(value().parse().unwrap_or_else(|_| usage())),
             "--extra-tool" => options.named.push(value()),
             "--log-calls" => options.log_calls = Some(value().into()),
+            "--test-tools" => options.test_tools = true,
+            // Ignored: a value for tests to read back with the `argv` tool.
+            "--label" => {
+                value();
+            }
             "-h" | "--help" => {
-                eprintln!("usage: mcp_example [--http ADDR] [--tools N] [--page-size N] [--extra-tool NAME]... [--log-calls PATH]");
+                eprintln!("usage: mcp_example [--http ADDR] [--tools N] [--page-size N] [--extra-tool NAME]... [--log-calls PATH] [--test-tools] [--label TEXT]...");
                 std::process::exit(0);
             }
             _ => usage(),
@@ -460,7 +593,12 @@ fn parse_options() -> Options {
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let options = parse_options();
-    let mut server = ExampleServer::new(options.tools, options.page_size, &options.named);
+    let mut server = ExampleServer::new(
+        options.tools,
+        options.page_size,
+        &options.named,
+        options.test_tools,
+    );
     server.log_calls = options.log_calls.map(Arc::new);
     let result = match options.http {
         None => serve_stdio(server).await,

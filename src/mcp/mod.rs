@@ -4,24 +4,29 @@
 //! Shared servers (`scope = "shared"`) run once for the process. Session-scoped servers run one
 //! instance per session, started at the session's first call with its workspace as cwd and
 //! `{workspace}` in their args, stopped when the session is deleted or idle; their tool list is
-//! taken at start-up from a probe instance in a scratch folder.
+//! taken at start-up from a probe instance in a scratch folder. At most `[limits]
+//! session_servers` run at once server-wide: past it the idlest (least recently called, no call
+//! in flight) is stopped to make room, and when every one is in a call the new call gets an
+//! error result naming the limit.
 
 pub mod content;
 pub mod http_client;
 pub mod naming;
 pub mod policy;
 pub mod sandbox;
+pub mod stderr;
 pub mod supervisor;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
 use serde_json::Value;
 
-use crate::config::{Config, McpScope, McpServerConfig};
+use crate::config::{Config, McpScope};
 use crate::message::ToolSpec;
 use crate::sync::lock;
 use crate::tools::{CallContext, ServerTool, ToolHost, ToolOutput};
@@ -45,8 +50,37 @@ struct Federation {
     routes: HashMap<String, (usize, String)>,
 }
 
-/// Session-scoped instances by (session id, server index), with when each was last used.
-type SessionInstances = HashMap<(String, usize), (Arc<Supervisor>, Instant)>;
+/// A session-scoped instance: its supervisor, when it was last called, its calls in flight.
+struct SessionInstance {
+    sup: Arc<Supervisor>,
+    used: Instant,
+    in_flight: Arc<AtomicUsize>,
+}
+
+impl SessionInstance {
+    /// Mark a call as started (now, in flight until the guard drops).
+    fn begin(&mut self) -> (Arc<Supervisor>, InFlight) {
+        self.used = Instant::now();
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        (self.sup.clone(), InFlight(self.in_flight.clone()))
+    }
+
+    fn idle(&self) -> bool {
+        self.in_flight.load(Ordering::SeqCst) == 0
+    }
+}
+
+/// A call in flight on a session-scoped instance (which is then never stopped to make room).
+struct InFlight(Arc<AtomicUsize>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Session-scoped instances by (session id, server index).
+type SessionInstances = HashMap<(String, usize), SessionInstance>;
 
 /// The MCP side of the tool host.
 pub struct McpHost {
@@ -56,6 +90,8 @@ pub struct McpHost {
     /// Tool lists of session-scoped servers, from their probe.
     probed: HashMap<usize, Arc<Vec<McpTool>>>,
     sessions: Mutex<SessionInstances>,
+    /// Session-scoped instances stopped to make room under `[limits] session_servers`.
+    evicted: AtomicU64,
     federation: RwLock<Federation>,
     generation: tokio::sync::watch::Sender<u64>,
     /// Builtin tools (deliver_file) listed after the MCP ones.
@@ -94,13 +130,27 @@ impl McpHost {
                 servers = %confined.join(", "),
                 "this kernel does not enforce Landlock: servers with sandbox = \"landlock\" will not be started"
             );
+        } else if !confined.is_empty() && !sandbox::restricts_tcp() {
+            tracing::warn!(
+                servers = %confined.join(", "),
+                abi = sandbox::kernel_abi(),
+                "this kernel's Landlock cannot restrict TCP (it needs ABI 4): servers with sandbox = \"landlock\" may open connections even with network = false"
+            );
         }
+        let private = vec![
+            config.server.data_dir.clone(),
+            config.server.sandboxes.clone(),
+        ];
         let mut shared = HashMap::new();
         let mut probes = Vec::new();
         for (i, cfg) in config.mcp_servers.iter().enumerate() {
             match cfg.scope {
                 McpScope::Shared => {
-                    shared.insert(i, Supervisor::start(cfg.clone(), Placement::default()));
+                    let placement = Placement {
+                        private: private.clone(),
+                        ..Placement::default()
+                    };
+                    shared.insert(i, Supervisor::start(cfg.clone(), placement));
                 }
                 McpScope::Session => {
                     let scratch = config.server.data_dir.join("mcp-probe").join(&cfg.name);
@@ -108,6 +158,7 @@ impl McpHost {
                     let placement = Placement {
                         cwd: Some(scratch.clone()),
                         workspace: Some(scratch),
+                        private: private.clone(),
                     };
                     probes.push((i, Supervisor::start(cfg.clone(), placement)));
                 }
@@ -139,6 +190,7 @@ impl McpHost {
             shared,
             probed,
             sessions: Mutex::new(HashMap::new()),
+            evicted: AtomicU64::new(0),
             federation: RwLock::new(Federation::default()),
             generation: tokio::sync::watch::channel(0).0,
             builtins,
@@ -246,25 +298,72 @@ impl McpHost {
             .cloned()
     }
 
-    async fn session_instance(&self, idx: usize, ctx: &CallContext) -> Arc<Supervisor> {
+    /// The session's instance of server `idx`, started if needed, with the call marked in
+    /// flight. Past `[limits] session_servers` the idlest instance (least recently called, no
+    /// call in flight) is stopped first; when every one is in a call, an error result.
+    async fn session_instance(
+        &self,
+        idx: usize,
+        ctx: &CallContext,
+    ) -> Result<(Arc<Supervisor>, InFlight), ToolOutput> {
         let key = (ctx.session_id.clone(), idx);
-        let cfg: McpServerConfig = self.config.mcp_servers[idx].clone();
-        let mut map = lock(&self.sessions);
-        if let Some((s, used)) = map.get_mut(&key) {
-            *used = Instant::now();
-            return s.clone();
+        let limit = self.config.limits.session_servers;
+        // Each round stops one instance; others may take the room meanwhile, so a few rounds.
+        for _ in 0..4 {
+            let (victim_key, victim) = {
+                let mut map = lock(&self.sessions);
+                if let Some(inst) = map.get_mut(&key) {
+                    return Ok(inst.begin());
+                }
+                if map.len() < limit {
+                    let workspace: PathBuf = ctx.workspace.clone();
+                    let _ = std::fs::create_dir_all(&workspace);
+                    let sup = Supervisor::start(
+                        self.config.mcp_servers[idx].clone(),
+                        Placement {
+                            cwd: Some(workspace.clone()),
+                            workspace: Some(workspace),
+                            private: vec![
+                                self.config.server.data_dir.clone(),
+                                self.config.server.sandboxes.clone(),
+                            ],
+                        },
+                    );
+                    let inst = map.entry(key).or_insert(SessionInstance {
+                        sup,
+                        used: Instant::now(),
+                        in_flight: Arc::new(AtomicUsize::new(0)),
+                    });
+                    return Ok(inst.begin());
+                }
+                let idlest = map
+                    .iter()
+                    .filter(|(_, inst)| inst.idle())
+                    .min_by_key(|(_, inst)| inst.used)
+                    .map(|(k, _)| k.clone());
+                match idlest.and_then(|k| map.remove(&k).map(|inst| (k, inst))) {
+                    Some(found) => found,
+                    None => break,
+                }
+            };
+            tracing::info!(
+                server = %self.config.mcp_servers[victim_key.1].name,
+                session = %victim_key.0,
+                limit,
+                "stopping the idlest session-scoped MCP server to make room ([limits] session_servers); it restarts at its next call"
+            );
+            victim.sup.stop().await;
+            self.evicted.fetch_add(1, Ordering::Relaxed);
         }
-        let workspace: PathBuf = ctx.workspace.clone();
-        let _ = std::fs::create_dir_all(&workspace);
-        let s = Supervisor::start(
-            cfg,
-            Placement {
-                cwd: Some(workspace.clone()),
-                workspace: Some(workspace),
-            },
-        );
-        map.insert(key, (s.clone(), Instant::now()));
-        s
+        let file = self
+            .config
+            .path
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "the config file".into());
+        Err(ToolOutput::error(format!(
+            "turnstile has {limit} session-scoped MCP servers running, each in a call (limit: [limits] session_servers in {file}); try again later"
+        )))
     }
 
     async fn reap_idle(&self) {
@@ -272,12 +371,12 @@ impl McpHost {
             let mut map = lock(&self.sessions);
             let keys: Vec<_> = map
                 .iter()
-                .filter(|(_, (_, used))| used.elapsed() >= SESSION_IDLE)
+                .filter(|(_, inst)| inst.idle() && inst.used.elapsed() >= SESSION_IDLE)
                 .map(|(k, _)| k.clone())
                 .collect();
             keys.into_iter()
                 .filter_map(|k| map.remove(&k))
-                .map(|(s, _)| s)
+                .map(|inst| inst.sup)
                 .collect()
         };
         for s in idle {
@@ -297,6 +396,11 @@ impl McpHost {
     /// The session-scoped instances running now (for tests and metrics).
     pub fn session_instances(&self) -> usize {
         lock(&self.sessions).len()
+    }
+
+    /// Session-scoped instances stopped so far to make room under `[limits] session_servers`.
+    pub fn session_instances_evicted(&self) -> u64 {
+        self.evicted.load(Ordering::Relaxed)
     }
 }
 
@@ -323,12 +427,10 @@ impl ToolHost for McpHost {
             };
             match self.shared.get(&idx) {
                 Some(s) => s.call(&tool, input).await,
-                None => {
-                    self.session_instance(idx, ctx)
-                        .await
-                        .call(&tool, input)
-                        .await
-                }
+                None => match self.session_instance(idx, ctx).await {
+                    Ok((s, _in_flight)) => s.call(&tool, input).await,
+                    Err(refused) => refused,
+                },
             }
         })
     }
@@ -348,7 +450,7 @@ impl ToolHost for McpHost {
                     .collect();
                 keys.into_iter()
                     .filter_map(|k| map.remove(&k))
-                    .map(|(s, _)| s)
+                    .map(|inst| inst.sup)
                     .collect()
             };
             for s in gone {
@@ -361,7 +463,7 @@ impl ToolHost for McpHost {
         Box::pin(async move {
             let sessions: Vec<Arc<Supervisor>> = {
                 let mut map = lock(&self.sessions);
-                map.drain().map(|(_, (s, _))| s).collect()
+                map.drain().map(|(_, inst)| inst.sup).collect()
             };
             let all = self.shared.values().cloned().chain(sessions);
             futures_util::future::join_all(all.map(|s| async move { s.stop().await })).await;

@@ -1,19 +1,53 @@
-//! Landlock confinement for MCP children (`sandbox = "landlock"`): the child may read what it
-//! could read before, but may write only beneath its workspace (and to `/dev/null`). The ruleset
-//! is built in the parent and enforced in the child right before `exec`, so the server never
-//! runs unconfined. Where the kernel has no Landlock, such a server is refused, never started
-//! unconfined.
+//! Landlock confinement for MCP children (`sandbox = "landlock"`). The ruleset is built in the
+//! parent and enforced in the child right before `exec`, so the server never runs unconfined.
+//! Where the kernel has no Landlock, such a server is refused, never started unconfined.
+//!
+//! What a confined child may reach ([`plan`]):
+//! - read, write and execute: its workspace (session-scoped servers) or its configured `cwd`;
+//! - read and execute: the system folders an interpreter needs (`/usr`, `/lib*`, `/bin`,
+//!   `/sbin`, `/etc`, `/opt`, `/nix`), the install folder of its command (resolved on `PATH`,
+//!   symlinks followed: `/root/.pyenv` for a pyenv shim, `<prefix>` for `<prefix>/bin/node`),
+//!   the folder of every absolute path named in its args, and `~/.local/lib` (Python's user
+//!   packages);
+//! - a launcher's cache, read and write: `~/.npm` for `npx`/`npm`, `~/.cache/uv` for `uvx`/`uv`;
+//! - `/dev/null`, `/dev/zero`, `/dev/full` (read and write), `/dev/urandom`, `/dev/random`;
+//! - nothing else: not `/tmp`, not `/proc`, not `/home`.
+//!
+//! **Private folders** (`data_dir` and `sandboxes`) are never reachable: a folder above would
+//! contain one (HOME holding the repository, `/opt` holding `data_dir`) is not allowed whole;
+//! its entries are allowed one by one instead, recursively, leaving out the private ones. A
+//! folder inside a private one is left out, except the instance's own workspace, which
+//! turnstile places there (`sandboxes/<session>/`). Every path is resolved (symlinks followed)
+//! before it is compared, because Landlock applies a rule to the resolved folder.
+//!
+//! Network: where the kernel has Landlock ABI 4 or later, TCP `connect` and `bind` are refused
+//! unless the server's `network = true`; with `network = false` abstract Unix sockets outside
+//! the sandbox are refused too (ABI 6). Signals to processes outside the sandbox are always
+//! refused (ABI 6). On older kernels these parts are skipped and the start-up log says so.
 
+use std::collections::HashSet;
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use landlock::{
-    AccessFs, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreated,
-    RulesetCreatedAttr, ABI,
+    Access, AccessFs, AccessNet, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
+    RulesetAttr, RulesetCreated, RulesetCreatedAttr, Scope, ABI,
 };
 
 /// The newest ABI we ask for; older kernels get what they support (best effort above V1).
-const ABI_WANTED: ABI = ABI::V5;
+const ABI_WANTED: ABI = ABI::V6;
+
+/// Folders readable (and executable) by every confined child, where they exist.
+const SYSTEM_READ: &[&str] = &[
+    "/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc", "/opt", "/nix",
+];
+/// Devices a child may read and write.
+const DEVICES_RW: &[&str] = &["/dev/null", "/dev/zero", "/dev/full"];
+/// Devices a child may read.
+const DEVICES_READ: &[&str] = &["/dev/urandom", "/dev/random"];
+/// At most this many entries of one folder are allowed one by one when it holds a private one.
+const MAX_SPLIT_ENTRIES: usize = 4096;
 
 /// Whether this kernel enforces Landlock (checked once).
 pub fn available() -> bool {
@@ -27,23 +61,259 @@ pub fn available() -> bool {
     })
 }
 
-/// A ruleset allowing writes only beneath `writable`, ready to be enforced in a child.
-pub fn ruleset(writable: &[PathBuf]) -> Result<RulesetCreated, String> {
-    let write = AccessFs::from_write(ABI_WANTED);
-    let mut created = Ruleset::default()
-        .handle_access(write)
+/// The kernel's Landlock ABI version (0 when it has none).
+pub fn kernel_abi() -> i64 {
+    static ABI_VERSION: OnceLock<i64> = OnceLock::new();
+    *ABI_VERSION.get_or_init(|| {
+        // LANDLOCK_CREATE_RULESET_VERSION: with a null attr and size 0, returns the ABI.
+        const VERSION: libc::c_uint = 1;
+        // SAFETY: this form of the call reads no memory; it returns a number or -1.
+        let v = unsafe {
+            libc::syscall(
+                libc::SYS_landlock_create_ruleset,
+                std::ptr::null::<libc::c_void>(),
+                0usize,
+                VERSION,
+            )
+        };
+        v.max(0)
+    })
+}
+
+/// Whether the kernel can restrict TCP (Landlock ABI 4).
+pub fn restricts_tcp() -> bool {
+    kernel_abi() >= 4
+}
+
+/// What a child may reach, before it is resolved into rules.
+#[derive(Debug, Default, Clone)]
+pub struct Request {
+    /// The command as configured (a name looked up on `path_var`, or a path).
+    pub command: String,
+    /// The args as the child gets them (`{workspace}` replaced).
+    pub args: Vec<String>,
+    /// The child's `PATH`.
+    pub path_var: Option<std::ffi::OsString>,
+    /// The child's `HOME`.
+    pub home: Option<PathBuf>,
+    /// The instance's own workspace: read and write, even inside a private folder.
+    pub workspace: Option<PathBuf>,
+    /// Other read-write folders (a configured `cwd`), subject to the private rule.
+    pub read_write: Vec<PathBuf>,
+    /// Never reachable: `data_dir`, `sandboxes`.
+    pub private: Vec<PathBuf>,
+    /// TCP allowed.
+    pub network: bool,
+}
+
+/// What a rule grants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Rights {
+    /// Read, list, execute.
+    Read,
+    /// Everything.
+    ReadWrite,
+}
+
+/// The resolved rules: each path (symlinks resolved) with its rights.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Plan {
+    pub rules: Vec<(PathBuf, Rights)>,
+    pub network: bool,
+}
+
+impl Plan {
+    /// Whether `path` (resolved) falls under a rule granting at least `rights`.
+    pub fn allows(&self, path: &Path, rights: Rights) -> bool {
+        let path = resolve(path).unwrap_or_else(|| path.to_path_buf());
+        self.rules
+            .iter()
+            .any(|(p, r)| path.starts_with(p) && (rights == Rights::Read || *r == rights))
+    }
+}
+
+/// A path with symlinks resolved; a missing path as its resolved parent plus its name.
+fn resolve(p: &Path) -> Option<PathBuf> {
+    if let Ok(c) = p.canonicalize() {
+        return Some(c);
+    }
+    let parent = p.parent()?.canonicalize().ok()?;
+    Some(parent.join(p.file_name()?))
+}
+
+/// Resolve a request into rules (reads the file system: symlinks, folder entries).
+pub fn plan(req: &Request) -> Plan {
+    let private: Vec<PathBuf> = req.private.iter().filter_map(|p| resolve(p)).collect();
+    let mut rules = Vec::new();
+    if let Some(ws) = req.workspace.as_ref().and_then(|w| resolve(w)) {
+        // Its own workspace may lie inside a private folder (turnstile puts it there); it
+        // must not hold one.
+        let inner: Vec<PathBuf> = private
+            .iter()
+            .filter(|f| !ws.starts_with(f))
+            .cloned()
+            .collect();
+        Builder::new(&inner).add(&ws, Rights::ReadWrite, &mut rules);
+    }
+    let mut b = Builder::new(&private);
+    for p in &req.read_write {
+        b.add(p, Rights::ReadWrite, &mut rules);
+    }
+    for p in SYSTEM_READ {
+        b.add(Path::new(p), Rights::Read, &mut rules);
+    }
+    // Often a link out of /etc (to /run/systemd/resolve/...): the file itself.
+    b.add(Path::new("/etc/resolv.conf"), Rights::Read, &mut rules);
+    for p in command_prefixes(&req.command, req.path_var.as_deref(), req.home.as_deref()) {
+        b.add(&p, Rights::Read, &mut rules);
+    }
+    for a in &req.args {
+        let p = Path::new(a);
+        if p.is_absolute() && p.exists() {
+            if p.is_dir() {
+                b.add(p, Rights::Read, &mut rules);
+            } else if let Some(dir) = p.parent() {
+                b.add(dir, Rights::Read, &mut rules);
+            }
+        }
+    }
+    if let Some(home) = &req.home {
+        b.add(&home.join(".local/lib"), Rights::Read, &mut rules);
+        for (dir, rights) in launcher_caches(&req.command) {
+            b.add(&home.join(dir), *rights, &mut rules);
+        }
+    }
+    for d in DEVICES_RW {
+        b.add(Path::new(d), Rights::ReadWrite, &mut rules);
+    }
+    for d in DEVICES_READ {
+        b.add(Path::new(d), Rights::Read, &mut rules);
+    }
+    Plan {
+        rules,
+        network: req.network,
+    }
+}
+
+struct Builder<'a> {
+    private: &'a [PathBuf],
+    /// Folders already split (a symlink loop cannot recurse forever).
+    seen: HashSet<PathBuf>,
+}
+
+impl<'a> Builder<'a> {
+    fn new(private: &'a [PathBuf]) -> Self {
+        Builder {
+            private,
+            seen: HashSet::new(),
+        }
+    }
+
+    /// Allow `path` (resolved), or, when it holds a private folder, its entries but that one.
+    fn add(&mut self, path: &Path, rights: Rights, out: &mut Vec<(PathBuf, Rights)>) {
+        let Ok(c) = path.canonicalize() else { return };
+        if self.private.iter().any(|f| c.starts_with(f)) {
+            return;
+        }
+        if self.private.iter().any(|f| f.starts_with(&c)) {
+            if !c.is_dir() || !self.seen.insert(c.clone()) {
+                return;
+            }
+            let Ok(entries) = std::fs::read_dir(&c) else {
+                return;
+            };
+            for entry in entries.flatten().take(MAX_SPLIT_ENTRIES) {
+                self.add(&entry.path(), rights, out);
+            }
+            return;
+        }
+        if !out.iter().any(|(p, r)| p == &c && *r == rights) {
+            out.push((c, rights));
+        }
+    }
+}
+
+/// Where a command is installed: the folder above its `bin` (or `shims`) folder, or its own
+/// folder; for the path as found on `PATH` and for its resolved target. Never `/` or HOME.
+fn command_prefixes(command: &str, path_var: Option<&OsStr>, home: Option<&Path>) -> Vec<PathBuf> {
+    let Some(found) = which(command, path_var) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for exe in [Some(found.clone()), found.canonicalize().ok()]
+        .into_iter()
+        .flatten()
+    {
+        let Some(dir) = exe.parent() else { continue };
+        let install = match dir.file_name().and_then(|n| n.to_str()) {
+            Some("bin" | "sbin" | "shims") => dir.parent().unwrap_or(dir),
+            _ => dir,
+        };
+        let too_wide = |p: &Path| p.parent().is_none() || Some(p) == home;
+        let pick = if too_wide(install) { dir } else { install };
+        if !too_wide(pick) && !out.iter().any(|p: &PathBuf| p == pick) {
+            out.push(pick.to_path_buf());
+        }
+    }
+    out
+}
+
+/// The command's path: itself when it has a slash, else the first match on `PATH`.
+fn which(command: &str, path_var: Option<&OsStr>) -> Option<PathBuf> {
+    if command.contains('/') {
+        return Some(PathBuf::from(command));
+    }
+    std::env::split_paths(path_var?)
+        .map(|dir| dir.join(command))
+        .find(|p| p.is_file())
+}
+
+/// A launcher's cache under HOME, which it must write to work at all.
+fn launcher_caches(command: &str) -> &'static [(&'static str, Rights)] {
+    let name = Path::new(command)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("");
+    match name {
+        "npx" | "npm" => &[(".npm", Rights::ReadWrite)],
+        "uvx" | "uv" => &[
+            (".cache/uv", Rights::ReadWrite),
+            (".local/share/uv", Rights::Read),
+        ],
+        _ => &[],
+    }
+}
+
+/// A ruleset enforcing `plan`, ready to be enforced in a child.
+pub fn ruleset(plan: &Plan) -> Result<RulesetCreated, String> {
+    let all = AccessFs::from_all(ABI_WANTED);
+    let read = AccessFs::from_read(ABI_WANTED);
+    let mut attr = Ruleset::default()
+        .handle_access(all)
+        .map_err(|e| format!("cannot build the Landlock ruleset: {e}"))?;
+    let mut scope: landlock::BitFlags<Scope> = Scope::Signal.into();
+    if !plan.network {
+        attr = attr
+            .handle_access(AccessNet::from_all(ABI_WANTED))
+            .map_err(|e| format!("cannot build the Landlock ruleset: {e}"))?;
+        scope |= Scope::AbstractUnixSocket;
+    }
+    let mut created = attr
+        .scope(scope)
         .and_then(|r| r.create())
         .map_err(|e| format!("cannot build the Landlock ruleset: {e}"))?;
-    for dir in writable {
-        let fd = PathFd::new(dir).map_err(|e| format!("Landlock: {}: {e}", dir.display()))?;
+    for (path, rights) in &plan.rules {
+        let fd = PathFd::new(path).map_err(|e| format!("Landlock: {}: {e}", path.display()))?;
+        let mut access = match rights {
+            Rights::Read => read,
+            Rights::ReadWrite => all,
+        };
+        if !path.is_dir() {
+            access &= AccessFs::from_file(ABI_WANTED);
+        }
         created = created
-            .add_rule(PathBeneath::new(fd, write))
-            .map_err(|e| format!("Landlock rule for {}: {e}", dir.display()))?;
-    }
-    if let Ok(fd) = PathFd::new(Path::new("/dev/null")) {
-        created = created
-            .add_rule(PathBeneath::new(fd, AccessFs::WriteFile))
-            .map_err(|e| format!("Landlock rule for /dev/null: {e}"))?;
+            .add_rule(PathBeneath::new(fd, access))
+            .map_err(|e| format!("Landlock rule for {}: {e}", path.display()))?;
     }
     Ok(created)
 }
@@ -65,5 +335,103 @@ pub fn confine(cmd: &mut tokio::process::Command, ruleset: RulesetCreated) {
             }
             Ok(())
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn touch(p: &Path) {
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, b"x").unwrap();
+    }
+
+    /// HOME holds the install, the data folder and the sandboxes: the install is readable, the
+    /// private folders are not, and neither is HOME whole; the own workspace is read-write.
+    #[test]
+    fn a_folder_holding_a_private_one_is_split() {
+        let t = tempfile::tempdir().unwrap();
+        let home = t.path().join("home");
+        let repo = home.join("repo");
+        let data = repo.join("data");
+        let sandboxes = repo.join("sandboxes");
+        let ws = sandboxes.join("sess_a");
+        let other = sandboxes.join("sess_b");
+        touch(&data.join("turnstile.db"));
+        touch(&other.join("secret.txt"));
+        std::fs::create_dir_all(&ws).unwrap();
+        touch(&repo.join("server.py"));
+        touch(&repo.join("lib/helper.py"));
+        touch(&home.join(".tool/bin/tool"));
+        touch(&home.join(".ssh/id_ed25519"));
+        // A symlink in HOME to the data folder must not open it.
+        std::os::unix::fs::symlink(&data, home.join("data-link")).unwrap();
+        let req = Request {
+            command: home.join(".tool/bin/tool").display().to_string(),
+            args: vec![repo.join("server.py").display().to_string()],
+            home: Some(home.clone()),
+            workspace: Some(ws.clone()),
+            private: vec![data.clone(), sandboxes.clone()],
+            ..Request::default()
+        };
+        let plan = plan(&req);
+        assert!(
+            plan.allows(&ws.join("new.txt"), Rights::ReadWrite),
+            "{plan:?}"
+        );
+        assert!(plan.allows(&repo.join("server.py"), Rights::Read));
+        assert!(plan.allows(&repo.join("lib/helper.py"), Rights::Read));
+        assert!(!plan.allows(&repo.join("server.py"), Rights::ReadWrite));
+        assert!(plan.allows(&home.join(".tool/bin/tool"), Rights::Read));
+        assert!(plan.allows(Path::new("/usr/bin"), Rights::Read));
+        for denied in [
+            data.join("turnstile.db"),
+            other.join("secret.txt"),
+            home.join(".ssh/id_ed25519"),
+            home.join("data-link/turnstile.db"),
+            sandboxes.clone(),
+            home.clone(),
+            repo.clone(),
+        ] {
+            assert!(
+                !plan.allows(&denied, Rights::Read),
+                "{denied:?} in {plan:?}"
+            );
+        }
+    }
+
+    /// A command right in HOME does not open HOME; one in `/x/bin` opens `/x`.
+    #[test]
+    fn the_command_prefix_is_narrow() {
+        let t = tempfile::tempdir().unwrap();
+        let home = t.path().join("home");
+        touch(&home.join("tool"));
+        touch(&t.path().join("opt/node/bin/node"));
+        let path_var = std::env::join_paths([t.path().join("opt/node/bin"), home.clone()]).unwrap();
+        let got = command_prefixes("node", Some(&path_var), Some(&home));
+        assert_eq!(got, [t.path().join("opt/node")]);
+        assert!(command_prefixes("tool", Some(&path_var), Some(&home)).is_empty());
+        assert!(command_prefixes("missing", Some(&path_var), Some(&home)).is_empty());
+    }
+
+    /// A private folder named in the args or as a read-write folder stays private.
+    #[test]
+    fn a_private_folder_is_never_allowed() {
+        let t = tempfile::tempdir().unwrap();
+        let data = t.path().join("data");
+        touch(&data.join("files/f"));
+        let req = Request {
+            command: "/bin/sh".into(),
+            args: vec![data.display().to_string()],
+            read_write: vec![data.clone(), data.join("files")],
+            private: vec![data.clone()],
+            ..Request::default()
+        };
+        let plan = plan(&req);
+        assert!(
+            !plan.allows(&data.join("files/f"), Rights::Read),
+            "{plan:?}"
+        );
     }
 }

@@ -6,7 +6,7 @@
 //! Child hygiene: a cleared environment (`PATH`, `HOME`, `LANG`, `TMPDIR` and the server's `env`
 //! table, never the upstream's or the API's keys), its own process group (killed whole on
 //! shutdown and restart, so `npx`-style launchers leave no orphans), `kill_on_drop`, and stderr
-//! lines logged with the server's name.
+//! drained until EOF and logged with bounds (see [`super::stderr`]).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -21,7 +21,6 @@ use rmcp::service::{MaybeSendFuture, NotificationContext, Peer, RoleClient, Serv
 use rmcp::transport::TokioChildProcess;
 use rmcp::ClientHandler;
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -56,12 +55,17 @@ const KEPT_ENV: &[&str] = &[
 const BACKOFF_START: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
 const SUSTAINED_UPTIME: Duration = Duration::from_secs(60);
+/// How long a stopped child's stderr is awaited to its end.
+const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(1);
 
 /// Where an instance runs: its working folder and the value of `{workspace}` in its args.
 #[derive(Debug, Clone, Default)]
 pub struct Placement {
     pub cwd: Option<PathBuf>,
     pub workspace: Option<PathBuf>,
+    /// Folders a confined child must never reach (`data_dir`, `sandboxes`): see
+    /// [`super::sandbox`].
+    pub private: Vec<PathBuf>,
 }
 
 /// The handle of a running server instance.
@@ -234,12 +238,16 @@ async fn run(
     shutdown: CancellationToken,
     pgid: Arc<std::sync::atomic::AtomicI32>,
 ) {
+    let stderr_log = Arc::new(std::sync::Mutex::new(super::stderr::StderrLog::new(
+        cfg.name.clone(),
+    )));
     let mut backoff = BACKOFF_START;
     while !shutdown.is_cancelled() {
         let started = Instant::now();
         let (changed_tx, mut changed_rx) = mpsc::unbounded_channel();
+        let mut drain = None;
         let connected = tokio::select! {
-            r = tokio::time::timeout(cfg.startup_timeout, connect(&cfg, &placement, Handler { changed: changed_tx }, &pgid)) => match r {
+            r = tokio::time::timeout(cfg.startup_timeout, connect(&cfg, &placement, Handler { changed: changed_tx }, &pgid, &stderr_log, &mut drain)) => match r {
                 Ok(r) => r,
                 Err(_) => Err(format!("no handshake within {} s (startup_timeout_s)", cfg.startup_timeout.as_secs())),
             },
@@ -291,6 +299,12 @@ async fn run(
             }
         }
         kill_group(&pgid);
+        if let Some(drain) = drain {
+            // The child's group is gone: its stderr ends, and what it wrote last is logged and
+            // counted. A descendant that left the group may hold the pipe open; then the
+            // reader goes on by itself.
+            let _ = tokio::time::timeout(DRAIN_AFTER_EXIT, drain).await;
+        }
         if shutdown.is_cancelled() {
             break;
         }
@@ -329,6 +343,8 @@ async fn connect(
     placement: &Placement,
     handler: Handler,
     pgid: &std::sync::atomic::AtomicI32,
+    stderr_log: &Arc<std::sync::Mutex<super::stderr::StderrLog>>,
+    drain: &mut Option<tokio::task::JoinHandle<()>>,
 ) -> Result<Service, String> {
     match &cfg.transport {
         McpTransport::Stdio {
@@ -342,10 +358,14 @@ async fn connect(
                 .workspace
                 .as_ref()
                 .map(|w| w.display().to_string());
-            cmd.args(args.iter().map(|a| match &workspace {
-                Some(w) => a.replace("{workspace}", w),
-                None => a.clone(),
-            }));
+            let child_args: Vec<String> = args
+                .iter()
+                .map(|a| match &workspace {
+                    Some(w) => a.replace("{workspace}", w),
+                    None => a.clone(),
+                })
+                .collect();
+            cmd.args(&child_args);
             cmd.env_clear();
             for k in KEPT_ENV {
                 if let Ok(v) = std::env::var(k) {
@@ -363,14 +383,30 @@ async fn connect(
                 if !super::sandbox::available() {
                     return Err("sandbox = \"landlock\" but this kernel does not enforce Landlock; the server is not started unconfined".into());
                 }
-                let writable: Vec<PathBuf> = placement
-                    .workspace
-                    .iter()
-                    .chain(placement.cwd.iter())
-                    .chain(cwd.iter())
-                    .cloned()
-                    .collect();
-                super::sandbox::confine(&mut cmd, super::sandbox::ruleset(&writable)?);
+                let child_env = |k: &str| {
+                    env.get(k)
+                        .map(std::ffi::OsString::from)
+                        .or_else(|| std::env::var_os(k))
+                };
+                let request = super::sandbox::Request {
+                    command: command.clone(),
+                    args: child_args.clone(),
+                    path_var: child_env("PATH"),
+                    home: child_env("HOME").map(PathBuf::from),
+                    workspace: placement.workspace.clone(),
+                    read_write: placement
+                        .cwd
+                        .as_ref()
+                        .or(cwd.as_ref())
+                        .cloned()
+                        .into_iter()
+                        .collect(),
+                    private: placement.private.clone(),
+                    network: cfg.network,
+                };
+                let plan = super::sandbox::plan(&request);
+                tracing::debug!(server = %cfg.name, rules = ?plan.rules, network = cfg.network, "Landlock rules");
+                super::sandbox::confine(&mut cmd, super::sandbox::ruleset(&plan)?);
             }
             let (proc, stderr) = TokioChildProcess::builder(cmd)
                 .stderr(Stdio::piped())
@@ -380,13 +416,10 @@ async fn connect(
                 pgid.store(pid as i32, std::sync::atomic::Ordering::SeqCst);
             }
             if let Some(stderr) = stderr {
-                let name = cfg.name.clone();
-                tokio::spawn(async move {
-                    let mut lines = BufReader::new(stderr).lines();
-                    while let Ok(Some(line)) = lines.next_line().await {
-                        tracing::info!(target: "turnstile::mcp::stderr", server = %name, "{line}");
-                    }
-                });
+                *drain = Some(tokio::spawn(super::stderr::drain(
+                    stderr,
+                    stderr_log.clone(),
+                )));
             }
             handler
                 .serve(proc)
