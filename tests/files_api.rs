@@ -363,7 +363,7 @@ async fn a_file_belongs_to_the_key_that_uploaded_it() {
             &json!({"content": "read it", "files": [id]}),
         )
         .await;
-    assert_eq!(status, 400, "{err}");
+    assert_eq!(status, 404, "{err}");
     assert!(
         !server
             .dir
