@@ -62,7 +62,7 @@ const MULTIPART_BURST: u64 = 64 * 1024;
 
 /// More than [`MULTIPART_OVERHEAD`] bytes were read outside any part's data.
 #[derive(Debug, thiserror::Error)]
-#[error("more than {} bytes of the multipart body lie outside its parts' data (preamble, boundaries, part headers): does the body use the boundary its Content-Type names? (limit: {} bytes, fixed)", MULTIPART_OVERHEAD, MULTIPART_OVERHEAD)]
+#[error("more than {n} bytes of the multipart body lie outside its parts' data (preamble, boundaries, part headers): does the body use the boundary its Content-Type names? (limit: {n} bytes, fixed)", n = MULTIPART_OVERHEAD)]
 struct OutsideParts;
 
 /// The body as the multipart parser reads it: counted against the part data taken out of the
@@ -478,7 +478,9 @@ mod tests {
             taken: Arc::new(AtomicU64::new(0)),
         };
         let mut mp = multer::Multipart::new(metered, "XyZ");
-        let err = mp.next_field().await.err().expect("refused");
+        let Err(err) = mp.next_field().await else {
+            panic!("a body without a boundary was accepted")
+        };
         let api = multipart_error(&err, 100);
         assert_eq!(api.status, StatusCode::PAYLOAD_TOO_LARGE, "{err}");
         assert!(api.message.contains("outside its parts"), "{}", api.message);
