@@ -68,17 +68,13 @@ pub async fn send_message(
     // Every file is checked before any is copied: a refused message leaves the workspace as it was.
     let mut rows = Vec::with_capacity(ids.len());
     for id in ids {
-        rows.push(
-            app.files
-                .get(caller.owner.as_deref(), id)
-                .await
-                .map_err(|e| match e {
-                    crate::files::FileError::NotFound(_) => ApiError::not_found(format!(
+        let row = app.files.get(caller.owner.as_deref(), id).await;
+        rows.push(row.map_err(|e| match e {
+            crate::files::FileError::NotFound(_) => ApiError::not_found(format!(
                 "files names {id}, which is not a file of yours: upload it with POST /files first"
             )),
-                    e => e.into(),
-                })?,
-        );
+            e => e.into(),
+        })?);
     }
     // Attached files are copied into the session's workspace, so tools can use them too.
     let workspace = app.engine.workspace(&session.id);
