@@ -363,7 +363,7 @@ async fn a_file_belongs_to_the_key_that_uploaded_it() {
             &json!({"content": "read it", "files": [id]}),
         )
         .await;
-    assert_eq!(status, 400, "{err}");
+    assert_eq!(status, 404, "{err}");
     assert!(
         !server
             .dir
@@ -499,7 +499,7 @@ async fn files_named_by_a_message_are_copied_into_the_workspace_and_shown_to_the
 }
 
 #[tokio::test]
-async fn an_unknown_file_id_is_400_and_nothing_is_queued() {
+async fn an_unknown_file_id_is_404_and_nothing_is_queued() {
     let (fake, server) = setup("").await;
     let sid = server.session(json!({})).await;
     let (status, err) = server
@@ -509,7 +509,7 @@ async fn an_unknown_file_id_is_400_and_nothing_is_queued() {
             &json!({"content": "read it", "files": ["file_nosuchfile"]}),
         )
         .await;
-    assert_eq!(status, 400, "{err}");
+    assert_eq!(status, 404, "{err}");
     assert!(
         err["error"]["message"]
             .as_str()
@@ -549,7 +549,7 @@ async fn a_refused_message_leaves_the_workspace_untouched() {
             &json!({"content": "read them", "files": [t["id"], "file_nosuchfile"]}),
         )
         .await;
-    assert_eq!(status, 400, "{err}");
+    assert_eq!(status, 404, "{err}");
     let ws = server.dir.path().join("sandboxes").join(&sid);
     let left: Vec<_> = std::fs::read_dir(&ws)
         .unwrap()
@@ -557,7 +557,7 @@ async fn a_refused_message_leaves_the_workspace_untouched() {
         .collect();
     assert!(
         left.is_empty(),
-        "a message refused with 400 must not copy its valid files into the workspace: {left:?}"
+        "a refused message must not copy its valid files into the workspace: {left:?}"
     );
     assert!(fake.requests().is_empty());
 }

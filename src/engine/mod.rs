@@ -656,6 +656,14 @@ impl Engine {
         if let Some(control) = running {
             control.stop(StopCause::Cancelled);
         }
+        // The session's files (attached, delivered), read while its log is still there.
+        let files = match &self.inner.files {
+            Some(_) => {
+                self.inner.store.flush().await?;
+                self.inner.store.session_file_ids(id).await?
+            }
+            None => vec![],
+        };
         self.inner.store.delete_session(id);
         let committed = self.inner.store.flush().await;
         // Only now: until the delete is committed, a reader that missed the (deleted) session in
@@ -669,6 +677,15 @@ impl Engine {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => {
                 tracing::warn!(session = %id, error = %e, "could not remove the session's workspace")
+            }
+        }
+        if let Some(store) = &self.inner.files {
+            // They go with it, unless another session's log names them.
+            if let Err(e) = store
+                .delete_unreferenced(session.owner.as_deref(), files)
+                .await
+            {
+                tracing::warn!(session = %id, error = %e, "could not delete the session's files");
             }
         }
         Ok(())

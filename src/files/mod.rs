@@ -6,20 +6,25 @@ pub mod deliver;
 pub mod mime;
 pub mod safe_open;
 
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use ring::digest::{Context, SHA256};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 use crate::log::{FileRef, FileRow, Store};
+use crate::sync::lock;
 use crate::{clock, ids};
 
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
     #[error("file {0} not found")]
     NotFound(String),
-    #[error("the file is larger than the limit of {limit} bytes ([files] max_bytes)")]
+    #[error("the file is larger than the limit of {limit} bytes (limit: [files] max_bytes in tools.toml)")]
     TooLarge { limit: u64 },
+    #[error("this key's stored files would pass {limit} bytes (limit: [limits] disk_bytes_per_key in tools.toml); delete files it no longer needs with DELETE /files/{{id}}")]
+    QuotaExceeded { limit: u64 },
     #[error("file store error: {0}")]
     Io(#[from] std::io::Error),
     #[error(transparent)]
@@ -32,13 +37,38 @@ pub struct FileStore {
     blobs: PathBuf,
     store: Store,
     pub max_bytes: u64,
+    /// Bytes of stored files one key may own (`[limits] disk_bytes_per_key`).
+    pub disk_bytes_per_key: u64,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    /// Per owner: the bytes of its stored files plus those of its uploads under way. An owner's
+    /// entry is read from the store (a sum over its records) the first time it is needed.
+    usage: Mutex<HashMap<Option<String>, u64>>,
+    /// Held while a blob is put in place or removed together with the commit of its record:
+    /// records share blobs (same bytes, one blob), so a blob is removed only when no record is
+    /// left that names it, and never while an upload of the same bytes is being recorded.
+    blob_lock: tokio::sync::Mutex<()>,
+}
+
+/// Bidirectional-text controls: they make a name read differently from what it is
+/// (`invoice\u{202E}fdp.exe` shows as `invoiceexe.pdf`).
+fn is_bidi_control(c: char) -> bool {
+    matches!(
+        c,
+        '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}'
+    )
 }
 
 /// A file name safe to store and to offer for download: its last path component, no control
-/// characters, at most 255 bytes; `file` when nothing is left.
+/// characters and no bidirectional-text controls, at most 255 bytes; `file` when nothing is left.
 pub fn clean_name(name: &str) -> String {
     let base = name.rsplit(['/', '\\']).next().unwrap_or(name);
-    let mut out: String = base.chars().filter(|c| !c.is_control()).collect();
+    let mut out: String = base
+        .chars()
+        .filter(|c| !c.is_control() && !is_bidi_control(*c))
+        .collect();
     out = out.trim().to_string();
     if out == "." || out == ".." {
         out.clear();
@@ -53,22 +83,124 @@ pub fn clean_name(name: &str) -> String {
     }
 }
 
+/// Bytes counted against an owner's quota while an upload is under way: given back when dropped,
+/// unless kept (the file was stored).
+struct Reservation<'a> {
+    files: &'a FileStore,
+    owner: Option<String>,
+    bytes: u64,
+}
+
+impl Reservation<'_> {
+    fn grow(&mut self, n: u64) -> Result<(), FileError> {
+        let limit = self.files.disk_bytes_per_key;
+        let mut usage = lock(&self.files.shared.usage);
+        let used = usage.entry(self.owner.clone()).or_default();
+        if used.saturating_add(n) > limit {
+            return Err(FileError::QuotaExceeded { limit });
+        }
+        *used += n;
+        self.bytes += n;
+        Ok(())
+    }
+
+    fn keep(mut self) {
+        self.bytes = 0;
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if self.bytes > 0 {
+            let mut usage = lock(&self.files.shared.usage);
+            if let Some(used) = usage.get_mut(&self.owner) {
+                *used = used.saturating_sub(self.bytes);
+            }
+        }
+    }
+}
+
+/// `report.csv` → (`report`, `.csv`); a name without a stem keeps its dot (`.env` → (`.env`, ``)).
+fn split_ext(name: &str) -> (&str, &str) {
+    match name.rfind('.') {
+        Some(i) if i > 0 => (&name[..i], &name[i..]),
+        _ => (name, ""),
+    }
+}
+
+/// The first of `name`, `stem (2).ext`, `stem (3).ext`, ... not in `taken`; `next` remembers
+/// where each name's count stopped, so naming many copies of one name is linear, not quadratic.
+fn free_name(name: &str, taken: &HashSet<String>, next: &mut HashMap<String, u64>) -> String {
+    if !taken.contains(name) {
+        return name.to_string();
+    }
+    let (stem, ext) = split_ext(name);
+    let n = next.entry(name.to_string()).or_insert(2);
+    loop {
+        let candidate = format!("{stem} ({n}){ext}");
+        *n += 1;
+        if !taken.contains(&candidate) {
+            return candidate;
+        }
+    }
+}
+
 impl FileStore {
+    /// Open the store's folder under `data_dir`, emptying `files/tmp` (uploads cut short by a
+    /// stop). No quota per key until [`FileStore::with_disk_quota`].
     pub fn open(data_dir: &Path, store: Store, max_bytes: u64) -> std::io::Result<FileStore> {
         let blobs = data_dir.join("files");
-        std::fs::create_dir_all(blobs.join("tmp"))?;
+        let tmp = blobs.join("tmp");
+        match std::fs::remove_dir_all(&tmp) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        std::fs::create_dir_all(&tmp)?;
         Ok(FileStore {
             blobs,
             store,
             max_bytes,
+            disk_bytes_per_key: u64::MAX,
+            shared: Arc::new(Shared {
+                usage: Mutex::new(HashMap::new()),
+                blob_lock: tokio::sync::Mutex::new(()),
+            }),
         })
+    }
+
+    /// Limit the bytes of stored files per key (`[limits] disk_bytes_per_key`).
+    pub fn with_disk_quota(mut self, bytes: u64) -> FileStore {
+        self.disk_bytes_per_key = bytes;
+        self
     }
 
     fn blob(&self, sha: &str) -> PathBuf {
         self.blobs.join(sha)
     }
 
-    /// Store what `reader` yields (at most `max_bytes`), streaming: never whole in memory.
+    /// Make sure the owner's usage is counted in memory (read from the store the first time).
+    async fn load_usage(&self, owner: &Option<String>) -> Result<(), FileError> {
+        if lock(&self.shared.usage).contains_key(owner) {
+            return Ok(());
+        }
+        let stored = self.store.file_bytes_of(owner.clone()).await?;
+        // Another caller may have loaded it meanwhile, and counted more since: theirs stands.
+        lock(&self.shared.usage)
+            .entry(owner.clone())
+            .or_insert(stored);
+        Ok(())
+    }
+
+    /// Bytes of stored files (and uploads under way) of this owner.
+    pub async fn usage(&self, owner: Option<&str>) -> Result<u64, FileError> {
+        let owner = owner.map(str::to_string);
+        self.load_usage(&owner).await?;
+        Ok(lock(&self.shared.usage).get(&owner).copied().unwrap_or(0))
+    }
+
+    /// Store what `reader` yields (at most `max_bytes`, and within the owner's quota),
+    /// streaming: never whole in memory.
     pub async fn put<R: AsyncRead + Unpin>(
         &self,
         owner: Option<String>,
@@ -76,6 +208,12 @@ impl FileStore {
         mut reader: R,
     ) -> Result<FileRef, FileError> {
         let filename = clean_name(filename);
+        self.load_usage(&owner).await?;
+        let mut reserved = Reservation {
+            files: self,
+            owner: owner.clone(),
+            bytes: 0,
+        };
         let tmp = self.blobs.join("tmp").join(ids::new("tmp"));
         let mut out = tokio::fs::File::create(&tmp).await?;
         let mut hash = Context::new(&SHA256);
@@ -94,6 +232,7 @@ impl FileStore {
                         limit: self.max_bytes,
                     });
                 }
+                reserved.grow(n as u64)?;
                 if head.len() < 8192 {
                     let take = (8192 - head.len()).min(n);
                     head.extend_from_slice(&buf[..take]);
@@ -117,12 +256,6 @@ impl FileStore {
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect();
-        let blob = self.blob(&sha);
-        if tokio::fs::try_exists(&blob).await.unwrap_or(false) {
-            let _ = tokio::fs::remove_file(&tmp).await;
-        } else {
-            tokio::fs::rename(&tmp, &blob).await?;
-        }
         let row = FileRow {
             id: ids::new("file"),
             owner,
@@ -132,8 +265,19 @@ impl FileStore {
             sha256: sha,
             created_at: clock::now(),
         };
-        self.store.put_file(row.clone());
-        self.store.flush().await?;
+        {
+            let _placing = self.shared.blob_lock.lock().await;
+            let blob = self.blob(&row.sha256);
+            if tokio::fs::try_exists(&blob).await.unwrap_or(false) {
+                let _ = tokio::fs::remove_file(&tmp).await;
+            } else if let Err(e) = tokio::fs::rename(&tmp, &blob).await {
+                let _ = tokio::fs::remove_file(&tmp).await;
+                return Err(e.into());
+            }
+            self.store.put_file(row.clone());
+            self.store.flush().await?;
+        }
+        reserved.keep();
         Ok(to_ref(&row))
     }
 
@@ -148,41 +292,107 @@ impl FileStore {
         }
     }
 
+    /// Delete a file of this owner: its record, and its bytes unless another record shares them.
+    pub async fn delete(&self, owner: Option<&str>, id: &str) -> Result<(), FileError> {
+        let row = self.get(owner, id).await?;
+        let owner = row.owner.clone();
+        self.load_usage(&owner).await?;
+        {
+            let _removing = self.shared.blob_lock.lock().await;
+            self.store.delete_file(&row.id);
+            self.store.flush().await?;
+            if !self.store.blob_in_use(&row.sha256).await? {
+                match tokio::fs::remove_file(self.blob(&row.sha256)).await {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        if let Some(used) = lock(&self.shared.usage).get_mut(&owner) {
+            *used = used.saturating_sub(row.size_bytes);
+        }
+        Ok(())
+    }
+
+    /// Delete the files a deleted session referenced (attached to its messages, delivered by
+    /// its tools) that no message or tool result of another session references. Call it once the
+    /// session's log is deleted. The ids deleted.
+    pub async fn delete_unreferenced(
+        &self,
+        owner: Option<&str>,
+        ids: Vec<String>,
+    ) -> Result<Vec<String>, FileError> {
+        if ids.is_empty() {
+            return Ok(vec![]);
+        }
+        let still = self.store.files_referenced(ids.clone()).await?;
+        let mut deleted = Vec::new();
+        for id in ids.into_iter().filter(|id| !still.contains(id)) {
+            match self.delete(owner, &id).await {
+                Ok(()) => deleted.push(id),
+                Err(FileError::NotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(deleted)
+    }
+
     /// Open a file's bytes.
     pub async fn open_blob(&self, row: &FileRow) -> Result<tokio::fs::File, FileError> {
         Ok(tokio::fs::File::open(self.blob(&row.sha256)).await?)
     }
 
-    /// Copy a stored file into a folder (a session's workspace) under a name not taken yet; the
-    /// name used.
-    pub async fn copy_into(&self, row: &FileRow, dir: &Path) -> Result<String, FileError> {
+    /// Copy stored files into a folder (a session's workspace), each under a name not taken yet
+    /// (`report (2).csv` beside `report.csv`); the names used, in order. The folder is listed
+    /// once, so the names are found in linear time however many share one. On an error, the
+    /// copies made so far are removed.
+    pub async fn copy_all_into(
+        &self,
+        rows: &[FileRow],
+        dir: &Path,
+    ) -> Result<Vec<String>, FileError> {
         tokio::fs::create_dir_all(dir).await?;
-        let (stem, ext) = match row.filename.rsplit_once('.') {
-            Some((s, e)) if !s.is_empty() => (s.to_string(), format!(".{e}")),
-            _ => (row.filename.clone(), String::new()),
-        };
-        let mut name = row.filename.clone();
-        let mut n = 1;
-        loop {
-            let target = dir.join(&name);
-            match tokio::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&target)
-                .await
-            {
-                Ok(mut out) => {
-                    let mut src = self.open_blob(row).await?;
-                    tokio::io::copy(&mut src, &mut out).await?;
-                    return Ok(name);
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    n += 1;
-                    name = format!("{stem} ({n}){ext}");
-                }
-                Err(e) => return Err(e.into()),
-            }
+        let mut taken = HashSet::new();
+        let mut entries = tokio::fs::read_dir(dir).await?;
+        while let Some(e) = entries.next_entry().await? {
+            taken.insert(e.file_name().to_string_lossy().into_owned());
         }
+        let mut next = HashMap::new();
+        let mut names: Vec<String> = Vec::with_capacity(rows.len());
+        let result: Result<(), FileError> = async {
+            for row in rows {
+                loop {
+                    let name = free_name(&row.filename, &taken, &mut next);
+                    taken.insert(name.clone());
+                    match tokio::fs::OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .open(dir.join(&name))
+                        .await
+                    {
+                        Ok(mut out) => {
+                            names.push(name);
+                            let mut src = self.open_blob(row).await?;
+                            tokio::io::copy(&mut src, &mut out).await?;
+                            break;
+                        }
+                        // Made meanwhile by a tool: try the next name.
+                        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+            Ok(())
+        }
+        .await;
+        if let Err(e) = result {
+            for name in &names {
+                let _ = tokio::fs::remove_file(dir.join(name)).await;
+            }
+            return Err(e);
+        }
+        Ok(names)
     }
 }
 
@@ -207,6 +417,43 @@ mod tests {
         assert_eq!(clean_name(".."), "file");
         assert_eq!(clean_name("C:\\x\\report.pdf"), "report.pdf");
         assert_eq!(clean_name("résumé.pdf"), "résumé.pdf");
+        // Bidirectional-text controls: invoice, U+202E, fdp.exe would show as "invoiceexe.pdf".
+        assert_eq!(clean_name("invoice\u{202E}fdp.exe"), "invoicefdp.exe");
+        for c in [
+            '\u{202A}', '\u{202B}', '\u{202C}', '\u{202D}', '\u{202E}', '\u{2066}', '\u{2067}',
+            '\u{2068}', '\u{2069}', '\u{200E}', '\u{200F}', '\u{061C}',
+        ] {
+            assert_eq!(
+                clean_name(&format!("a{c}b.txt")),
+                "ab.txt",
+                "{:04X}",
+                c as u32
+            );
+        }
+        assert_eq!(clean_name("\u{202E}\u{2066}"), "file");
+        // Other format characters of scripts that need them stay (a zero-width joiner).
+        assert_eq!(clean_name("a\u{200D}b"), "a\u{200D}b");
+    }
+
+    #[test]
+    fn free_names_count_on_without_rescanning() {
+        let mut taken: HashSet<String> = ["r.csv", "r (2).csv", ".env"]
+            .into_iter()
+            .map(String::from)
+            .collect();
+        let mut next = HashMap::new();
+        assert_eq!(free_name("new.txt", &taken, &mut next), "new.txt");
+        let a = free_name("r.csv", &taken, &mut next);
+        assert_eq!(a, "r (3).csv");
+        taken.insert(a);
+        assert_eq!(free_name("r.csv", &taken, &mut next), "r (4).csv");
+        assert_eq!(free_name(".env", &taken, &mut next), ".env (2)");
+        // 10,000 copies of one name: each found in one step, not by counting from 2.
+        for _ in 0..10_000 {
+            let n = free_name("r.csv", &taken, &mut next);
+            assert!(taken.insert(n));
+        }
+        assert_eq!(next["r.csv"], 10_005, "one candidate tried per copy");
     }
 
     #[tokio::test]
@@ -239,5 +486,140 @@ mod tests {
             files.get(Some("other"), &a.id).await,
             Err(FileError::NotFound(_))
         ));
+    }
+
+    fn blob_count(dir: &Path) -> usize {
+        std::fs::read_dir(dir.join("files"))
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.path().is_file())
+            .count()
+    }
+
+    #[tokio::test]
+    async fn a_deleted_file_takes_its_blob_only_when_no_other_record_shares_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), false).unwrap();
+        let files = FileStore::open(dir.path(), store, 1000).unwrap();
+        let a = files
+            .put(Some("k".into()), "a.txt", &b"same"[..])
+            .await
+            .unwrap();
+        let b = files
+            .put(Some("k".into()), "b.txt", &b"same"[..])
+            .await
+            .unwrap();
+        assert_eq!(blob_count(dir.path()), 1);
+        assert!(matches!(
+            files.delete(Some("other"), &a.id).await,
+            Err(FileError::NotFound(_))
+        ));
+        files.delete(Some("k"), &a.id).await.unwrap();
+        assert_eq!(blob_count(dir.path()), 1, "b still names the blob");
+        assert!(matches!(
+            files.get(Some("k"), &a.id).await,
+            Err(FileError::NotFound(_))
+        ));
+        let mut bytes = Vec::new();
+        let row = files.get(Some("k"), &b.id).await.unwrap();
+        files
+            .open_blob(&row)
+            .await
+            .unwrap()
+            .read_to_end(&mut bytes)
+            .await
+            .unwrap();
+        assert_eq!(bytes, b"same");
+        files.delete(Some("k"), &b.id).await.unwrap();
+        assert_eq!(blob_count(dir.path()), 0);
+        assert_eq!(files.usage(Some("k")).await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn the_quota_counts_stored_bytes_per_owner_from_the_store_and_frees_on_delete() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), false).unwrap();
+        {
+            let files = FileStore::open(dir.path(), store.clone(), 1000).unwrap();
+            files
+                .put(Some("k".into()), "a", &[1u8; 60][..])
+                .await
+                .unwrap();
+        }
+        // A new handle (a restart) reads what "k" has from the store.
+        let files = FileStore::open(dir.path(), store, 1000)
+            .unwrap()
+            .with_disk_quota(100);
+        assert_eq!(files.usage(Some("k")).await.unwrap(), 60);
+        let err = files
+            .put(Some("k".into()), "b", &[2u8; 41][..])
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, FileError::QuotaExceeded { limit: 100 }),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains("[limits] disk_bytes_per_key"),
+            "{err}"
+        );
+        assert_eq!(
+            files.usage(Some("k")).await.unwrap(),
+            60,
+            "the refused upload is given back"
+        );
+        let other = files
+            .put(Some("j".into()), "b", &[2u8; 41][..])
+            .await
+            .unwrap();
+        assert_eq!(other.size_bytes, 41, "another key has its own quota");
+        let fits = files
+            .put(Some("k".into()), "c", &[3u8; 40][..])
+            .await
+            .unwrap();
+        assert!(files
+            .put(Some("k".into()), "d", &[4u8; 1][..])
+            .await
+            .is_err());
+        files.delete(Some("k"), &fits.id).await.unwrap();
+        files
+            .put(Some("k".into()), "d", &[4u8; 1][..])
+            .await
+            .unwrap();
+        assert_eq!(files.usage(Some("k")).await.unwrap(), 61);
+    }
+
+    #[tokio::test]
+    async fn copies_into_a_workspace_get_free_names_and_tmp_is_emptied_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), false).unwrap();
+        let files = FileStore::open(dir.path(), store.clone(), 1000).unwrap();
+        let a = files.put(None, "notes.txt", &b"one"[..]).await.unwrap();
+        let row = files.get(None, &a.id).await.unwrap();
+        let ws = dir.path().join("ws");
+        std::fs::create_dir_all(&ws).unwrap();
+        std::fs::write(ws.join("notes.txt"), "mine").unwrap();
+        let names = files
+            .copy_all_into(&[row.clone(), row.clone(), row], &ws)
+            .await
+            .unwrap();
+        assert_eq!(names, ["notes (2).txt", "notes (3).txt", "notes (4).txt"]);
+        assert_eq!(
+            std::fs::read_to_string(ws.join("notes.txt")).unwrap(),
+            "mine"
+        );
+        assert_eq!(
+            std::fs::read_to_string(ws.join("notes (4).txt")).unwrap(),
+            "one"
+        );
+
+        std::fs::write(dir.path().join("files/tmp/tmp_left_by_a_crash"), "x").unwrap();
+        FileStore::open(dir.path(), store, 1000).unwrap();
+        assert_eq!(
+            std::fs::read_dir(dir.path().join("files/tmp"))
+                .unwrap()
+                .count(),
+            0
+        );
     }
 }

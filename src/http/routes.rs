@@ -51,6 +51,7 @@ pub enum Route {
     Interrupt(String),
     Upload,
     File(String),
+    DeleteFile(String),
     FileContent(String),
 }
 
@@ -141,8 +142,12 @@ pub fn resolve(method: &Method, path: &str) -> Result<Route, ApiError> {
         ["run"] => ((m == Method::POST).then_some(Route::Run), "POST"),
         ["files"] => ((m == Method::POST).then_some(Route::Upload), "POST"),
         ["files", id] => (
-            (m == Method::GET).then(|| Route::File(id.to_string())),
-            "GET",
+            match m {
+                Method::GET => Some(Route::File(id.to_string())),
+                Method::DELETE => Some(Route::DeleteFile(id.to_string())),
+                _ => None,
+            },
+            "GET, DELETE",
         ),
         ["files", id, "content"] => (
             (m == Method::GET).then(|| Route::FileContent(id.to_string())),
@@ -248,6 +253,7 @@ async fn dispatch(
         Route::Interrupt(id) => runs::interrupt(app, &caller, &id).await,
         Route::Upload => files::upload(app, &caller, req).await,
         Route::File(id) => files::metadata(app, &caller, &id).await,
+        Route::DeleteFile(id) => files::delete(app, &caller, &id).await,
         Route::FileContent(id) => files::content(app, &caller, &id, &req).await,
     }
 }

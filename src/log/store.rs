@@ -72,6 +72,7 @@ enum WriteOp {
     PutSession(SessionRow),
     DeleteSession(String),
     PutFile(FileRow),
+    DeleteFile(String),
 }
 
 /// Handle to the store; cheap to clone.
@@ -290,6 +291,100 @@ impl Store {
     /// Queue a file's metadata.
     pub fn put_file(&self, row: FileRow) {
         self.queue(WriteOp::PutFile(row));
+    }
+
+    /// Queue the removal of a file's metadata.
+    pub fn delete_file(&self, id: &str) {
+        self.queue(WriteOp::DeleteFile(id.to_string()));
+    }
+
+    /// Bytes of the stored files of this owner (`None`: files made without an API key).
+    pub async fn file_bytes_of(&self, owner: Option<String>) -> Result<u64, StoreError> {
+        self.read(move |c| {
+            let sum: i64 = c.query_row(
+                "SELECT COALESCE(SUM(size_bytes), 0) FROM files WHERE owner IS ?1",
+                params![owner],
+                |r| r.get(0),
+            )?;
+            Ok(sum.max(0) as u64)
+        })
+        .await
+    }
+
+    /// Whether a file record names the blob with this SHA-256.
+    pub async fn blob_in_use(&self, sha256: &str) -> Result<bool, StoreError> {
+        let sha = sha256.to_string();
+        self.read(move |c| {
+            Ok(c.query_row(
+                "SELECT EXISTS (SELECT 1 FROM files WHERE sha256 = ?1)",
+                params![sha],
+                |r| r.get(0),
+            )?)
+        })
+        .await
+    }
+
+    /// The ids of the files a session's log references: attached to its user messages or
+    /// delivered in its tool results, in order of first mention.
+    pub async fn session_file_ids(&self, session_id: &str) -> Result<Vec<String>, StoreError> {
+        let sid = session_id.to_string();
+        self.read(move |c| {
+            let mut stmt = c.prepare(
+                "SELECT json FROM events WHERE session_id = ?1
+                   AND type IN ('user.message', 'agent.tool_result') AND instr(json, '\"files\":[{') > 0
+                 ORDER BY seq",
+            )?;
+            let mut ids = Vec::new();
+            let mut seen = std::collections::HashSet::new();
+            let mut rows = stmt.query(params![sid])?;
+            while let Some(row) = rows.next()? {
+                let json: String = row.get(0)?;
+                for id in file_ids_in(&json) {
+                    if seen.insert(id.clone()) {
+                        ids.push(id);
+                    }
+                }
+            }
+            Ok(ids)
+        })
+        .await
+    }
+
+    /// Which of these file ids a stored user message or tool result (of any session) references.
+    /// One scan over the events that carry files, however many ids.
+    pub async fn files_referenced(
+        &self,
+        ids: Vec<String>,
+    ) -> Result<std::collections::HashSet<String>, StoreError> {
+        self.read(move |c| {
+            let mut found = std::collections::HashSet::new();
+            let mut stmt = c.prepare(
+                "SELECT json FROM events
+                  WHERE type IN ('user.message', 'agent.tool_result') AND instr(json, '\"files\":[{') > 0",
+            )?;
+            let mut rows = stmt.query([])?;
+            while let Some(row) = rows.next()? {
+                let json: String = row.get(0)?;
+                let quick: Vec<&String> = ids
+                    .iter()
+                    .filter(|id| !found.contains(*id) && json.contains(id.as_str()))
+                    .collect();
+                if quick.is_empty() {
+                    continue;
+                }
+                let named = file_ids_in(&json);
+                for id in quick {
+                    if named.contains(id) {
+                        found.insert(id.clone());
+                    }
+                }
+                if found.len() == ids.len() {
+                    break;
+                }
+            }
+            Ok(found)
+        })
+        .await
     }
 
     /// Every write whose ticket is at most this has been through a commit.
@@ -716,6 +811,22 @@ impl Drop for FsyncLead {
     }
 }
 
+/// The ids in an event's `files` (a user message's attachments, a tool result's deliveries).
+fn file_ids_in(json: &str) -> Vec<String> {
+    #[derive(serde::Deserialize)]
+    struct Files {
+        #[serde(default)]
+        files: Vec<Id>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Id {
+        id: String,
+    }
+    serde_json::from_str::<Files>(json)
+        .map(|f| f.files.into_iter().map(|f| f.id).collect())
+        .unwrap_or_default()
+}
+
 fn row_to_session(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
     Ok(SessionRow {
         id: r.get(0)?,
@@ -792,6 +903,9 @@ fn write_ops(tx: &Connection, batch: &[WriteOp]) -> rusqlite::Result<()> {
                 WriteOp::DeleteSession(id) => {
                     tx.execute("DELETE FROM events WHERE session_id = ?1", params![id])?;
                     tx.execute("DELETE FROM sessions WHERE id = ?1", params![id])?;
+                }
+                WriteOp::DeleteFile(id) => {
+                    tx.execute("DELETE FROM files WHERE id = ?1", params![id])?;
                 }
                 WriteOp::PutFile(f) => {
                     tx.execute(

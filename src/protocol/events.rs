@@ -55,22 +55,39 @@ pub async fn send_message(
             ));
         }
     }
+    // A repeated id is one attachment, copied once.
+    let mut seen = std::collections::HashSet::new();
+    let ids: Vec<&String> = msg.files.iter().filter(|id| seen.insert(*id)).collect();
+    let max = app.engine.config().limits.files_per_message;
+    if ids.len() > max {
+        return Err(ApiError::bad_request(format!(
+            "this message names {} files (limit: [limits] files_per_message in tools.toml, {max}); send fewer, or in several messages",
+            ids.len()
+        )));
+    }
     // Every file is checked before any is copied: a refused message leaves the workspace as it was.
-    let mut rows = Vec::with_capacity(msg.files.len());
-    for id in &msg.files {
-        rows.push(app.files.get(caller.owner.as_deref(), id).await.map_err(|_| {
-            ApiError::bad_request(format!("files names {id}, which is not a file of yours: upload it with POST /files first"))
+    let mut rows = Vec::with_capacity(ids.len());
+    for id in ids {
+        let row = app.files.get(caller.owner.as_deref(), id).await;
+        rows.push(row.map_err(|e| match e {
+            crate::files::FileError::NotFound(_) => ApiError::not_found(format!(
+                "files names {id}, which is not a file of yours: upload it with POST /files first"
+            )),
+            e => e.into(),
         })?);
     }
     // Attached files are copied into the session's workspace, so tools can use them too.
     let workspace = app.engine.workspace(&session.id);
-    let mut files = Vec::with_capacity(rows.len());
-    for row in &rows {
-        let name = app.files.copy_into(row, &workspace).await?;
-        let mut f = crate::files::to_ref(row);
-        f.filename = name;
-        files.push(f);
-    }
+    let names = app.files.copy_all_into(&rows, &workspace).await?;
+    let files: Vec<_> = rows
+        .iter()
+        .zip(names)
+        .map(|(row, name)| {
+            let mut f = crate::files::to_ref(row);
+            f.filename = name;
+            f
+        })
+        .collect();
     let copied: Vec<std::path::PathBuf> =
         files.iter().map(|f| workspace.join(&f.filename)).collect();
     let started = app.engine.start_turn(
