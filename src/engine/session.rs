@@ -236,6 +236,8 @@ pub struct Session {
     /// When it was last taken from the engine's cache (the engine's tick), for dropping the
     /// least recently used first.
     pub(crate) used: std::sync::atomic::AtomicU64,
+    /// Open event and run streams (`[limits] subscribers_per_session`).
+    pub(crate) streams: std::sync::atomic::AtomicUsize,
     state: Mutex<State>,
 }
 
@@ -262,6 +264,7 @@ impl Session {
             owner,
             created_at,
             used: Default::default(),
+            streams: Default::default(),
             state: Mutex::new(State {
                 record: Arc::new(record),
                 next_seq,

@@ -83,6 +83,8 @@ pub(crate) struct TurnJob {
     pub plan: bool,
     pub max_steps: Option<u32>,
     pub irrevocable: bool,
+    /// Its place among the running turns; `None` for a queued turn until it runs.
+    pub slot: Option<super::RunSlot>,
 }
 
 /// A turn waiting for the running one to end.
@@ -172,7 +174,10 @@ pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
         plan,
         max_steps,
         irrevocable,
+        slot,
     } = job;
+    // Counted among the running turns until this task ends.
+    let _slot = slot.unwrap_or_else(|| super::RunSlot::take(inner.running_turns()));
     let timeout = inner
         .config
         .agent(&session.record().agent)
@@ -293,7 +298,8 @@ impl Turn {
                 ),
             )
         })?;
-        let max_steps = max_steps.unwrap_or(agent.max_steps);
+        // The operator's budget is a ceiling: a request may ask for fewer steps, never more.
+        let max_steps = max_steps.map_or(agent.max_steps, |m| m.min(agent.max_steps));
         let mut step = 0;
         if plan {
             step = self.plan(agent, max_steps).await?;
