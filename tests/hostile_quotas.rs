@@ -573,3 +573,106 @@ async fn listing_sessions_reads_no_log_and_loads_no_session() {
     assert_eq!(info["status"], "awaiting_client");
     assert_eq!(info["pending"][0]["toolCallId"], "call_w");
 }
+
+#[tokio::test]
+async fn a_tool_result_over_tool_result_bytes_reaches_the_model_cut_with_a_note_naming_its_file() {
+    let extra = format!(
+        "{}\n[policy]\ntrust = [\"mcp__ex__echo\"]\ndefault = \"ask\"\n\n[limits]\ntool_result_bytes = 1000\n",
+        common::mcp::example_server("ex", "")
+    );
+    let (fake, server) = setup(&extra).await;
+    fake.record_requests(true);
+    let sid = server.session(json!({})).await;
+    // 3,001 bytes; the 1,000th byte falls inside a two-byte "é".
+    let big = format!("a{}", "é".repeat(1500));
+    fake.push(Reply::tool_calls(&[(
+        "call_big",
+        "mcp__ex__echo",
+        json!({ "text": big }),
+    )]));
+    fake.push(Reply::text("read it"));
+    let (status, resp) = server
+        .http
+        .post(
+            &format!("/sessions/{sid}/turns"),
+            &json!({"messages": [{"role": "user", "content": "echo it"}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{resp}");
+    assert_eq!(resp["stopReason"], "end_turn", "{resp}");
+
+    let first_part = format!("a{}", "é".repeat(499));
+    let file = "tool_results/call_big.txt";
+    // What the model was sent on the next call.
+    let requests = fake.requests();
+    assert_eq!(requests.len(), 2);
+    let tool_msg = requests[1]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .expect("the tool result in the next request")
+        .clone();
+    let given = tool_msg["content"]
+        .as_str()
+        .expect("text content")
+        .to_string();
+    assert!(given.starts_with(&format!("{first_part}\n\n[")), "{given}");
+    assert!(!given.contains(&big), "the whole result reached the model");
+    assert!(given.contains(file), "{given}");
+    assert!(given.contains("3,001 bytes"), "{given}");
+    assert!(given.contains("[limits] tool_result_bytes"), "{given}");
+    assert!(given.contains("deliver_file"), "{given}");
+
+    // The log keeps what the model was given.
+    let (_, history) = server
+        .http
+        .get(&format!("/sessions/{sid}/events/history"))
+        .await;
+    let logged = history["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["type"] == "agent.tool_result")
+        .expect("agent.tool_result")
+        .clone();
+    assert_eq!(logged["content"], given.as_str());
+    assert_eq!(logged["is_error"], false);
+
+    // The workspace holds the whole result.
+    let path = server.dir.path().join("sandboxes").join(&sid).join(file);
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), big);
+
+    // A result under the limit is given whole.
+    fake.push(Reply::tool_calls(&[(
+        "call_small",
+        "mcp__ex__echo",
+        json!({ "text": "small" }),
+    )]));
+    fake.push(Reply::text("ok"));
+    let (_, resp) = server
+        .http
+        .post(
+            &format!("/sessions/{sid}/turns"),
+            &json!({"messages": [{"role": "user", "content": "again"}]}),
+        )
+        .await;
+    assert_eq!(resp["stopReason"], "end_turn", "{resp}");
+    let last = fake.requests().pop().unwrap();
+    let small = last["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "tool")
+        .unwrap()
+        .clone();
+    assert_eq!(small["content"], "small");
+    assert!(!server
+        .dir
+        .path()
+        .join("sandboxes")
+        .join(&sid)
+        .join("tool_results/call_small.txt")
+        .exists());
+}

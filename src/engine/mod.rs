@@ -11,6 +11,7 @@ pub mod catalog;
 mod driven;
 pub mod follow;
 pub mod history;
+pub mod oversize;
 pub mod session;
 pub mod turn;
 

@@ -253,6 +253,14 @@ impl Turn {
         Ok(())
     }
 
+    /// A tool's result as the model may be given it: over `[limits] tool_result_bytes`, its
+    /// first part and a note naming the workspace file that holds the whole (see `oversize.rs`).
+    async fn bounded(&self, call_id: &str, out: ToolOutput) -> ToolOutput {
+        let workspace = self.inner.config.server.sandboxes.join(&*self.session.id);
+        let limit = self.inner.config.limits.tool_result_bytes;
+        super::oversize::bound(&workspace, call_id, out, limit).await
+    }
+
     fn emit_result(&mut self, call_id: &str, out: ToolOutput) {
         self.emit(EventBody::ToolResult {
             tool_use_id: call_id.to_string(),
@@ -487,14 +495,13 @@ impl Turn {
         let mut granted = Vec::new();
         for p in answering {
             if let Some(r) = results.remove(&p.call_id) {
-                self.emit_result(
-                    &p.call_id,
-                    ToolOutput {
-                        content: r.content,
-                        is_error: r.is_error,
-                        files: vec![],
-                    },
-                );
+                let out = ToolOutput {
+                    content: r.content,
+                    is_error: r.is_error,
+                    files: vec![],
+                };
+                let out = self.bounded(&p.call_id, out).await;
+                self.emit_result(&p.call_id, out);
             } else if let Some(perm) = permissions.remove(&p.call_id) {
                 if !perm.granted {
                     let text = match perm.reason.as_deref().map(str::trim) {
@@ -572,6 +579,7 @@ impl Turn {
             }
         };
         while let Some((id, out)) = next {
+            let out = self.bounded(&id, out).await;
             self.emit_result(&id, out);
             left -= 1;
             if left == 0 {
