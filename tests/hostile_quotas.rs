@@ -676,3 +676,96 @@ async fn a_tool_result_over_tool_result_bytes_reaches_the_model_cut_with_a_note_
         .join("tool_results/call_small.txt")
         .exists());
 }
+
+/// `POST path` with a JSON body on a connection whose socket receive buffer is 4 KiB: a client
+/// that does not read makes the server's writes back up soon. The response, its body unread.
+async fn post_small_buffer(
+    base: &str,
+    path: &str,
+    body: &Value,
+) -> hyper::Response<hyper::body::Incoming> {
+    use hyper_util::client::legacy::{connect::HttpConnector, Client};
+    let mut connector = HttpConnector::new();
+    connector.set_recv_buffer_size(Some(4096));
+    let client = Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build::<_, http_body_util::Full<bytes::Bytes>>(connector);
+    let req = hyper::Request::post(format!("{base}{path}"))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            body.to_string(),
+        )))
+        .unwrap();
+    client.request(req).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_turn_whose_client_stops_reading_finishes_and_the_client_misses_nothing() {
+    let (fake, server) = setup("").await;
+    let sid = server.session(json!({})).await;
+    // 1,000,000 characters in 100,000 fragments: ~5 MB of text_delta events.
+    let text: String = (0..1_000_000u32)
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect();
+    fake.push(Reply::text(&text).chunk_chars(10));
+    let resp = post_small_buffer(
+        &server.http.base,
+        &format!("/sessions/{sid}/turns"),
+        &json!({"stream": "delta", "messages": [{"role": "user", "content": "talk"}]}),
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    // The client reads nothing: the turn still ends, and logs everything.
+    server.wait_idle(&sid).await;
+    let (_, history) = server
+        .http
+        .get(&format!("/sessions/{sid}/events/history"))
+        .await;
+    let events = history["events"].as_array().unwrap();
+    assert_eq!(events.last().unwrap()["type"], "turn.completed");
+    let logged = events
+        .iter()
+        .find(|e| e["type"] == "agent.message")
+        .unwrap();
+    assert_eq!(logged["content"].as_str().unwrap().len(), text.len());
+
+    // Now it reads: every character, in order, then the end.
+    let body = tokio::time::timeout(Duration::from_secs(60), resp.into_body().collect())
+        .await
+        .expect("the rest of the stream within 60 s")
+        .unwrap()
+        .to_bytes();
+    let body = String::from_utf8(body.to_vec()).unwrap();
+    let mut got = String::new();
+    let mut deltas = 0;
+    let mut last = None;
+    for frame in body.split("\n\n").filter(|f| !f.trim().is_empty()) {
+        let mut event = "";
+        let mut data = "";
+        for line in frame.lines() {
+            if let Some(v) = line.strip_prefix("event: ") {
+                event = v;
+            } else if let Some(v) = line.strip_prefix("data: ") {
+                data = v;
+            }
+        }
+        if event == "text_delta" {
+            let v: Value = serde_json::from_str(data).unwrap();
+            got.push_str(v["delta"].as_str().unwrap());
+            deltas += 1;
+        }
+        if !event.is_empty() {
+            last = Some((event.to_string(), data.to_string()));
+        }
+    }
+    assert_eq!(got.len(), text.len(), "every character reached the client");
+    assert!(got == text, "in order");
+    let (event, data) = last.unwrap();
+    assert_eq!(event, "turn_stop");
+    assert!(data.contains("end_turn"), "{data}");
+    // The turn did not queue 100,000 fragments for a client that was not reading: it stopped
+    // at the bound, and the client got the rest with the stored message.
+    assert!(
+        deltas < 100_000,
+        "{deltas} text_delta events: every fragment was held for the stalled client"
+    );
+}

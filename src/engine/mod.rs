@@ -14,6 +14,7 @@ pub mod history;
 pub mod oversize;
 pub mod session;
 pub mod turn;
+mod watch;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -159,10 +160,19 @@ impl TurnRequest {
 }
 
 /// A started turn: its id and what it sends as it runs (stored events and deltas), read with
-/// [`TurnHandle::recv`]. The turn goes on if this is dropped.
+/// [`TurnHandle::recv`]. The turn goes on if this is dropped. What it sends waits here bounded
+/// (see `watch.rs`): a reader that falls too far behind reads the rest of the turn from the log.
 pub struct TurnHandle {
     pub turn_id: String,
-    feed: mpsc::UnboundedReceiver<Feed>,
+    feed: mpsc::Receiver<Feed>,
+    overflow: Arc<watch::Overflow>,
+    /// Once the channel overflowed: the rest of the turn, from the log.
+    follow: Option<Box<follow::Follow>>,
+    /// For reading from the log.
+    engine: Engine,
+    session: Arc<Session>,
+    /// The turn's terminal event has been returned (read from the log).
+    done: bool,
     /// The turn itself, when its watcher runs it (see [`TurnRequest::drive`]).
     driven: Option<driven::Driven>,
     /// Counts a driven turn among the running ones until everything it sent is read, so that a
@@ -170,26 +180,95 @@ pub struct TurnHandle {
     running: Option<tokio_util::task::task_tracker::TaskTrackerToken>,
 }
 
+/// What the channel gave a [`TurnHandle`].
+enum Step {
+    Item(Feed),
+    /// The turn has ended and everything it sent is read.
+    End,
+    /// The channel overflowed: the turn's events from after this seq are in the log only.
+    Missed(u64),
+}
+
 impl TurnHandle {
     /// The next thing the turn sends: `None` once it has ended and everything it sent is read.
     /// A driven turn runs while this is polled; if it is not polled for a second or two after
     /// the turn was woken, the turn goes on on a task of its own (see `driven.rs`).
     pub async fn recv(&mut self) -> Option<Feed> {
-        std::future::poll_fn(|cx| self.poll_recv(cx)).await
+        loop {
+            if self.done {
+                self.running = None;
+                return None;
+            }
+            if let Some(follow) = self.follow.as_mut() {
+                match follow.next().await {
+                    Some(Feed::Event(ev)) if *ev.turn_id == *self.turn_id => {
+                        self.done = ev.body.is_terminal();
+                        return Some(Feed::Event(ev));
+                    }
+                    Some(_) => continue,
+                    None => {
+                        self.done = true;
+                        continue;
+                    }
+                }
+            }
+            match std::future::poll_fn(|cx| self.poll_step(cx)).await {
+                Step::Item(item) => return Some(item),
+                Step::End => return None,
+                Step::Missed(after) => {
+                    tracing::debug!(turn = %self.turn_id, "a turn's watcher fell behind: it reads the rest of the turn from the log");
+                    if let Some(driven) = self.driven.take() {
+                        driven.detach();
+                    }
+                    let session = self.session.clone();
+                    match follow::Follow::new(&self.engine, session, after).await {
+                        Ok(f) => self.follow = Some(Box::new(f)),
+                        Err(e) => {
+                            tracing::warn!(turn = %self.turn_id, error = %e, "a turn's watcher could not read the rest of its turn from the log");
+                            self.done = true;
+                        }
+                    }
+                }
+            }
+        }
     }
 
-    fn poll_recv(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Feed>> {
+    /// Whether streamed fragments were dropped (the watcher fell behind): the stored text then
+    /// holds what they missed.
+    pub fn fragments_lost(&self) -> bool {
+        self.overflow.fragments_lost()
+    }
+
+    fn poll_step(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Step> {
+        use std::task::Poll;
         // The turn first: what it sends as it runs is then read in the same poll.
         if let Some(driven) = &self.driven {
             if driven.poll(cx).is_ready() {
                 self.driven = None;
             }
         }
-        let item = std::task::ready!(self.feed.poll_recv(cx));
-        if item.is_none() {
-            self.running = None;
+        match self.feed.poll_recv(cx) {
+            Poll::Ready(Some(item)) => Poll::Ready(Step::Item(item)),
+            Poll::Ready(None) => match self.overflow.dropped_from() {
+                Some(seq) => Poll::Ready(Step::Missed(seq - 1)),
+                None => {
+                    self.running = None;
+                    Poll::Ready(Step::End)
+                }
+            },
+            Poll::Pending => {
+                self.overflow.register(cx.waker());
+                let Some(seq) = self.overflow.dropped_from() else {
+                    return Poll::Pending;
+                };
+                // Nothing is sent after the first missed event: what the channel still holds
+                // (sent since it was last seen empty) comes first.
+                match self.feed.try_recv() {
+                    Ok(item) => Poll::Ready(Step::Item(item)),
+                    Err(_) => Poll::Ready(Step::Missed(seq - 1)),
+                }
+            }
         }
-        std::task::Poll::Ready(item)
     }
 }
 
@@ -833,7 +912,7 @@ impl Engine {
         self.check_open()?;
         let drive = req.drive;
         let config = &self.inner.config;
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx, overflow) = watch::channel();
         let mut st = session.lock();
         if st.deleted {
             return Err(EngineError::NotFound {
@@ -947,6 +1026,11 @@ impl Engine {
         Ok(TurnHandle {
             turn_id: control.turn_id.clone(),
             feed: rx,
+            overflow,
+            follow: None,
+            engine: self.clone(),
+            session: session.clone(),
+            done: false,
             driven,
             running,
         })

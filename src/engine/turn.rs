@@ -13,10 +13,9 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
 
 use super::catalog::{Catalog, Route};
-use super::session::{DeltaKind, Feed, Pending, PendingKind, Session, StopCause, TurnControl};
+use super::session::{DeltaKind, Pending, PendingKind, Session, StopCause, TurnControl};
 use super::Inner;
 use crate::log::{Event, EventBody, FailReason, FileRef, StopReason};
 use crate::message::{Message, ToolCall, Usage};
@@ -77,7 +76,7 @@ pub(crate) struct TurnJob {
     pub input: TurnInput,
     /// The calls being answered (for `Resume`), taken from the session when the turn started.
     pub answering: Vec<Pending>,
-    pub sink: Option<mpsc::UnboundedSender<Feed>>,
+    pub sink: Option<super::watch::WatcherSink>,
     pub interactive: bool,
     /// Plan mode (runs API): propose a plan without tools and wait for its approval first.
     pub plan: bool,
@@ -140,7 +139,7 @@ struct Turn {
     inner: Arc<Inner>,
     session: Arc<Session>,
     turn_id: Arc<str>,
-    sink: Option<mpsc::UnboundedSender<Feed>>,
+    sink: Option<super::watch::WatcherSink>,
     interactive: bool,
     usage: Usage,
     model_called: bool,
@@ -854,10 +853,10 @@ async fn inline_file(
 }
 
 /// Hand published events to the turn's watcher, if it has one.
-fn to_watcher(sink: Option<&mpsc::UnboundedSender<Feed>>, events: Vec<Arc<Event>>) {
+fn to_watcher(sink: Option<&super::watch::WatcherSink>, events: Vec<Arc<Event>>) {
     if let Some(sink) = sink {
         for ev in events {
-            let _ = sink.send(Feed::Event(ev));
+            sink.event(ev);
         }
     }
 }
@@ -928,7 +927,7 @@ async fn overlapped<T>(
 /// Forwards a model call's streamed fragments to the turn's watcher and the session's live
 /// subscribers.
 struct Deltas<'a> {
-    sink: Option<&'a mpsc::UnboundedSender<Feed>>,
+    sink: Option<&'a super::watch::WatcherSink>,
     feed: &'a FragmentFeed<'a>,
     thinking: bool,
     streamed_text: bool,
@@ -1008,10 +1007,7 @@ impl Deltas<'_> {
         // shows no event of the turn before its text (and never retracts, so no retry's
         // fragments can pass a retraction).
         if let Some(sink) = self.sink {
-            let _ = sink.send(Feed::Fragment {
-                kind,
-                text: fragment.to_string(),
-            });
+            sink.fragment(kind, fragment);
         }
         self.feed.push(kind, fragment);
     }

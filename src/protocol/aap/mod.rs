@@ -445,6 +445,7 @@ fn turn_frames(
         let (mut handle, mut renderer) = state?;
         loop {
             let item = handle.recv().await?;
+            renderer.fragments_lost = handle.fragments_lost();
             let terminal = matches!(&item, Feed::Event(ev) if ev.body.is_terminal());
             let frame = renderer
                 .sse(mode, &item)
