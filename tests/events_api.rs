@@ -516,7 +516,10 @@ async fn the_stream_resumes_after_every_cursor_and_rejects_unknown_cursors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn subscribers_joining_while_events_are_written_miss_nothing_and_repeat_nothing() {
     let _serial = SERIAL.lock().await;
-    let (fake, server) = setup(AGENT).await;
+    let (fake, server) = setup(&format!(
+        "{AGENT}\n[limits]\nsubscribers_per_session = 1000\n"
+    ))
+    .await; // up to 240 streams of one session at once
     let sid = server.session(json!({})).await;
     // Turns that write stored events in bursts: each step calls eight tools that do not exist,
     // so eight agent.tool_use and eight agent.tool_result events are logged at once; text

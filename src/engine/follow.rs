@@ -9,6 +9,7 @@
 //! event (only deltas, which are provisional, may be skipped).
 
 use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use tokio::sync::broadcast::error::RecvError;
@@ -32,9 +33,51 @@ pub struct Follow {
     /// A live event that came after a hole: sent once the hole is filled from the log.
     held: Option<Arc<Event>>,
     rx: Receiver<Feed>,
+    /// Its place among the session's open streams, when it is one.
+    _slot: Option<StreamSlot>,
+}
+
+/// An open stream of a session, counted against `[limits] subscribers_per_session` until it
+/// is dropped (the client goes away, or the stream ends).
+struct StreamSlot(Arc<Session>);
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.0.streams.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Follow {
+    /// A client's stream of the session (events or run stream) from after `after_seq`: counted
+    /// against `[limits] subscribers_per_session` while it is open (429 past it).
+    pub async fn stream(
+        engine: &Engine,
+        session: Arc<Session>,
+        after_seq: u64,
+    ) -> Result<Follow, EngineError> {
+        let limit = engine.config().limits.subscribers_per_session;
+        let taken = session
+            .streams
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            });
+        if taken.is_err() {
+            return Err(EngineError::OverLimit {
+                kind: "too_many_subscribers",
+                message: format!(
+                    "session {} already has {limit} open event streams (limit: [limits] subscribers_per_session in tools.toml); close one first",
+                    session.id
+                ),
+                server_wide: false,
+                retry_after: super::SUBSCRIBERS_RETRY_AFTER,
+            });
+        }
+        let slot = StreamSlot(session.clone());
+        let mut follow = Follow::new(engine, session, after_seq).await?;
+        follow._slot = Some(slot);
+        Ok(follow)
+    }
+
     /// Follow from after `after_seq` (0: from the beginning).
     pub async fn new(
         engine: &Engine,
@@ -50,6 +93,7 @@ impl Follow {
             backlog: VecDeque::new(),
             held: None,
             rx,
+            _slot: None,
         };
         f.refill().await?;
         Ok(f)

@@ -12,11 +12,13 @@ pub mod catalog;
 mod driven;
 pub mod follow;
 pub mod history;
+pub mod oversize;
 pub mod session;
 pub mod turn;
+mod watch;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -53,6 +55,18 @@ pub enum EngineError {
     Invalid(String),
     #[error("the server is shutting down; retry against another instance or after restart")]
     ShuttingDown,
+    /// A quota of `[limits]` is reached: 429 (what the caller holds: its sessions, its
+    /// session's queue or streams) or 503 (the whole server's capacity), with `Retry-After`.
+    #[error("{message}")]
+    OverLimit {
+        /// The error type (snake_case).
+        kind: &'static str,
+        message: String,
+        /// Server-wide capacity (503) rather than the caller's own quota (429).
+        server_wide: bool,
+        /// Seconds for `Retry-After`.
+        retry_after: u64,
+    },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -147,10 +161,19 @@ impl TurnRequest {
 }
 
 /// A started turn: its id and what it sends as it runs (stored events and deltas), read with
-/// [`TurnHandle::recv`]. The turn goes on if this is dropped.
+/// [`TurnHandle::recv`]. The turn goes on if this is dropped. What it sends waits here bounded
+/// (see `watch.rs`): a reader that falls too far behind reads the rest of the turn from the log.
 pub struct TurnHandle {
     pub turn_id: String,
-    feed: mpsc::UnboundedReceiver<Feed>,
+    feed: mpsc::Receiver<Feed>,
+    overflow: Arc<watch::Overflow>,
+    /// Once the channel overflowed: the rest of the turn, from the log.
+    follow: Option<Box<follow::Follow>>,
+    /// For reading from the log.
+    engine: Engine,
+    session: Arc<Session>,
+    /// The turn's terminal event has been returned (read from the log).
+    done: bool,
     /// The turn itself, when its watcher runs it (see [`TurnRequest::drive`]).
     driven: Option<driven::Driven>,
     /// Counts a driven turn among the running ones until everything it sent is read, so that a
@@ -158,26 +181,95 @@ pub struct TurnHandle {
     running: Option<tokio_util::task::task_tracker::TaskTrackerToken>,
 }
 
+/// What the channel gave a [`TurnHandle`].
+enum Step {
+    Item(Feed),
+    /// The turn has ended and everything it sent is read.
+    End,
+    /// The channel overflowed: the turn's events from after this seq are in the log only.
+    Missed(u64),
+}
+
 impl TurnHandle {
     /// The next thing the turn sends: `None` once it has ended and everything it sent is read.
     /// A driven turn runs while this is polled; if it is not polled for a second or two after
     /// the turn was woken, the turn goes on on a task of its own (see `driven.rs`).
     pub async fn recv(&mut self) -> Option<Feed> {
-        std::future::poll_fn(|cx| self.poll_recv(cx)).await
+        loop {
+            if self.done {
+                self.running = None;
+                return None;
+            }
+            if let Some(follow) = self.follow.as_mut() {
+                match follow.next().await {
+                    Some(Feed::Event(ev)) if *ev.turn_id == *self.turn_id => {
+                        self.done = ev.body.is_terminal();
+                        return Some(Feed::Event(ev));
+                    }
+                    Some(_) => continue,
+                    None => {
+                        self.done = true;
+                        continue;
+                    }
+                }
+            }
+            match std::future::poll_fn(|cx| self.poll_step(cx)).await {
+                Step::Item(item) => return Some(item),
+                Step::End => return None,
+                Step::Missed(after) => {
+                    tracing::debug!(turn = %self.turn_id, "a turn's watcher fell behind: it reads the rest of the turn from the log");
+                    if let Some(driven) = self.driven.take() {
+                        driven.detach();
+                    }
+                    let session = self.session.clone();
+                    match follow::Follow::new(&self.engine, session, after).await {
+                        Ok(f) => self.follow = Some(Box::new(f)),
+                        Err(e) => {
+                            tracing::warn!(turn = %self.turn_id, error = %e, "a turn's watcher could not read the rest of its turn from the log");
+                            self.done = true;
+                        }
+                    }
+                }
+            }
+        }
     }
 
-    fn poll_recv(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Feed>> {
+    /// Whether streamed fragments were dropped (the watcher fell behind): the stored text then
+    /// holds what they missed.
+    pub fn fragments_lost(&self) -> bool {
+        self.overflow.fragments_lost()
+    }
+
+    fn poll_step(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Step> {
+        use std::task::Poll;
         // The turn first: what it sends as it runs is then read in the same poll.
         if let Some(driven) = &self.driven {
             if driven.poll(cx).is_ready() {
                 self.driven = None;
             }
         }
-        let item = std::task::ready!(self.feed.poll_recv(cx));
-        if item.is_none() {
-            self.running = None;
+        match self.feed.poll_recv(cx) {
+            Poll::Ready(Some(item)) => Poll::Ready(Step::Item(item)),
+            Poll::Ready(None) => match self.overflow.dropped_from() {
+                Some(seq) => Poll::Ready(Step::Missed(seq - 1)),
+                None => {
+                    self.running = None;
+                    Poll::Ready(Step::End)
+                }
+            },
+            Poll::Pending => {
+                self.overflow.register(cx.waker());
+                let Some(seq) = self.overflow.dropped_from() else {
+                    return Poll::Pending;
+                };
+                // Nothing is sent after the first missed event: what the channel still holds
+                // (sent since it was last seen empty) comes first.
+                match self.feed.try_recv() {
+                    Ok(item) => Poll::Ready(Step::Item(item)),
+                    Err(_) => Poll::Ready(Step::Missed(seq - 1)),
+                }
+            }
         }
-        std::task::Poll::Ready(item)
     }
 }
 
@@ -231,6 +323,40 @@ pub(crate) struct Inner {
     sync_after_us: std::sync::atomic::AtomicU64,
     /// The turns their watchers run, for a turn whose watcher stops polling to go on.
     sweeper: driven::Sweeper,
+    /// Turns running now, server-wide (`[limits] running_turns`).
+    running_turns: Arc<AtomicUsize>,
+    /// Sessions per owner (`[limits] sessions_per_key`): counted from the store on an owner's
+    /// first create, then kept here as sessions are made and deleted.
+    owned: Mutex<HashMap<Option<String>, usize>>,
+}
+
+/// A turn counted among the running ones (`[limits] running_turns`) while it lives: taken when
+/// a turn starts at once (refused past the limit) or when a queued one takes its session over
+/// (never refused: it was accepted), given back when the turn's task ends.
+pub(crate) struct RunSlot(Arc<AtomicUsize>);
+
+impl RunSlot {
+    /// A slot, if fewer than `limit` turns run.
+    fn try_take(count: &Arc<AtomicUsize>, limit: usize) -> Option<RunSlot> {
+        count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| RunSlot(count.clone()))
+    }
+
+    /// A slot whatever the count (a queued turn that was accepted).
+    pub(crate) fn take(count: &Arc<AtomicUsize>) -> RunSlot {
+        count.fetch_add(1, Ordering::AcqRel);
+        RunSlot(count.clone())
+    }
+}
+
+impl Drop for RunSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Inner {
@@ -241,6 +367,11 @@ impl Inner {
             .sync_after_us
             .load(std::sync::atomic::Ordering::Relaxed);
         std::time::Duration::from_micros(us)
+    }
+
+    /// The counter of running turns, for [`RunSlot`].
+    pub(crate) fn running_turns(&self) -> &Arc<AtomicUsize> {
+        &self.running_turns
     }
 
     pub(crate) fn spawn_turn(self: &Arc<Inner>, job: turn::TurnJob) {
@@ -255,6 +386,17 @@ impl Inner {
     }
 }
 
+/// A new session counted against its owner's quota; [`Counted::release`] if it is not made.
+struct Counted(Option<Option<String>>);
+
+impl Counted {
+    fn release(&mut self, engine: &Engine) {
+        if let Some(owner) = self.0.take() {
+            engine.uncount_session(&owner);
+        }
+    }
+}
+
 /// The engine; cheap to clone.
 #[derive(Clone)]
 pub struct Engine {
@@ -263,6 +405,15 @@ pub struct Engine {
 
 /// Sessions per page of `list_sessions`.
 pub const PAGE_SIZE: usize = 50;
+
+/// `Retry-After` (seconds) of a session whose queue is full: about a turn's length.
+const QUEUE_RETRY_AFTER: u64 = 5;
+/// `Retry-After` (seconds) of a server running all the turns it may.
+const RUNNING_RETRY_AFTER: u64 = 2;
+/// `Retry-After` (seconds) of a key at its session quota: it must delete sessions first.
+const SESSIONS_RETRY_AFTER: u64 = 60;
+/// `Retry-After` (seconds) of a session with all the streams it may have.
+const SUBSCRIBERS_RETRY_AFTER: u64 = 5;
 
 impl Engine {
     /// Open the store and close every turn a previous process left unfinished (`worker_lost`).
@@ -286,6 +437,8 @@ impl Engine {
                 shutting_down: false.into(),
                 sync_after_us: (turn::SYNC_AFTER.as_micros() as u64).into(),
                 sweeper: Default::default(),
+                running_turns: Default::default(),
+                owned: Default::default(),
             }),
         };
         engine.recover().await?;
@@ -393,6 +546,14 @@ impl Engine {
             }
             None => (config.default_agent(), None, BTreeMap::new()),
         };
+        if !agent.client_system_prompt
+            && new.seed.iter().any(|m| matches!(m, Message::System { .. }))
+        {
+            return Err(EngineError::Invalid(format!(
+                "agent {:?} keeps its own system prompt ([agents.{}] client_system_prompt = false in tools.toml): send no system prompt (a run's system_prompt, a system message in messages)",
+                agent.name, agent.name
+            )));
+        }
         let mut record = SessionRecord {
             agent: agent.name.clone(),
             tools: None,
@@ -410,11 +571,13 @@ impl Engine {
                 client_tools: Some(new.client_tools),
             },
         )?;
+        let mut counted = self.count_session(&owner).await?;
         let id = ids::new("sess");
         let created_at = clock::now();
         let workspace = self.workspace(&id);
         if let Err(e) = std::fs::create_dir_all(&workspace) {
             tracing::error!(path = %workspace.display(), error = %e, "cannot create the session's workspace");
+            counted.release(self);
             return Err(EngineError::Conflict(format!(
                 "cannot create the session's workspace {}: {e}; check [server] sandboxes",
                 workspace.display()
@@ -428,9 +591,45 @@ impl Engine {
             Vec::new(),
         ));
         self.persist(&session);
-        self.inner.store.flush().await?;
+        if let Err(e) = self.inner.store.flush().await {
+            counted.release(self);
+            return Err(e.into());
+        }
         let session = self.cache(&id, session);
         Ok(view(&session))
+    }
+
+    /// Count a new session of `owner` against `[limits] sessions_per_key` (429 past it). The
+    /// count is read from the store on the owner's first new session, then kept in memory.
+    async fn count_session(&self, owner: &Option<String>) -> Result<Counted, EngineError> {
+        if !lock(&self.inner.owned).contains_key(owner) {
+            let n = self.inner.store.count_sessions(owner.clone()).await?;
+            // A create that raced this one made the entry first: its count stands (it was
+            // read before that create stored its session).
+            lock(&self.inner.owned).entry(owner.clone()).or_insert(n);
+        }
+        let limit = self.inner.config.limits.sessions_per_key;
+        let mut owned = lock(&self.inner.owned);
+        let n = owned.entry(owner.clone()).or_insert(0);
+        if *n >= limit {
+            return Err(EngineError::OverLimit {
+                kind: "too_many_sessions",
+                message: format!(
+                    "this key already has {n} sessions (limit: [limits] sessions_per_key in tools.toml); delete sessions it no longer needs (DELETE /sessions/{{id}})"
+                ),
+                server_wide: false,
+                retry_after: SESSIONS_RETRY_AFTER,
+            });
+        }
+        *n += 1;
+        Ok(Counted(Some(owner.clone())))
+    }
+
+    /// A session of `owner` is gone.
+    fn uncount_session(&self, owner: &Option<String>) {
+        if let Some(n) = lock(&self.inner.owned).get_mut(owner) {
+            *n = n.saturating_sub(1);
+        }
     }
 
     fn persist(&self, session: &Session) {
@@ -608,6 +807,11 @@ impl Engine {
     }
 
     /// A page of this owner's sessions in creation order, and the cursor of the next page.
+    ///
+    /// Read from the sessions table, never from a session's log: a session in memory shows its
+    /// live status; one that is not is at rest (idle, or awaiting the client when its last
+    /// event says its turn stopped for tools: one point read). Seeds are left out of the
+    /// records (the listing does not show them), and nothing is loaded into memory.
     pub async fn list_sessions(
         &self,
         owner: Option<&str>,
@@ -624,10 +828,45 @@ impl Engine {
             .await?;
         let more = rows.len() > PAGE_SIZE;
         let mut out = Vec::with_capacity(rows.len().min(PAGE_SIZE));
+        // Sessions not in memory, by index in `out`: their status is read from the log.
+        let mut at_rest: Vec<(usize, String)> = Vec::new();
         for row in rows.into_iter().take(PAGE_SIZE) {
-            if let Some(s) = self.load(&row.id).await? {
+            let live = lock(&self.inner.sessions).get(&row.id).cloned();
+            if let Some(s) = live {
                 if !s.lock().deleted {
-                    out.push(view(&s));
+                    let mut v = view_without_seed(&s);
+                    v.pending.clear();
+                    out.push(v);
+                }
+                continue;
+            }
+            let record: ListedRecord = serde_json::from_str(&row.record)
+                .map_err(|e| StoreError::Corrupt(format!("session {}: {e}", row.id)))?;
+            at_rest.push((out.len(), row.id.clone()));
+            out.push(SessionView {
+                id: row.id,
+                created_at: row.created_at,
+                record: SessionRecord {
+                    agent: record.agent,
+                    tools: record.tools,
+                    options: record.options,
+                    client_tools: record.client_tools,
+                    seed: Vec::new(),
+                    asked: Vec::new(),
+                },
+                status: Status::Idle,
+                running_turn: None,
+                pending: Vec::new(),
+                queued: Vec::new(),
+                pending_plan: None,
+            });
+        }
+        if !at_rest.is_empty() {
+            let ids = at_rest.iter().map(|(_, id)| id.clone()).collect();
+            let awaiting = self.inner.store.awaiting_client(ids).await?;
+            for ((i, _), awaiting) in at_rest.iter().zip(awaiting) {
+                if awaiting {
+                    out[*i].status = Status::AwaitingClient;
                 }
             }
         }
@@ -647,11 +886,12 @@ impl Engine {
     /// Delete a session, its log and its workspace. A running turn is cancelled first.
     pub async fn delete_session(&self, owner: Option<&str>, id: &str) -> Result<(), EngineError> {
         let session = self.session(owner, id).await?;
-        let running = {
+        let (running, first) = {
             let mut st = session.lock();
+            let first = !st.deleted;
             st.deleted = true;
             st.close_feed();
-            st.running.clone()
+            (st.running.clone(), first)
         };
         if let Some(control) = running {
             control.stop(StopCause::Cancelled);
@@ -666,6 +906,9 @@ impl Engine {
         };
         self.inner.store.delete_session(id);
         let committed = self.inner.store.flush().await;
+        if committed.is_ok() && first {
+            self.uncount_session(&session.owner);
+        }
         // Only now: until the delete is committed, a reader that missed the (deleted) session in
         // memory would read it back from the log.
         lock(&self.inner.sessions).remove(id);
@@ -701,7 +944,7 @@ impl Engine {
         self.check_open()?;
         let drive = req.drive;
         let config = &self.inner.config;
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx, overflow) = watch::channel();
         let mut st = session.lock();
         if st.deleted {
             return Err(EngineError::NotFound {
@@ -720,6 +963,39 @@ impl Engine {
         let answering = {
             let history = &st.history;
             approvals::check_answers(&st.pending, &req.input, &|| history.messages())?
+        };
+        let limits = &config.limits;
+        let slot = if st.running.is_some() {
+            let queued = st
+                .queue
+                .iter()
+                .filter(|q| !q.control.token.is_cancelled())
+                .count();
+            if queued >= limits.queued_turns {
+                return Err(EngineError::OverLimit {
+                    kind: "too_many_queued_turns",
+                    message: format!(
+                        "this session already has {queued} turns queued behind the running one (limit: [limits] queued_turns in tools.toml); wait for one to finish or cancel some"
+                    ),
+                    server_wide: false,
+                    retry_after: QUEUE_RETRY_AFTER,
+                });
+            }
+            None
+        } else {
+            let slot = RunSlot::try_take(&self.inner.running_turns, limits.running_turns);
+            if slot.is_none() {
+                return Err(EngineError::OverLimit {
+                    kind: "too_many_running_turns",
+                    message: format!(
+                        "the server is running {} turns, its limit (limit: [limits] running_turns in tools.toml); retry shortly",
+                        limits.running_turns
+                    ),
+                    server_wide: true,
+                    retry_after: RUNNING_RETRY_AFTER,
+                });
+            }
+            slot
         };
         let agent = config.agent(&st.record.agent).ok_or_else(|| {
             EngineError::Conflict(format!(
@@ -752,6 +1028,7 @@ impl Engine {
             plan: req.plan,
             max_steps: req.max_steps,
             irrevocable: req.irrevocable,
+            slot,
         };
         let run_now = if st.running.is_some() {
             st.queue.push_back(turn::Queued {
@@ -785,6 +1062,11 @@ impl Engine {
         Ok(TurnHandle {
             turn_id: control.turn_id.clone(),
             feed: rx,
+            overflow,
+            follow: None,
+            engine: self.clone(),
+            session: session.clone(),
+            done: false,
             driven,
             running,
         })
@@ -957,7 +1239,28 @@ pub fn validate_option(agent: &AgentConfig, key: &str, value: &str) -> Result<()
     }
 }
 
+/// A session's record as `GET /sessions` shows it: without its seed (read past, not kept).
+#[derive(serde::Deserialize)]
+struct ListedRecord {
+    agent: String,
+    tools: Option<Vec<ToolGrant>>,
+    #[serde(default)]
+    options: BTreeMap<String, String>,
+    #[serde(default)]
+    client_tools: Vec<ToolSpec>,
+}
+
+/// [`view`] with the record's seed left out (a listing does not show it).
+fn view_without_seed(session: &Session) -> SessionView {
+    view_parts(session, false)
+}
+
 fn view(session: &Session) -> SessionView {
+    view_parts(session, true)
+}
+
+/// A consistent view of a session; its record's seed only `with_seed`.
+fn view_parts(session: &Session, with_seed: bool) -> SessionView {
     let st = session.lock();
     let running_turn = st.running.as_ref().map(|r| r.turn_id.clone());
     let status = if st.plan.is_some() {
@@ -972,7 +1275,19 @@ fn view(session: &Session) -> SessionView {
     SessionView {
         id: session.id.to_string(),
         created_at: session.created_at.clone(),
-        record: (*st.record).clone(),
+        record: if with_seed {
+            (*st.record).clone()
+        } else {
+            let r = &st.record;
+            SessionRecord {
+                agent: r.agent.clone(),
+                tools: r.tools.clone(),
+                options: r.options.clone(),
+                client_tools: r.client_tools.clone(),
+                seed: Vec::new(),
+                asked: Vec::new(),
+            }
+        },
         status,
         running_turn,
         pending: st.pending.clone(),

@@ -271,6 +271,8 @@ pub struct Session {
     /// When it was last taken from the engine's cache (the engine's tick), for dropping the
     /// least recently used first.
     pub(crate) used: std::sync::atomic::AtomicU64,
+    /// Open event and run streams (`[limits] subscribers_per_session`).
+    pub(crate) streams: std::sync::atomic::AtomicUsize,
     state: Mutex<State>,
     /// What protocol adapters keep per session, one value per type (see [`Session::extension`]).
     extensions: Mutex<Vec<Arc<dyn std::any::Any + Send + Sync>>>,
@@ -300,6 +302,7 @@ impl Session {
             created_at,
             used: Default::default(),
             extensions: Default::default(),
+            streams: Default::default(),
             state: Mutex::new(State {
                 record: Arc::new(record),
                 next_seq,

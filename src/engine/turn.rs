@@ -13,10 +13,9 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
 
 use super::catalog::{Catalog, Route};
-use super::session::{DeltaKind, Feed, Pending, PendingKind, Session, StopCause, TurnControl};
+use super::session::{DeltaKind, Pending, PendingKind, Session, StopCause, TurnControl};
 use super::Inner;
 use crate::log::{Event, EventBody, FailReason, FileRef, StopReason};
 use crate::message::{Message, ToolCall, Usage};
@@ -77,12 +76,14 @@ pub(crate) struct TurnJob {
     pub input: TurnInput,
     /// The calls being answered (for `Resume`), taken from the session when the turn started.
     pub answering: Vec<Pending>,
-    pub sink: Option<mpsc::UnboundedSender<Feed>>,
+    pub sink: Option<super::watch::WatcherSink>,
     pub interactive: bool,
     /// Plan mode (runs API): propose a plan without tools and wait for its approval first.
     pub plan: bool,
     pub max_steps: Option<u32>,
     pub irrevocable: bool,
+    /// Its place among the running turns; `None` for a queued turn until it runs.
+    pub slot: Option<super::RunSlot>,
 }
 
 /// A turn waiting for the running one to end.
@@ -138,7 +139,7 @@ struct Turn {
     inner: Arc<Inner>,
     session: Arc<Session>,
     turn_id: Arc<str>,
-    sink: Option<mpsc::UnboundedSender<Feed>>,
+    sink: Option<super::watch::WatcherSink>,
     interactive: bool,
     usage: Usage,
     model_called: bool,
@@ -174,7 +175,10 @@ pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
         plan,
         max_steps,
         irrevocable,
+        slot,
     } = job;
+    // Counted among the running turns until this task ends.
+    let _slot = slot.unwrap_or_else(|| super::RunSlot::take(inner.running_turns()));
     let timeout = inner
         .config
         .agent(&session.record().agent)
@@ -251,6 +255,14 @@ impl Turn {
         Ok(())
     }
 
+    /// A tool's result as the model may be given it: over `[limits] tool_result_bytes`, its
+    /// first part and a note naming the workspace file that holds the whole (see `oversize.rs`).
+    async fn bounded(&self, call_id: &str, out: ToolOutput) -> ToolOutput {
+        let workspace = self.inner.config.server.sandboxes.join(&*self.session.id);
+        let limit = self.inner.config.limits.tool_result_bytes;
+        super::oversize::bound(&workspace, call_id, out, limit).await
+    }
+
     fn emit_result(&mut self, call_id: &str, out: ToolOutput) {
         self.emit(EventBody::ToolResult {
             tool_use_id: call_id.to_string(),
@@ -296,7 +308,8 @@ impl Turn {
                 ),
             )
         })?;
-        let max_steps = max_steps.unwrap_or(agent.max_steps);
+        // The operator's budget is a ceiling: a request may ask for fewer steps, never more.
+        let max_steps = max_steps.map_or(agent.max_steps, |m| m.min(agent.max_steps));
         let mut step = 0;
         if plan {
             step = self.plan(agent, max_steps).await?;
@@ -498,14 +511,13 @@ impl Turn {
         let mut granted = Vec::new();
         for p in answering {
             if let Some(r) = results.remove(&p.call_id) {
-                self.emit_result(
-                    &p.call_id,
-                    ToolOutput {
-                        content: r.content,
-                        is_error: r.is_error,
-                        files: vec![],
-                    },
-                );
+                let out = ToolOutput {
+                    content: r.content,
+                    is_error: r.is_error,
+                    files: vec![],
+                };
+                let out = self.bounded(&p.call_id, out).await;
+                self.emit_result(&p.call_id, out);
             } else if p.expired {
                 // Its permission expired before the client answered (a grant was refused).
                 let text = super::approvals::expired_result();
@@ -586,6 +598,7 @@ impl Turn {
             }
         };
         while let Some((id, out)) = next {
+            let out = self.bounded(&id, out).await;
             self.emit_result(&id, out);
             left -= 1;
             if left == 0 {
@@ -868,10 +881,10 @@ async fn inline_file(
 }
 
 /// Hand published events to the turn's watcher, if it has one.
-fn to_watcher(sink: Option<&mpsc::UnboundedSender<Feed>>, events: Vec<Arc<Event>>) {
+fn to_watcher(sink: Option<&super::watch::WatcherSink>, events: Vec<Arc<Event>>) {
     if let Some(sink) = sink {
         for ev in events {
-            let _ = sink.send(Feed::Event(ev));
+            sink.event(ev);
         }
     }
 }
@@ -942,7 +955,7 @@ async fn overlapped<T>(
 /// Forwards a model call's streamed fragments to the turn's watcher and the session's live
 /// subscribers.
 struct Deltas<'a> {
-    sink: Option<&'a mpsc::UnboundedSender<Feed>>,
+    sink: Option<&'a super::watch::WatcherSink>,
     feed: &'a FragmentFeed<'a>,
     thinking: bool,
     streamed_text: bool,
@@ -1022,10 +1035,7 @@ impl Deltas<'_> {
         // shows no event of the turn before its text (and never retracts, so no retry's
         // fragments can pass a retraction).
         if let Some(sink) = self.sink {
-            let _ = sink.send(Feed::Fragment {
-                kind,
-                text: fragment.to_string(),
-            });
+            sink.fragment(kind, fragment);
         }
         self.feed.push(kind, fragment);
     }

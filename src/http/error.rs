@@ -14,6 +14,8 @@ pub struct ApiError {
     pub message: String,
     /// Extra fields for the error object (e.g. the running turn's id).
     pub extra: Option<serde_json::Value>,
+    /// Seconds for the `Retry-After` header of a 429 or 503 (1 when not set).
+    pub retry_after: Option<u16>,
 }
 
 impl ApiError {
@@ -23,6 +25,7 @@ impl ApiError {
             kind,
             message: message.into(),
             extra: None,
+            retry_after: None,
         }
     }
 
@@ -46,6 +49,14 @@ impl ApiError {
             }
         }
         let mut resp = json_response(self.status, &json!({ "error": error }));
+        if self.status == StatusCode::TOO_MANY_REQUESTS
+            || self.status == StatusCode::SERVICE_UNAVAILABLE
+        {
+            resp.headers_mut().insert(
+                http::header::RETRY_AFTER,
+                http::HeaderValue::from(self.retry_after.unwrap_or(1)),
+            );
+        }
         if self.status == StatusCode::UNAUTHORIZED {
             resp.headers_mut().insert(
                 http::header::WWW_AUTHENTICATE,
@@ -67,6 +78,22 @@ impl From<EngineError> for ApiError {
             },
             EngineError::Conflict(_) => ApiError::conflict(message),
             EngineError::Invalid(_) => ApiError::bad_request(message),
+            EngineError::OverLimit {
+                kind,
+                server_wide,
+                retry_after,
+                ..
+            } => {
+                let status = if server_wide {
+                    StatusCode::SERVICE_UNAVAILABLE
+                } else {
+                    StatusCode::TOO_MANY_REQUESTS
+                };
+                ApiError {
+                    retry_after: Some(retry_after.min(u16::MAX as u64) as u16),
+                    ..ApiError::new(status, kind, message)
+                }
+            }
             EngineError::ShuttingDown => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", message)
             }

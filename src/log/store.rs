@@ -656,6 +656,41 @@ impl Store {
         .await
     }
 
+    /// How many sessions an owner has (`None`: the sessions of a server without keys).
+    pub async fn count_sessions(&self, owner: Option<String>) -> Result<usize, StoreError> {
+        self.read(move |c| {
+            let n: i64 = c
+                .prepare_cached("SELECT COUNT(*) FROM sessions WHERE owner IS ?1")?
+                .query_row(params![owner], |r| r.get(0))?;
+            Ok(n as usize)
+        })
+        .await
+    }
+
+    /// For each session, whether its last turn stopped for the client (its last event is a
+    /// `turn.completed` with `stop_reason: tool_use`): one point read per session, its last
+    /// event only (`GET /sessions` reads nothing else of a session's log).
+    pub async fn awaiting_client(&self, ids: Vec<String>) -> Result<Vec<bool>, StoreError> {
+        self.read(move |c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT type, json FROM events WHERE session_id = ?1 ORDER BY seq DESC LIMIT 1",
+            )?;
+            let mut out = Vec::with_capacity(ids.len());
+            for id in &ids {
+                let last: Option<(String, String)> = stmt
+                    .query_row(params![id], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .optional()?;
+                out.push(last.is_some_and(|(kind, json)| {
+                    kind == "turn.completed"
+                        && serde_json::from_str::<serde_json::Value>(&json)
+                            .is_ok_and(|v| v["stop_reason"] == "tool_use")
+                }));
+            }
+            Ok(out)
+        })
+        .await
+    }
+
     /// A session's events with `seq > after_seq`, at most `limit`, in order.
     pub async fn events(
         &self,

@@ -176,7 +176,7 @@ pub async fn stream(
         Some(c) => app.engine.seq_of(&session, c).await?,
         None => 0,
     };
-    let follow = Follow::new(&app.engine, session, after_seq).await?;
+    let follow = Follow::stream(&app.engine, session, after_seq).await?;
     let events = futures_util::stream::unfold(follow, |mut follow| async move {
         loop {
             let wire = match follow.next().await? {

@@ -316,7 +316,7 @@ pub async fn events(app: &App, caller: &Caller, id: &str) -> Result<Response, Ap
         .tail()
         .first()
         .map_or(0, |e| e.seq.saturating_sub(1));
-    let follow = Follow::new(&app.engine, session, start).await?;
+    let follow = Follow::stream(&app.engine, session, start).await?;
     let state = (follow, RunRenderer::default());
     let events = futures_util::stream::unfold(state, |(mut follow, mut renderer)| async move {
         loop {

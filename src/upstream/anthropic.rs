@@ -683,9 +683,9 @@ impl Accumulate for Acc {
                 .unwrap_or_else(|| Value::Object(Map::new()));
             let input = tool_input(&json, empty, stop).map_err(|e| {
                 protocol(format!(
-                    "the upstream sent invalid JSON input for tool {name:?} ({e}): {}",
-                    preview(json.as_bytes())
+                    "the upstream sent invalid JSON input for tool {name:?} ({e})"
                 ))
+                .with_detail(preview(json.as_bytes()))
             })?;
             let Some(input) = input else {
                 continue;
@@ -717,16 +717,13 @@ impl Accumulate for Acc {
             return Err(stream_error(value.get("error")));
         }
         let message: WireMessage = serde_json::from_value(value).map_err(|e| {
-            protocol(format!(
-                "the upstream's JSON answer is not a message ({e}): {}",
-                preview(bytes)
-            ))
+            protocol(format!("the upstream's JSON answer is not a message ({e})"))
+                .with_detail(preview(bytes))
         })?;
         let Some(content) = message.content else {
-            return Err(protocol(format!(
-                "the upstream's JSON answer has no content: {}",
-                preview(bytes)
-            )));
+            return Err(
+                protocol("the upstream's JSON answer has no content").with_detail(preview(bytes))
+            );
         };
         let mut acc = Acc::default();
         for (i, block) in content.into_iter().enumerate() {
@@ -765,14 +762,15 @@ fn stream_error(err: Option<&Value>) -> UpstreamError {
         .unwrap_or("");
     let message = err.map_or_else(|| "(no details)".to_string(), error_text);
     let (code, retryable) = error_status(kind);
+    let short = err.and_then(super::wire::error_type_of);
     let mut e = UpstreamError::new(
         UpstreamErrorKind::Status(code),
-        if kind.is_empty() {
-            format!("the upstream reported an error mid-stream: {message}")
-        } else {
-            format!("the upstream reported an error mid-stream: {kind}: {message}")
+        match short {
+            Some(kind) => format!("the upstream reported an error mid-stream, error type {kind}"),
+            None => "the upstream reported an error mid-stream".to_string(),
         },
-    );
+    )
+    .with_detail(message);
     e.retryable = retryable;
     e
 }
@@ -1187,11 +1185,12 @@ mod tests {
         let err = out.unwrap_err();
         assert_eq!(err.kind, UpstreamErrorKind::Status(529));
         assert!(err.retryable);
-        assert!(
-            err.message.contains("overloaded_error: Overloaded"),
-            "{}",
-            err.message
+        // The client's message: the status and the error type; the upstream's words: the log's.
+        assert_eq!(
+            err.message,
+            "the upstream answered HTTP 529 (the upstream failed), error type overloaded_error"
         );
+        assert_eq!(err.detail.as_deref(), Some("overloaded_error: Overloaded"));
         assert_eq!(err.retry_after, Some(Duration::from_secs(7)));
         let (out, _) = run(
             &fake,
@@ -1201,11 +1200,8 @@ mod tests {
         let err = out.unwrap_err();
         assert_eq!(err.kind, UpstreamErrorKind::Status(500));
         assert!(err.retryable);
-        assert!(
-            err.message.contains("Internal server error"),
-            "{}",
-            err.message
-        );
+        assert!(err.message.contains("api_error"), "{}", err.message);
+        assert!(err.to_string().contains("Internal server error"), "{err}");
         assert_eq!(err.retry_after, None);
         let (out, _) = run(
             &fake,
@@ -1229,10 +1225,15 @@ mod tests {
         assert_eq!(err.kind, UpstreamErrorKind::Status(400));
         assert!(!err.retryable);
         assert!(
-            err.message
-                .contains("invalid_request_error: max_tokens: must be positive"),
+            err.message.contains("HTTP 400") && err.message.contains("invalid_request_error"),
             "{}",
             err.message
+        );
+        assert!(!err.message.contains("max_tokens"), "{}", err.message);
+        assert!(
+            err.to_string()
+                .contains("invalid_request_error: max_tokens: must be positive"),
+            "the log line has the upstream's message: {err}"
         );
         assert_eq!(error_message(b""), "(empty body)");
         assert_eq!(error_message(b"{\"error\": \"plain\"}"), "plain");
@@ -1251,7 +1252,9 @@ mod tests {
         let err = out.unwrap_err();
         assert_eq!(err.kind, UpstreamErrorKind::Status(529));
         assert!(err.retryable);
-        assert!(err.message.contains("Overloaded"), "{}", err.message);
+        assert!(err.message.contains("overloaded_error"), "{}", err.message);
+        assert!(!err.message.contains("Overloaded"), "{}", err.message);
+        assert!(err.to_string().contains("Overloaded"), "{err}");
         assert_eq!(rec.text.concat(), "partial");
         let (out, _) = run(&fake, Reply::text("p").error_event("api_error", "boom")).await;
         let err = out.unwrap_err();
@@ -1385,7 +1388,8 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.kind, UpstreamErrorKind::Connect);
         assert!(err.retryable);
-        assert!(err.message.contains(&addr.to_string()), "{}", err.message);
+        assert!(!err.message.contains(&addr.to_string()), "{}", err.message);
+        assert!(err.to_string().contains(&addr.to_string()), "{err}");
         let p = Anthropic::new("not a url".into(), None, Duration::from_secs(5), 100);
         let err = p
             .complete(&ask("hi"), &mut Rec::default())

@@ -90,11 +90,17 @@ pub enum UpstreamErrorKind {
 }
 
 /// An upstream failure, with whether trying the same call again may help.
+///
+/// `message` is what a client may see (in `turn.failed`): what failed, the status and the
+/// upstream's error type, never the upstream's address, headers or body. `detail` holds those,
+/// for the server's log only (the `Display` form, which the engine logs with the turn id).
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("{message}")]
+#[error("{message}{}", detail.as_ref().map(|d| format!(" [{d}]")).unwrap_or_default())]
 pub struct UpstreamError {
     pub kind: UpstreamErrorKind,
     pub message: String,
+    /// For the log: the address, the cause's chain, an excerpt of the body.
+    pub detail: Option<String>,
     pub retryable: bool,
     /// The upstream's `Retry-After`, when it sent one.
     pub retry_after: Option<Duration>,
@@ -110,9 +116,16 @@ impl UpstreamError {
         UpstreamError {
             kind,
             message: message.into(),
+            detail: None,
             retryable,
             retry_after: None,
         }
+    }
+
+    /// With what only the server's log may show.
+    pub fn with_detail(mut self, detail: impl Into<String>) -> Self {
+        self.detail = Some(detail.into());
+        self
     }
 }
 

@@ -509,10 +509,10 @@ impl Accumulate for Acc {
         for (index, t) in self.tools {
             let input = tool_input(&t.arguments, Value::Object(Map::new()), stop).map_err(|e| {
                 protocol(format!(
-                    "the upstream sent invalid JSON arguments for tool {:?} ({e}): {}",
-                    t.name,
-                    preview(t.arguments.as_bytes())
+                    "the upstream sent invalid JSON arguments for tool {:?} ({e})",
+                    t.name
                 ))
+                .with_detail(preview(t.arguments.as_bytes()))
             })?;
             let Some(input) = input else {
                 continue;
@@ -543,10 +543,9 @@ impl Accumulate for Acc {
         let mut acc = Acc::default();
         acc.chunk(chunk, sink)?;
         if acc.finish.is_none() && acc.out.text.is_empty() && acc.tools.is_empty() {
-            return Err(protocol(format!(
-                "the upstream's JSON answer has no choices: {}",
-                preview(bytes)
-            )));
+            return Err(
+                protocol("the upstream's JSON answer has no choices").with_detail(preview(bytes))
+            );
         }
         acc.finish()
     }
@@ -559,11 +558,11 @@ fn stream_error(err: &Value) -> UpstreamError {
         .filter_map(|k| err.get(k).and_then(Value::as_u64))
         .find(|c| (400..=599).contains(c))
         .unwrap_or(500) as u16;
-    let message = error_text(err);
-    UpstreamError::new(
-        UpstreamErrorKind::Status(code),
-        format!("the upstream reported an error mid-stream: {message}"),
-    )
+    let message = match super::wire::error_type_of(err) {
+        Some(kind) => format!("the upstream reported an error mid-stream, error type {kind}"),
+        None => "the upstream reported an error mid-stream".to_string(),
+    };
+    UpstreamError::new(UpstreamErrorKind::Status(code), message).with_detail(error_text(err))
 }
 
 /// `{"error":{"message"}}` (or `{"error":"..."}`, or `{"message"}`), else the body's first 500 bytes.
@@ -853,14 +852,18 @@ mod tests {
         let err = out.unwrap_err();
         assert_eq!(err.kind, UpstreamErrorKind::Status(500));
         assert!(err.retryable);
-        assert!(err.message.contains("the model crashed"), "{}", err.message);
+        assert_eq!(
+            err.message,
+            "the upstream answered HTTP 500 (the upstream failed), error type server_error"
+        );
+        assert!(err.to_string().contains("the model crashed"), "{err}");
         assert_eq!(err.retry_after, None);
         // Nothing queued: the fake's own 500 message comes through.
         let err = provider(&fake)
             .complete(&ask("x"), &mut Rec::default())
             .await
             .unwrap_err();
-        assert!(err.message.contains("fake upstream: no scripted reply"));
+        assert!(err.to_string().contains("fake upstream: no scripted reply"));
     }
 
     #[tokio::test]
@@ -892,11 +895,12 @@ mod tests {
         let err = out.unwrap_err();
         assert_eq!(err.kind, UpstreamErrorKind::Status(400));
         assert!(!err.retryable);
-        assert!(
-            err.message.contains("max_tokens is too large"),
-            "{}",
-            err.message
+        // No error type in the body: the status alone; the upstream's words go to the log.
+        assert_eq!(
+            err.message,
+            "the upstream answered HTTP 400 (the upstream refused the request)"
         );
+        assert!(err.to_string().contains("max_tokens is too large"), "{err}");
     }
 
     #[tokio::test]
@@ -955,7 +959,8 @@ mod tests {
         let err = run_raw(&body).await.unwrap_err();
         assert_eq!(err.kind, UpstreamErrorKind::Status(500));
         assert!(err.retryable);
-        assert!(err.message.contains("overloaded"));
+        assert!(err.message.contains("server_error"), "{}", err.message);
+        assert!(err.to_string().contains("overloaded"), "{err}");
         let body = sse(&[json!({"error": {"message": "bad input", "code": 400}})]);
         let err = run_raw(&body).await.unwrap_err();
         assert_eq!(err.kind, UpstreamErrorKind::Status(400));
@@ -1027,7 +1032,8 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.kind, UpstreamErrorKind::Connect);
         assert!(err.retryable);
-        assert!(err.message.contains(&addr.to_string()), "{}", err.message);
+        assert!(!err.message.contains(&addr.to_string()), "{}", err.message);
+        assert!(err.to_string().contains(&addr.to_string()), "{err}");
     }
 
     #[tokio::test]

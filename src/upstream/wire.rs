@@ -60,7 +60,7 @@ pub(crate) fn https_client(connect_timeout: Option<Duration>) -> HttpsClient {
 
 /// A provider's settings that retrying cannot fix (a bad base URL or key): a non-retryable
 /// `Connect` error, reported when a call is made rather than when the provider is built.
-fn config_error(message: String) -> UpstreamError {
+fn config_error(message: &str) -> UpstreamError {
     let mut e = UpstreamError::new(UpstreamErrorKind::Connect, message);
     e.retryable = false;
     e
@@ -223,9 +223,9 @@ enum Answer {
 pub(crate) struct Endpoint {
     base_url: String,
     /// `{base_url}{path}`, or why it is not a URL.
-    uri: Result<Uri, String>,
+    uri: Result<Uri, UpstreamError>,
     /// The key's header and value (marked sensitive), or why the key is not a header value.
-    key: Result<Option<(HeaderName, HeaderValue)>, String>,
+    key: Result<Option<(HeaderName, HeaderValue)>, UpstreamError>,
     timeout: Duration,
     pool: std::sync::Arc<Pool>,
 }
@@ -242,9 +242,10 @@ impl Endpoint {
         api_key: Option<String>,
         timeout: Duration,
     ) -> Endpoint {
-        let uri = format!("{base_url}{path}")
-            .parse::<Uri>()
-            .map_err(|e| format!("invalid upstream base URL {base_url:?}: {e}"));
+        let uri = format!("{base_url}{path}").parse::<Uri>().map_err(|e| {
+            config_error("the upstream base URL is not a URL: see [upstream] base_url")
+                .with_detail(format!("{base_url:?}: {e}"))
+        });
         let key = match api_key.filter(|k| !k.is_empty()) {
             None => Ok(None),
             Some(key) => HeaderValue::from_str(&format!("{key_prefix}{key}"))
@@ -252,7 +253,7 @@ impl Endpoint {
                     v.set_sensitive(true);
                     Some((key_header, v))
                 })
-                .map_err(|_| "the upstream API key is not a valid HTTP header value".to_string()),
+                .map_err(|_| config_error("the upstream API key is not a valid HTTP header value")),
         };
         Endpoint {
             base_url,
@@ -315,8 +316,8 @@ impl Endpoint {
         headers: &[(&HeaderName, &'static str)],
         error_message: fn(&[u8]) -> String,
     ) -> Result<Answer, UpstreamError> {
-        let uri = self.uri.clone().map_err(config_error)?;
-        let key = self.key.clone().map_err(config_error)?;
+        let uri = self.uri.clone()?;
+        let key = self.key.clone()?;
         let body = Bytes::from(serde_json::to_vec(body).map_err(|e| protocol(e.to_string()))?);
         let make = || {
             let mut builder = Request::post(uri.clone())
@@ -338,14 +339,8 @@ impl Endpoint {
                 CallError::Connect(e) => ("could not connect to", e),
                 CallError::Send(e) => ("could not send the request to", e),
             };
-            UpstreamError::new(
-                UpstreamErrorKind::Connect,
-                format!(
-                    "{what} the upstream {}: {}",
-                    self.base_url,
-                    error_chain(&*e)
-                ),
-            )
+            UpstreamError::new(UpstreamErrorKind::Connect, format!("{what} the upstream"))
+                .with_detail(format!("{}: {}", self.base_url, error_chain(&*e)))
         })?;
 
         let status = resp.status();
@@ -409,8 +404,9 @@ async fn read_stream<A: Accumulate>(
             Some(Err(e)) => {
                 return Err(UpstreamError::new(
                     UpstreamErrorKind::Stream,
-                    format!("the upstream stream broke off: {}", error_chain(&*e)),
-                ))
+                    "the upstream stream broke off",
+                )
+                .with_detail(error_chain(&*e)))
             }
         };
         let Ok(data) = frame.into_data() else {
@@ -444,10 +440,8 @@ pub(crate) fn parse_event<T: DeserializeOwned>(
         return Ok(None);
     }
     serde_json::from_str(data).map(Some).map_err(|e| {
-        protocol(format!(
-            "unparseable {what} from the upstream ({e}): {}",
-            preview(data.as_bytes())
-        ))
+        protocol(format!("unparseable {what} from the upstream ({e})"))
+            .with_detail(preview(data.as_bytes()))
     })
 }
 
@@ -486,10 +480,8 @@ async fn read_json<T: DeserializeOwned>(body: Body) -> Result<(T, Vec<u8>), Upst
     let (bytes, truncated) = read_capped(body, DEFAULT_MAX_EVENT_BYTES)
         .await
         .map_err(|e| {
-            UpstreamError::new(
-                UpstreamErrorKind::Stream,
-                format!("the upstream response broke off: {}", error_chain(&*e)),
-            )
+            UpstreamError::new(UpstreamErrorKind::Stream, "the upstream response broke off")
+                .with_detail(error_chain(&*e))
         })?;
     if truncated {
         return Err(protocol(format!(
@@ -497,35 +489,80 @@ async fn read_json<T: DeserializeOwned>(body: Body) -> Result<(T, Vec<u8>), Upst
         )));
     }
     let value = serde_json::from_slice(&bytes).map_err(|e| {
-        protocol(format!(
-            "unparseable JSON answer from the upstream ({e}): {}",
-            preview(&bytes)
-        ))
+        protocol(format!("unparseable JSON answer from the upstream ({e})"))
+            .with_detail(preview(&bytes))
     })?;
     Ok((value, bytes))
 }
 
-/// The error for a non-2xx answer: the upstream's own message (read from the body by
-/// `error_message`, which is where the providers differ), and its `Retry-After`.
+/// The error for a non-2xx answer: for clients, the status, what it usually means and the
+/// upstream's error type (`error.type`, else `error.code`); for the log, the upstream's own
+/// message (read from the body by `error_message`, which is where the providers differ). And
+/// its `Retry-After`.
 async fn status_error(
     code: u16,
     headers: &HeaderMap,
     body: Body,
     error_message: fn(&[u8]) -> String,
 ) -> UpstreamError {
-    let detail = match read_capped(body, MAX_ERROR_BODY).await {
-        Ok((bytes, _)) => error_message(&bytes),
-        Err(e) => format!("(the error body broke off: {})", error_chain(&*e)),
+    let (kind, detail) = match read_capped(body, MAX_ERROR_BODY).await {
+        Ok((bytes, _)) => (error_type(&bytes), error_message(&bytes)),
+        Err(e) => (
+            None,
+            format!("(the error body broke off: {})", error_chain(&*e)),
+        ),
     };
-    let mut err = UpstreamError::new(
-        UpstreamErrorKind::Status(code),
-        format!("the upstream answered HTTP {code}: {detail}"),
-    );
+    let mut message = format!("the upstream answered HTTP {code}");
+    if let Some(meaning) = status_meaning(code) {
+        message.push_str(&format!(" ({meaning})"));
+    }
+    if let Some(kind) = kind {
+        message.push_str(&format!(", error type {kind}"));
+    }
+    let mut err = UpstreamError::new(UpstreamErrorKind::Status(code), message).with_detail(detail);
     err.retry_after = headers
         .get(RETRY_AFTER)
         .and_then(|v| v.to_str().ok())
         .and_then(parse_retry_after);
     err
+}
+
+/// What a status usually means for a model call, said to clients in place of the upstream's
+/// own words (which may quote what the server sent, its key included).
+fn status_meaning(code: u16) -> Option<&'static str> {
+    Some(match code {
+        400 => "the upstream refused the request",
+        401 | 403 => "the upstream refused the server's credentials: see [upstream] api_key_env",
+        404 => "unknown model or endpoint: see [upstream] model and base_url",
+        408 | 504 => "the upstream timed out",
+        413 => "the request is too large for the upstream",
+        429 => "the upstream is rate limiting",
+        500..=599 => "the upstream failed",
+        _ => return None,
+    })
+}
+
+/// The upstream's error type in an error body (`{"error": {"type"}}`, else `{"error":
+/// {"code"}}`, else a top-level `type` other than `error`), when it is a short identifier:
+/// anything else could be the upstream quoting input back, and is left to the log.
+pub(crate) fn error_type(body: &[u8]) -> Option<String> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    error_type_of(&v)
+}
+
+/// [`error_type`] of a parsed error object (or body).
+pub(crate) fn error_type_of(v: &Value) -> Option<String> {
+    let err = v.get("error").filter(|e| e.is_object()).unwrap_or(v);
+    let found = ["type", "code"].iter().find_map(|k| match err.get(*k) {
+        Some(Value::String(s)) if s != "error" => Some(s.clone()),
+        _ => None,
+    })?;
+    let short = found.len() <= 64
+        && !found.is_empty()
+        && found
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.');
+    short.then_some(found)
 }
 
 /// Reads up to `cap` bytes of a body, and whether it was cut there; `Err` when the body broke
@@ -546,4 +583,49 @@ async fn read_capped(
         }
     }
     Ok((out, false))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_error_type_is_a_short_identifier_or_nothing() {
+        let t = |body: &str| error_type(body.as_bytes());
+        assert_eq!(
+            t(r#"{"error":{"type":"invalid_request_error","message":"sk-secret"}}"#).as_deref(),
+            Some("invalid_request_error")
+        );
+        assert_eq!(
+            t(r#"{"error":{"code":"context_length_exceeded"}}"#).as_deref(),
+            Some("context_length_exceeded")
+        );
+        // Anthropic's envelope: the inner type, not "error".
+        assert_eq!(
+            t(r#"{"type":"error","error":{"type":"overloaded_error"}}"#).as_deref(),
+            Some("overloaded_error")
+        );
+        // A "type" that quotes input back is not an identifier: left to the log.
+        assert_eq!(
+            t(r#"{"error":{"type":"bad key sk-123 for http://x"}}"#),
+            None
+        );
+        assert_eq!(t(r#"{"error":"plain"}"#), None);
+        assert_eq!(t("<html>gateway</html>"), None);
+        assert_eq!(t(r#"{"error":{"code":400}}"#), None);
+    }
+
+    #[test]
+    fn an_error_shows_its_detail_only_in_its_log_form() {
+        let e = UpstreamError::new(
+            UpstreamErrorKind::Status(400),
+            "the upstream answered HTTP 400",
+        )
+        .with_detail("body with sk-secret");
+        assert_eq!(e.message, "the upstream answered HTTP 400");
+        assert_eq!(
+            e.to_string(),
+            "the upstream answered HTTP 400 [body with sk-secret]"
+        );
+    }
 }

@@ -235,7 +235,17 @@ pub async fn list_sessions(
         .engine
         .list_sessions(caller.owner.as_deref(), after.as_deref())
         .await?;
-    let sessions: Vec<Value> = views.iter().map(|v| session_info(app, v)).collect();
+    // The pending calls are read from a session's log: GET /sessions/{id} shows them.
+    let sessions: Vec<Value> = views
+        .iter()
+        .map(|v| {
+            let mut info = session_info(app, v);
+            if let Some(info) = info.as_object_mut() {
+                info.remove("pending");
+            }
+            info
+        })
+        .collect();
     let mut out = json!({ "sessions": sessions });
     if let Some(next) = next {
         out["next"] = json!(next);
@@ -440,6 +450,7 @@ fn turn_frames(
         let (mut handle, mut renderer) = state?;
         loop {
             let item = handle.recv().await?;
+            renderer.fragments_lost = handle.fragments_lost();
             let terminal = matches!(&item, Feed::Event(ev) if ev.body.is_terminal());
             let frame = renderer
                 .sse(mode, &item)

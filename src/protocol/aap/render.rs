@@ -48,6 +48,19 @@ pub struct TurnRenderer {
     client_results: HashSet<String>,
     /// This turn's events as history (`none` mode).
     projector: Projector,
+    /// Bytes of text and of thinking sent as deltas since the last stored message (`delta`
+    /// mode): when the turn dropped fragments its watcher was too slow for, the stored message
+    /// sends the rest.
+    sent_text: usize,
+    sent_thinking: usize,
+    /// The turn dropped fragments for this watcher (see `engine/watch.rs`).
+    pub fragments_lost: bool,
+}
+
+/// The part of a stored message that deltas did not show, when fragments were dropped: what
+/// comes after the `sent` bytes that were shown.
+fn unsent(content: &str, sent: usize) -> Option<&str> {
+    content.get(sent..).filter(|rest| !rest.is_empty())
 }
 
 impl TurnRenderer {
@@ -75,13 +88,33 @@ impl TurnRenderer {
     pub fn sse(&mut self, mode: StreamMode, item: &Feed) -> Option<(&'static str, String)> {
         let (name, data) = match item {
             Feed::Fragment { kind, text } if mode == StreamMode::Delta => match kind {
-                DeltaKind::Message => ("text_delta", json!({ "delta": text })),
-                DeltaKind::Thinking => ("thinking_delta", json!({ "delta": text })),
+                DeltaKind::Message => {
+                    self.sent_text += text.len();
+                    ("text_delta", json!({ "delta": text }))
+                }
+                DeltaKind::Thinking => {
+                    self.sent_thinking += text.len();
+                    ("thinking_delta", json!({ "delta": text }))
+                }
             },
             Feed::Fragment { .. } | Feed::Delta { .. } => return None,
             Feed::Event(ev) => {
                 self.note(ev);
                 match &ev.body {
+                    EventBody::AgentThinking { content } if mode == StreamMode::Delta => {
+                        let sent = std::mem::take(&mut self.sent_thinking);
+                        match unsent(content, sent).filter(|_| self.fragments_lost) {
+                            Some(rest) => ("thinking_delta", json!({ "delta": rest })),
+                            None => return None,
+                        }
+                    }
+                    EventBody::AgentMessage { content, .. } if mode == StreamMode::Delta => {
+                        let sent = std::mem::take(&mut self.sent_text);
+                        match unsent(content, sent).filter(|_| self.fragments_lost) {
+                            Some(rest) => ("text_delta", json!({ "delta": rest })),
+                            None => return None,
+                        }
+                    }
                     EventBody::AgentThinking { content } if mode == StreamMode::Message => {
                         ("thinking", json!({ "thinking": content }))
                     }
