@@ -17,11 +17,13 @@ use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
 use super::raw::{
-    RawAgent, RawConfig, RawFiles, RawLimits, RawMcpServer, RawPolicy, RawServer, RawUpstream,
+    RawAgent, RawConfig, RawFiles, RawLimits, RawMcpServer, RawPolicy, RawServer, RawTelemetry,
+    RawUpstream,
 };
 use super::{
     AgentConfig, Config, FilesConfig, LimitsConfig, McpScope, McpServerConfig, McpTransport,
-    PolicyConfig, PolicyRule, ProviderKind, SandboxKind, ServerConfig, UpstreamConfig, Verdict,
+    PolicyConfig, PolicyRule, ProviderKind, SandboxKind, ServerConfig, TelemetryConfig,
+    UpstreamConfig, Verdict,
 };
 
 /// Default `[server] listen`.
@@ -120,6 +122,7 @@ pub fn load_str(path: &Path, text: &str) -> Result<Config, ConfigError> {
         policy: policy(&cx, raw.policy.as_ref())?,
         files: files(&cx, raw.files.as_ref())?,
         limits: limits(&cx, raw.limits.as_ref())?,
+        telemetry: telemetry(&cx, raw.telemetry.as_ref())?,
     })
 }
 
@@ -194,6 +197,36 @@ impl Cx<'_> {
             key,
             message,
         }
+    }
+
+    /// HTTP headers as written (values may hold `${VAR}`, expanded when connecting).
+    fn headers(
+        &self,
+        h: Option<&Spanned<indexmap::IndexMap<String, String>>>,
+        key: &str,
+    ) -> Result<BTreeMap<String, String>, ConfigError> {
+        let mut headers = BTreeMap::new();
+        let Some(h) = h else { return Ok(headers) };
+        for (name, value) in h.get_ref() {
+            if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                return Err(self.err(
+                    h.span(),
+                    key,
+                    format!("invalid header name {name:?}: use letters, digits and '-', e.g. \"Authorization\""),
+                ));
+            }
+            if http::HeaderValue::from_str(value).is_err() {
+                return Err(self.err(
+                    h.span(),
+                    key,
+                    format!(
+                        "invalid value for header {name:?}: no line breaks or control characters"
+                    ),
+                ));
+            }
+            headers.insert(name.clone(), value.clone());
+        }
+        Ok(headers)
     }
 
     /// A non-negative integer in `min..=max`, or `default` when absent.
@@ -533,6 +566,19 @@ fn server(
             1,
             i64::from(u32::MAX),
         )? as usize,
+        metrics_listen: match &t.metrics_listen {
+            None => None,
+            Some(v) => Some(parse_listen(v.get_ref()).ok_or_else(|| {
+                cx.err(
+                    v.span(),
+                    "server.metrics_listen",
+                    format!(
+                        "{:?} is not a socket address: write IP:PORT, e.g. \"127.0.0.1:9464\"",
+                        v.get_ref()
+                    ),
+                )
+            })?),
+        },
     })
 }
 
@@ -544,6 +590,10 @@ const DEFAULT_IDLE_TIMEOUT_S: i64 = 60;
 const DEFAULT_MAX_CONNECTIONS: i64 = 4096;
 /// Default `[agents.X] approval_ttl_s`.
 const DEFAULT_APPROVAL_TTL_S: i64 = 3600;
+/// Default `[agents.X] wrap_up_s`.
+const DEFAULT_WRAP_UP_S: i64 = 60;
+/// Default `[agents.X] compact_at`.
+const DEFAULT_COMPACT_AT: f64 = 0.8;
 
 /// Idle sessions kept in memory by default.
 const DEFAULT_SESSION_CACHE: i64 = 1000;
@@ -560,9 +610,11 @@ fn upstream(
         max_tokens: None,
         timeout: Duration::from_secs(DEFAULT_UPSTREAM_TIMEOUT_S.unsigned_abs()),
         retries: DEFAULT_RETRIES as u32,
+        headers: BTreeMap::new(),
     };
     let Some(table) = raw else { return Ok(config) };
     let t = table.get_ref();
+    config.headers = cx.headers(t.headers.as_ref(), "upstream.headers")?;
 
     let Some(provider) = &t.provider else {
         return Err(cx.err(
@@ -655,6 +707,9 @@ fn default_agent() -> AgentConfig {
         models: Vec::new(),
         client_system_prompt: true,
         approval_ttl: Duration::from_secs(DEFAULT_APPROVAL_TTL_S.unsigned_abs()),
+        wrap_up: Duration::from_secs(DEFAULT_WRAP_UP_S.unsigned_abs()),
+        context_tokens: None,
+        compact_at: DEFAULT_COMPACT_AT,
     }
 }
 
@@ -735,6 +790,31 @@ fn agent(cx: &Cx<'_>, name: &str, table: &Spanned<RawAgent>) -> Result<AgentConf
             &key("approval_ttl_s"),
             DEFAULT_APPROVAL_TTL_S,
         )?,
+        wrap_up: cx.secs(t.wrap_up_s.as_ref(), &key("wrap_up_s"), DEFAULT_WRAP_UP_S)?,
+        context_tokens: match &t.context_tokens {
+            None => None,
+            v => Some(cx.int(
+                v.as_ref(),
+                &key("context_tokens"),
+                0,
+                1024,
+                i64::from(u32::MAX),
+            )? as u32),
+        },
+        compact_at: match &t.compact_at {
+            None => DEFAULT_COMPACT_AT,
+            Some(v) => {
+                let x = *v.get_ref();
+                if !(x > 0.0 && x <= 1.0) {
+                    return Err(cx.err(
+                        v.span(),
+                        &key("compact_at"),
+                        format!("{x} is out of range: give a share of the context window above 0 and at most 1, e.g. 0.8"),
+                    ));
+                }
+                x
+            }
+        },
     })
 }
 
@@ -880,26 +960,7 @@ fn mcp_server(
                 }
             }
             let url_s = cx.http_url(url, &key("url"), "http://127.0.0.1:9000/mcp")?;
-            let mut headers = BTreeMap::new();
-            if let Some(h) = &t.headers {
-                for (name, value) in h.get_ref() {
-                    if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
-                        return Err(cx.err(
-                            h.span(),
-                            &key("headers"),
-                            format!("invalid header name {name:?}: use letters, digits and '-', e.g. \"Authorization\""),
-                        ));
-                    }
-                    if http::HeaderValue::from_str(value).is_err() {
-                        return Err(cx.err(
-                            h.span(),
-                            &key("headers"),
-                            format!("invalid value for header {name:?}: no line breaks or control characters"),
-                        ));
-                    }
-                    headers.insert(name.clone(), value.clone());
-                }
-            }
+            let headers = cx.headers(t.headers.as_ref(), &key("headers"))?;
             McpTransport::Http { url: url_s, headers }
         }
     };
@@ -970,6 +1031,18 @@ fn files(cx: &Cx<'_>, raw: Option<&Spanned<RawFiles>>) -> Result<FilesConfig, Co
                 i64::MAX,
             )?
             .unsigned_abs(),
+    })
+}
+
+fn telemetry(
+    cx: &Cx<'_>,
+    raw: Option<&Spanned<RawTelemetry>>,
+) -> Result<TelemetryConfig, ConfigError> {
+    let Some(v) = raw.and_then(|t| t.get_ref().otlp_endpoint.as_ref()) else {
+        return Ok(TelemetryConfig::default());
+    };
+    Ok(TelemetryConfig {
+        otlp_endpoint: Some(cx.http_url(v, "telemetry.otlp_endpoint", "http://127.0.0.1:4317")?),
     })
 }
 
@@ -1531,6 +1604,29 @@ default = "ask"                              # for a tool that no pattern names
         assert_eq!(d.agents[0].approval_ttl, Duration::from_secs(3600));
         assert_eq!(d.limits.disk_bytes_per_key, 10 << 30);
         assert_eq!(d.limits.tool_result_bytes, 262_144);
+        let c = ok("[server]\nmetrics_listen = \"127.0.0.1:9464\"\n[telemetry]\notlp_endpoint = \"http://127.0.0.1:4317\"\n[upstream]\nprovider = \"openai\"\nmodel = \"m\"\nheaders = { X-Org = \"${ORG}\" }\n[agents.a]\nwrap_up_s = 5\ncontext_tokens = 32000\ncompact_at = 0.5\n");
+        assert_eq!(
+            c.server.metrics_listen,
+            Some(SocketAddr::from((Ipv4Addr::LOCALHOST, 9464)))
+        );
+        assert_eq!(
+            c.telemetry.otlp_endpoint.as_deref(),
+            Some("http://127.0.0.1:4317")
+        );
+        assert_eq!(c.upstream.headers["X-Org"], "${ORG}");
+        assert_eq!(c.agents[0].wrap_up, Duration::from_secs(5));
+        assert_eq!(c.agents[0].context_tokens, Some(32000));
+        assert_eq!(c.agents[0].compact_at, 0.5);
+        assert_eq!(d.agents[0].wrap_up, Duration::from_secs(60));
+        assert_eq!(
+            (d.agents[0].context_tokens, d.agents[0].compact_at),
+            (None, 0.8)
+        );
+        assert_eq!(d.server.metrics_listen, None);
+        let e = bad("[agents.a]\ncompact_at = 1.5\n");
+        assert_eq!(e.key.as_deref(), Some("agents.a.compact_at"));
+        let e = bad("[upstream]\nprovider = \"openai\"\nmodel = \"m\"\nheaders = { \"Bad Name\" = \"x\" }\n");
+        assert_eq!(e.key.as_deref(), Some("upstream.headers"));
         let e = bad("[limits]\nqueued_turns = 0\n");
         assert_eq!(
             (e.line, e.key.as_deref()),

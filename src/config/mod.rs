@@ -30,6 +30,16 @@ pub struct Config {
     pub files: FilesConfig,
     /// `[limits]`: quotas on what a client or key can make turnstile hold.
     pub limits: LimitsConfig,
+    /// `[telemetry]`.
+    pub telemetry: TelemetryConfig,
+}
+
+/// `[telemetry]`: where traces go, if anywhere.
+#[derive(Debug, Clone, Default)]
+pub struct TelemetryConfig {
+    /// An OTLP endpoint (e.g. `http://127.0.0.1:4317`); `None`: no export (unless
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT` is set, which the telemetry module reads itself).
+    pub otlp_endpoint: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -58,6 +68,8 @@ pub struct ServerConfig {
     pub idle_timeout: Duration,
     /// Open connections at most; over it a new connection is closed at once. Default 4096.
     pub max_connections: usize,
+    /// Serve `/metrics` (no key needed) on this address too. Default none.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,6 +95,9 @@ pub struct UpstreamConfig {
     pub timeout: Duration,
     /// Retries on connect errors, 429 and 5xx. Default 2.
     pub retries: u32,
+    /// Extra headers on every upstream request, kept as written; `${VAR}` is expanded when
+    /// the provider is built.
+    pub headers: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone)]
@@ -112,6 +127,15 @@ pub struct AgentConfig {
     pub client_system_prompt: bool,
     /// A pending permission is denied with reason "approval expired" after this. Default 3600 s.
     pub approval_ttl: Duration,
+    /// At `turn_timeout` the turn wraps up: one last model call without tools, bounded by this.
+    /// Default 60 s.
+    pub wrap_up: Duration,
+    /// The upstream's context window in tokens, when the file sets it; `None`: the known
+    /// model's own, else 128,000 (see the engine's context module).
+    pub context_tokens: Option<u32>,
+    /// Compact the oldest turns into a summary when the next request would pass this share of
+    /// the window. Default 0.8, in (0, 1].
+    pub compact_at: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -31,6 +31,8 @@ pub(super) struct RawConfig {
     pub files: Option<Spanned<RawFiles>>,
     #[serde(default)]
     pub limits: Option<Spanned<RawLimits>>,
+    #[serde(default)]
+    pub telemetry: Option<Spanned<RawTelemetry>>,
 }
 
 /// `[server]`
@@ -59,6 +61,8 @@ pub(super) struct RawServer {
     pub idle_timeout_s: Option<Spanned<i64>>,
     #[serde(default)]
     pub max_connections: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub metrics_listen: Option<Spanned<String>>,
 }
 
 /// `[upstream]`
@@ -79,6 +83,8 @@ pub(super) struct RawUpstream {
     pub timeout_s: Option<Spanned<i64>>,
     #[serde(default)]
     pub retries: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub headers: Option<Spanned<IndexMap<String, String>>>,
 }
 
 /// `[agents.NAME]`
@@ -107,6 +113,12 @@ pub(super) struct RawAgent {
     pub client_system_prompt: Option<bool>,
     #[serde(default)]
     pub approval_ttl_s: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub wrap_up_s: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub context_tokens: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub compact_at: Option<Spanned<f64>>,
 }
 
 /// `[mcp_servers.NAME]`
@@ -185,4 +197,12 @@ pub(super) struct RawLimits {
     pub disk_bytes_per_key: Option<Spanned<i64>>,
     #[serde(default)]
     pub tool_result_bytes: Option<Spanned<i64>>,
+}
+
+/// `[telemetry]`
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTelemetry {
+    #[serde(default)]
+    pub otlp_endpoint: Option<Spanned<String>>,
 }
