@@ -1720,3 +1720,51 @@ fn message_content_parses_or_fails_cleanly_and_round_trips() {
     );
 }
 
+// ---------------------------------------------------------------------------------------------
+// Regressions: what the properties above found, as plain tests
+// ---------------------------------------------------------------------------------------------
+
+/// An upload whose body ends before its declared `Content-Length` (the client went away) was a
+/// 500 `internal_error` ("the file store failed") logged at ERROR: the body's read error was
+/// taken for a disk error. It is the client's: a 400.
+#[test]
+fn an_upload_cut_short_is_a_400_not_a_500() {
+    let h = Harness::new("");
+    let raw = Req {
+        declared: Some(100),
+        ..Req::new("POST", "/files?filename=a.txt", b"only part".to_vec())
+    };
+    let multipart = Req {
+        declared: Some(200),
+        ..Req::new(
+            "POST",
+            "/files",
+            b"--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.txt\"\r\n\r\nonly pa"
+                .to_vec(),
+        )
+        .header("content-type", b"multipart/form-data; boundary=b")
+    };
+    for req in [raw, multipart] {
+        let what = format!("{req:?}");
+        let a = h.send(req).expect("an answer");
+        assert_eq!(
+            a.status,
+            400,
+            "{what}: {}",
+            String::from_utf8_lossy(&a.body)
+        );
+        let v: Value = serde_json::from_slice(&a.body).unwrap();
+        assert_eq!(v["error"]["type"], "invalid_request", "{v}");
+    }
+    // Nothing of them was stored, and the next upload works.
+    let a = h
+        .send(Req::new("POST", "/files?filename=b.txt", b"whole".to_vec()))
+        .unwrap();
+    assert_eq!(a.status, 201);
+    let tmp = h.server().data_dir().join("files/tmp");
+    assert_eq!(
+        std::fs::read_dir(tmp).unwrap().count(),
+        0,
+        "no partial file left"
+    );
+}

@@ -23,6 +23,12 @@ impl From<FileError> for ApiError {
                 "file_too_large",
                 format!("{e}; send a smaller file"),
             ),
+            // What the body's reader failed with is the client's doing, not the store's.
+            FileError::Io(ref io) if io.get_ref().is_some_and(|i| i.is::<BodyCut>()) => {
+                ApiError::bad_request(format!(
+                    "the upload could not be read to its end: {io}; send the whole body"
+                ))
+            }
             FileError::Io(_) | FileError::Store(_) => {
                 tracing::error!(error = %e, "file store error");
                 ApiError::new(
@@ -35,8 +41,14 @@ impl From<FileError> for ApiError {
     }
 }
 
+/// The request body could not be read to its end (the client went away or cut it short, or a
+/// multipart body broke off mid-part).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct BodyCut(String);
+
 fn io_err<E: std::fmt::Display>(e: E) -> std::io::Error {
-    std::io::Error::other(e.to_string())
+    std::io::Error::other(BodyCut(e.to_string()))
 }
 
 /// `POST /files`.
