@@ -1768,3 +1768,51 @@ fn an_upload_cut_short_is_a_400_not_a_500() {
         "no partial file left"
     );
 }
+
+/// A `Last-Event-ID` with a byte outside visible ASCII (here 0x80, which HTTP allows as
+/// obs-text) was read as no cursor at all: the stream answered 200 and replayed the session's
+/// whole log from its first event, where an unknown id is a 400.
+#[test]
+fn a_last_event_id_that_is_not_text_is_a_400_not_a_replay_of_everything() {
+    let h = Harness::new("");
+    let sid = h.session(&json!({}));
+    h.ok(
+        "POST",
+        &format!("/sessions/{sid}/turns"),
+        &json!({"messages": [{"role": "user", "content": "hi"}]}),
+    );
+    let stream = format!("/sessions/{sid}/events/stream");
+    for value in [&b"\x80"[..], b"evt_\xff\xfe", b"caf\xc3\xa9"] {
+        let req = Req {
+            head_only: true,
+            ..Req::new("GET", &stream, vec![]).header("last-event-id", value)
+        };
+        let a = h.send(req).expect("an answer");
+        assert_eq!(
+            a.status,
+            400,
+            "{value:?}: {}",
+            String::from_utf8_lossy(&a.body)
+        );
+        let v: Value = serde_json::from_slice(&a.body).unwrap();
+        assert_eq!(v["error"]["type"], "invalid_request", "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("Last-Event-ID"),
+            "{v}"
+        );
+    }
+    // An unknown id that is text answers the same; no header streams from the start.
+    let req = Req {
+        head_only: true,
+        ..Req::new("GET", &stream, vec![]).header("last-event-id", b"evt_nope")
+    };
+    assert_eq!(h.send(req).unwrap().status, 400);
+    let req = Req {
+        head_only: true,
+        ..Req::new("GET", &stream, vec![])
+    };
+    assert_eq!(h.send(req).unwrap().status, 200);
+}
