@@ -1400,6 +1400,256 @@ fn uploads_never_break_the_server() {
     });
 }
 
+/// One path segment: a word of the route table, a real id, or anything (percent-encoded).
+#[derive(Debug, Clone)]
+enum Seg {
+    Word(&'static str),
+    Session,
+    File,
+    Event,
+    Any(String),
+}
+
+/// The route table, `S` and `F` where a session or a file id goes.
+const ROUTES: &[(&str, &str)] = &[
+    ("GET", "/healthz"),
+    ("GET", "/metrics"),
+    ("GET", "/meta"),
+    ("GET", "/tools"),
+    ("GET", "/sessions"),
+    ("POST", "/sessions"),
+    ("GET", "/sessions/S"),
+    ("GET", "/sessions/S/history"),
+    ("POST", "/sessions/S/turns"),
+    ("POST", "/sessions/S/messages"),
+    ("GET", "/sessions/S/events/history"),
+    ("GET", "/sessions/S/events/stream"),
+    ("GET", "/sessions/S/events"),
+    ("POST", "/sessions/S/cancel"),
+    ("POST", "/sessions/S/run"),
+    ("POST", "/sessions/S/plan/confirm"),
+    ("POST", "/sessions/S/plan/reject"),
+    ("POST", "/sessions/S/interrupt"),
+    ("POST", "/run"),
+    ("POST", "/files"),
+    ("GET", "/files/F"),
+    ("GET", "/files/F/content"),
+];
+
+/// A path: a route of the table (its ids real most of the time), or segments at random.
+fn path_segments() -> BoxedStrategy<Vec<Seg>> {
+    let id = |real: Seg| {
+        prop_oneof![
+            8 => Just(real),
+            1 => prop_oneof![Just(Seg::Session), Just(Seg::File), Just(Seg::Event)],
+            1 => text().prop_map(Seg::Any),
+        ]
+    };
+    let routed =
+        (select(ROUTES.to_vec()), id(Seg::Session), id(Seg::File)).prop_map(|((_, path), s, f)| {
+            path.split('/')
+                .skip(1)
+                .map(|w| match w {
+                    "S" => s.clone(),
+                    "F" => f.clone(),
+                    w => Seg::Word(w),
+                })
+                .collect::<Vec<Seg>>()
+        });
+    let word = prop_oneof![
+        8 => select(vec![
+            "sessions", "turns", "messages", "events", "history", "stream", "cancel", "run",
+            "plan", "confirm", "reject", "interrupt", "files", "content", "meta", "tools",
+            "healthz", "metrics", "..", ".", "",
+        ])
+        .prop_map(Seg::Word),
+        4 => Just(Seg::Session),
+        1 => Just(Seg::File),
+        1 => Just(Seg::Event),
+        1 => text().prop_map(Seg::Any),
+    ];
+    prop_oneof![8 => routed, 1 => vec(word, 1..5)].boxed()
+}
+
+/// Every route with any method, path and query, and a body made for the route or not: the
+/// routes the other properties do not cover (cancel, session runs, plans, interrupt, listings,
+/// history, metadata, downloads with `Range`) and the route table itself.
+#[test]
+fn any_route_with_any_input_never_breaks_the_server() {
+    let h = Harness::new(AGENT);
+    let sid = h.session(&json!({}));
+    h.ok(
+        "POST",
+        &format!("/sessions/{sid}/turns"),
+        &json!({"messages": [{"role": "user", "content": "hi"}]}),
+    );
+    let (_, v) = h.ok(
+        "GET",
+        &format!("/sessions/{sid}/events/history"),
+        &Value::Null,
+    );
+    let event_id = v["events"][0]["id"].as_str().unwrap().to_string();
+    let a = h
+        .send(Req::new(
+            "POST",
+            "/files?filename=a.txt",
+            b"0123456789".to_vec(),
+        ))
+        .unwrap();
+    let file_id = serde_json::from_slice::<Value>(&a.body).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let query = prop::option::weighted(
+        0.5,
+        vec(
+            (
+                select(vec!["after", "type", "limit", "filename", "x"]),
+                prop_oneof![
+                    select(vec![
+                        "full",
+                        "compacted",
+                        "1",
+                        "0",
+                        "1001",
+                        "-1",
+                        "",
+                        "%",
+                        "%zz",
+                        "%e4"
+                    ])
+                    .prop_map(str::to_string),
+                    Just("EVENT".to_string()),
+                    Just("SESSION".to_string()),
+                    text(),
+                ],
+            ),
+            1..3,
+        ),
+    );
+    let body = prop_oneof![
+        3 => Just(None),
+        2 => prop_oneof![
+            (prop::option::of(text()), any::<bool>()).prop_map(|(g, p)| json!({"goal": g, "plan": p})),
+            prop::option::of(text()).prop_map(|t| json!({"turn_id": t})),
+            prop::option::of(text()).prop_map(|t| json!({"edits": t})),
+            prop::option::of(text()).prop_map(|t| json!({"reason": t})),
+            any_json(),
+        ]
+        .prop_map(Some),
+    ];
+    // The route's own method most of the time (None), else any.
+    let method = prop::option::weighted(
+        0.15,
+        select(vec!["GET", "POST", "DELETE", "PUT", "PATCH", "OPTIONS"]),
+    );
+    let range = prop::option::weighted(
+        0.2,
+        prop_oneof![
+            "bytes=[0-9]{0,3}-[0-9]{0,3}",
+            "bytes=-[0-9]{1,20}",
+            "[ -~]{0,20}"
+        ],
+    );
+    check(
+        runner(150),
+        (method, path_segments(), query, body, range),
+        |(method, segs, query, body, range)| {
+            let mut path = String::new();
+            for s in &segs {
+                path.push('/');
+                match s {
+                    Seg::Word(w) => path.push_str(w),
+                    Seg::Session => path.push_str(&sid),
+                    Seg::File => path.push_str(&file_id),
+                    Seg::Event => path.push_str(&event_id),
+                    Seg::Any(t) => path.push_str(&percent_encode(t.as_bytes())),
+                }
+            }
+            let method = method.unwrap_or_else(|| {
+                // The method of the route these segments spell, if they spell one.
+                let template: String = segs
+                    .iter()
+                    .map(|s| match s {
+                        Seg::Word(w) => format!("/{w}"),
+                        Seg::Session => "/S".to_string(),
+                        Seg::File => "/F".to_string(),
+                        _ => "/?".to_string(),
+                    })
+                    .collect();
+                ROUTES
+                    .iter()
+                    .find(|(_, p)| *p == template)
+                    .map_or("GET", |(m, _)| *m)
+            });
+            // A stream that follows live never ends: read its head only.
+            let head_only =
+                method == "GET" && (path.ends_with("/stream") || path.ends_with("/events"));
+            if let Some(q) = &query {
+                let pairs: Vec<String> = q
+                    .iter()
+                    .map(|(k, v)| {
+                        let v = match v.as_str() {
+                            "EVENT" => event_id.clone(),
+                            "SESSION" => sid.clone(),
+                            other => percent_encode(other.as_bytes()),
+                        };
+                        format!("{k}={v}")
+                    })
+                    .collect();
+                path.push('?');
+                path.push_str(&pairs.join("&"));
+            }
+            // Deleting the shared session would only make every later case a 404.
+            let deletes_session = method == "DELETE"
+                && segs.len() == 2
+                && matches!(segs[0], Seg::Word("sessions"))
+                && matches!(segs[1], Seg::Session);
+            if deletes_session {
+                return Ok(());
+            }
+            let mut req = match &body {
+                Some(b) => Req::json(method, &path, b),
+                None => Req::new(method, &path, vec![]),
+            };
+            if let Some(r) = &range {
+                req = req.header("range", r.as_bytes());
+            }
+            req.head_only = head_only;
+            let what = format!("{method} {path} {body:?} range {range:?}");
+            let a = send_checked(&h, &what, req)?;
+            drop(a);
+            // Whatever the request did, the session still takes a turn, once what it started
+            // has ended (a run waiting for its plan's approval, or for a client, is cancelled).
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            loop {
+                let (_, info) = h.ok("GET", &format!("/sessions/{sid}"), &Value::Null);
+                match info["status"].as_str() {
+                    Some("idle") => break,
+                    Some("plan_pending_approval" | "awaiting_client") => {
+                        h.ok("POST", &format!("/sessions/{sid}/cancel"), &Value::Null);
+                    }
+                    _ => {}
+                }
+                prop_assert!(
+                    std::time::Instant::now() < deadline,
+                    "the session is not idle 20 s after {}: {}",
+                    what,
+                    info
+                );
+                h.block_on(async {
+                    let _ = tokio::time::timeout(
+                        Duration::from_millis(200),
+                        h.server().wait_idle(&sid),
+                    )
+                    .await;
+                });
+            }
+            h.assert_turn_works(&sid)
+        },
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // Pure parsers
 // ---------------------------------------------------------------------------------------------
