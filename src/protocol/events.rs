@@ -165,11 +165,17 @@ pub async fn stream(
     req: &Request,
 ) -> Result<Response, ApiError> {
     let session = app.engine.session(caller.owner.as_deref(), id).await?;
-    let cursor = req
-        .headers()
-        .get("last-event-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string)
+    // A header that is no text is no event id either: refused like an unknown one, never read
+    // as no cursor (which would replay the whole log).
+    let header = match req.headers().get("last-event-id") {
+        None => None,
+        Some(v) => Some(v.to_str().map(str::to_string).map_err(|_| {
+            ApiError::bad_request(
+                "Last-Event-ID holds bytes outside visible ASCII, so it is no event id; send the id of an event you received, or none to start from the beginning",
+            )
+        })?),
+    };
+    let cursor = header
         .or_else(|| query_param(req, "after"))
         .filter(|c| !c.is_empty());
     let after_seq = match &cursor {
