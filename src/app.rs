@@ -49,10 +49,13 @@ pub struct StartOptions {
 /// A running server.
 pub struct Running {
     pub addr: SocketAddr,
+    /// Where `[server] metrics_listen` serves `GET /metrics` without keys (port 0 resolved).
+    pub metrics_addr: Option<SocketAddr>,
     pub engine: Engine,
     shutdown: CancellationToken,
     streams: CancellationToken,
     server: JoinHandle<()>,
+    metrics: Option<JoinHandle<()>>,
 }
 
 impl Running {
@@ -64,6 +67,9 @@ impl Running {
         // Turns have ended and subscribers have their terminal events: close the streams.
         self.streams.cancel();
         let _ = self.server.await;
+        if let Some(metrics) = self.metrics {
+            let _ = metrics.await;
+        }
     }
 }
 
@@ -187,6 +193,21 @@ pub async fn start_with(
     let addr = listener
         .local_addr()
         .map_err(|source| StartError::Listen { addr, source })?;
+    let shutdown = CancellationToken::new();
+    let (metrics_addr, metrics) = match engine.config().server.metrics_listen {
+        Some(at) => {
+            let l = TcpListener::bind(at)
+                .await
+                .map_err(|source| StartError::Listen { addr: at, source })?;
+            let bound = l
+                .local_addr()
+                .map_err(|source| StartError::Listen { addr: at, source })?;
+            tracing::info!(addr = %bound, "metrics on http://{bound}/metrics (no API key)");
+            let task = crate::metrics::serve(l, engine.clone(), shutdown.clone());
+            (Some(bound), Some(tokio::spawn(task)))
+        }
+        None => (None, None),
+    };
     let streams = CancellationToken::new();
     let app = Arc::new(App {
         engine: engine.clone(),
@@ -195,7 +216,6 @@ pub async fn start_with(
         streams: streams.clone(),
         files,
     });
-    let shutdown = CancellationToken::new();
     let server = tokio::spawn(crate::http::server::serve(
         listener,
         app,
@@ -204,9 +224,11 @@ pub async fn start_with(
     ));
     Ok(Running {
         addr,
+        metrics_addr,
         engine,
         shutdown,
         streams,
         server,
+        metrics,
     })
 }

@@ -420,7 +420,7 @@ async fn health_and_metrics_answer() {
     )
     .unwrap();
     assert!(
-        text.contains("# TYPE turnstile_turns_started counter"),
+        text.contains("# TYPE turnstile_turns_started_total counter"),
         "{text}"
     );
     let count = |name: &str| -> u64 {
@@ -429,7 +429,7 @@ async fn health_and_metrics_answer() {
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| panic!("{name} missing: {text}"))
     };
-    assert!(count("turnstile_turns_started") >= 1);
-    assert!(count("turnstile_turns_completed") >= 1);
-    assert!(count("turnstile_model_calls") >= 1);
+    assert!(count("turnstile_turns_started_total") >= 1);
+    assert!(count("turnstile_turns_total{agent=\"assistant\",outcome=\"completed\"}") >= 1);
+    assert!(count("turnstile_upstream_calls_total{provider=\"openai\",model=\"fake-model\",outcome=\"ok\"}") >= 1);
 }

@@ -362,7 +362,7 @@ async fn ten_times_max_connections_never_hold_more_descriptors_than_the_limit() 
         most <= baseline + MAX_CONNECTIONS + 2,
         "the server held {most} descriptors, {baseline} before the flood, max_connections = {MAX_CONNECTIONS}"
     );
-    let refused = metric(&server, "connections_refused").await;
+    let refused = metric(&server, "connections_refused_total").await;
     assert!(
         refused >= (MAX_CONNECTIONS * 5) as u64,
         "only {refused} connections counted as refused"

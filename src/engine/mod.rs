@@ -772,6 +772,19 @@ impl Engine {
         s.clone()
     }
 
+    /// For `GET /metrics`: the sessions in memory, and the tool calls among them that wait for
+    /// a client's permission.
+    pub fn gauges(&self) -> (usize, usize) {
+        let sessions: Vec<Arc<Session>> = lock(&self.inner.sessions).values().cloned().collect();
+        let waiting = |s: &Arc<Session>| {
+            let st = s.lock();
+            let asked =
+                |p: &&session::Pending| p.kind == session::PendingKind::Permission && !p.expired;
+            st.pending.iter().filter(asked).count()
+        };
+        (sessions.len(), sessions.iter().map(waiting).sum())
+    }
+
     /// How many sessions are in memory, and whether `id` is one of them (the rest are in the log
     /// only: see `[server] session_cache`).
     pub fn in_memory(&self, id: &str) -> (usize, bool) {

@@ -19,6 +19,7 @@ use super::session::{DeltaKind, Pending, PendingKind, Session, StopCause, TurnCo
 use super::Inner;
 use crate::log::{Event, EventBody, FailReason, FileRef, StopReason};
 use crate::message::{Message, ToolCall, Usage};
+use crate::metrics::NotRun;
 use crate::sync::lock;
 use crate::tools::{CallContext, ToolOutput};
 use crate::upstream::{DeltaSink, ModelOutput, ModelRequest};
@@ -162,6 +163,8 @@ struct Turn {
     flusher: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// When the oldest event not yet committed was emitted (`None`: all are committed).
     unsynced_since: std::sync::Mutex<Option<tokio::time::Instant>>,
+    /// The agent's turn metrics, and when the turn started.
+    metrics: (Arc<crate::metrics::TurnMetrics>, std::time::Instant),
 }
 
 pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
@@ -179,9 +182,10 @@ pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
     } = job;
     // Counted among the running turns until this task ends.
     let _slot = slot.unwrap_or_else(|| super::RunSlot::take(inner.running_turns()));
+    let session_agent = session.record().agent.clone();
     let timeout = inner
         .config
-        .agent(&session.record().agent)
+        .agent(&session_agent)
         .map(|a| a.turn_timeout)
         .unwrap_or(Duration::from_secs(3600));
     let mut turn = Turn {
@@ -201,6 +205,10 @@ pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
         irrevocable,
         flusher: Default::default(),
         unsynced_since: Default::default(),
+        metrics: (
+            crate::metrics::turns(&session_agent),
+            std::time::Instant::now(),
+        ),
     };
     let result = tokio::select! {
         r = turn.body(input, answering, plan, max_steps) => r,
@@ -391,6 +399,8 @@ impl Turn {
                         continue;
                     }
                     Route::Refuse(msg) => {
+                        crate::metrics::tool(&*self.inner.tools, &call.name)
+                            .not_run(NotRun::Refused);
                         self.emit_result(&call.id, ToolOutput::error(msg));
                         continue;
                     }
@@ -521,6 +531,7 @@ impl Turn {
             } else if p.expired {
                 // Its permission expired before the client answered (a grant was refused).
                 let text = super::approvals::expired_result();
+                crate::metrics::tool(&*self.inner.tools, &p.name).not_run(NotRun::Expired);
                 self.emit_result(&p.call_id, ToolOutput::error(text));
             } else if let Some(perm) = permissions.remove(&p.call_id) {
                 if !perm.granted {
@@ -528,6 +539,7 @@ impl Turn {
                         Some(reason) if !reason.is_empty() => format!("Tool call denied: {reason}"),
                         _ => "Tool call denied".to_string(),
                     };
+                    crate::metrics::tool(&*self.inner.tools, &p.name).not_run(NotRun::Denied);
                     self.emit_result(&p.call_id, ToolOutput::error(text));
                     continue;
                 }
@@ -537,7 +549,10 @@ impl Turn {
                     None => Regrant::Refuse("The session's agent is gone.".into()),
                 };
                 match decided {
-                    Regrant::Refuse(msg) => self.emit_result(&p.call_id, ToolOutput::error(msg)),
+                    Regrant::Refuse(msg) => {
+                        crate::metrics::tool(&*self.inner.tools, &p.name).not_run(NotRun::Refused);
+                        self.emit_result(&p.call_id, ToolOutput::error(msg))
+                    }
                     Regrant::Run => granted.push(p.call()),
                 }
             }
@@ -575,8 +590,9 @@ impl Turn {
             .map(|call| {
                 let host = host.clone();
                 async move {
-                    crate::metrics::inc(&crate::metrics::TOOL_CALLS);
+                    let timer = crate::metrics::tool(&*host, &call.name).start();
                     let out = host.call(ctx, &call.name, call.input).await;
+                    timer.done(out.is_error);
                     (call.id, out)
                 }
             })
@@ -654,7 +670,8 @@ impl Turn {
         let mut attempt = 0;
         loop {
             self.model_called = true;
-            crate::metrics::inc(&crate::metrics::MODEL_CALLS);
+            let metered = crate::metrics::upstream(self.inner.provider.name(), &req.model);
+            let sent = std::time::Instant::now();
             let feed = FragmentFeed {
                 session: &self.session,
                 turn_id: &self.turn_id,
@@ -667,6 +684,7 @@ impl Turn {
                 thinking,
                 streamed_text: false,
                 kept: self.irrevocable.then(String::new),
+                first_at: None,
             };
             // What the turn has said so far (its `user.message` first of all) is committed while
             // the upstream works on the request if it has not answered when that is due, and
@@ -691,6 +709,7 @@ impl Turn {
                 }
             }
             let streamed = deltas.streamed_text;
+            metered.call(sent, deltas.first_at, result.as_ref().ok().map(|o| o.usage));
             let kept = deltas.kept.take().filter(|t| !t.is_empty());
             match result {
                 Ok(out) => return Ok(out),
@@ -753,11 +772,15 @@ impl Turn {
                 }
             }
         };
-        crate::metrics::inc(match terminal {
-            EventBody::TurnCompleted { .. } => &crate::metrics::TURNS_COMPLETED,
-            EventBody::TurnCancelled { .. } => &crate::metrics::TURNS_CANCELLED,
-            _ => &crate::metrics::TURNS_FAILED,
-        });
+        use crate::metrics::TurnOutcome;
+        let outcome = match terminal {
+            EventBody::TurnCompleted { .. } => TurnOutcome::Completed,
+            EventBody::TurnCancelled { .. } => TurnOutcome::Cancelled,
+            _ => TurnOutcome::Failed,
+        };
+        self.metrics
+            .0
+            .ended(outcome, Some(self.metrics.1.elapsed()));
         let mut stop_on = std::mem::take(&mut self.stop_on);
         let asked = std::mem::take(&mut self.asked);
         let store = &self.inner.store;
@@ -918,7 +941,8 @@ pub(crate) fn next_queued(
                 q.job.sink.as_ref(),
                 session.publish_durable_locked(st, store),
             );
-            crate::metrics::inc(&crate::metrics::TURNS_CANCELLED);
+            crate::metrics::turns(&session.record().agent)
+                .ended(crate::metrics::TurnOutcome::Cancelled, None);
             continue;
         }
         st.running = Some(q.control.clone());
@@ -961,6 +985,8 @@ struct Deltas<'a> {
     streamed_text: bool,
     /// The attempt's text, kept when the watcher cannot retract what it was sent.
     kept: Option<String>,
+    /// When the attempt's first fragment came.
+    first_at: Option<std::time::Instant>,
 }
 
 /// A model call's fragments on their way to the session's live subscribers, who may see them
@@ -1031,6 +1057,7 @@ impl FragmentFeed<'_> {
 
 impl Deltas<'_> {
     fn send(&mut self, kind: DeltaKind, fragment: &str) {
+        self.first_at.get_or_insert_with(std::time::Instant::now);
         // The watcher gets fragments at once: it renders them only in AAP `delta` mode, which
         // shows no event of the turn before its text (and never retracts, so no retry's
         // fragments can pass a retraction).

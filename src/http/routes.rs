@@ -217,8 +217,8 @@ async fn dispatch(
         )),
         Route::Metrics => Ok(text_response(
             StatusCode::OK,
-            "text/plain; version=0.0.4",
-            crate::metrics::render(),
+            crate::metrics::CONTENT_TYPE,
+            crate::metrics::render(&app.engine),
         )),
         Route::Meta => Ok(aap::meta(app)),
         Route::Tools => Ok(operator::tools(app)),

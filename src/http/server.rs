@@ -75,6 +75,7 @@ pub async fn serve(
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             let _slot = slot;
+            let _open = metrics::connection_open();
             tokio::select! {
                 // The connection first: polled on every wake-up, the watchdog's timer after it.
                 biased;

@@ -61,6 +61,7 @@ fn response_every(
         ticker,
         every,
         last_sent: tokio::time::Instant::now(),
+        _open: crate::metrics::stream_open(),
     };
     let mut resp = http::Response::new(body.boxed_unsync());
     *resp.status_mut() = StatusCode::OK;
@@ -84,6 +85,8 @@ struct SseBody {
     /// costs a timer-wheel update, and a wake-up of the worker parked on the I/O driver whenever
     /// it becomes the earliest timer (with deltas arriving over the network, at every delta).
     last_sent: tokio::time::Instant,
+    /// Counted in `turnstile_streams_open` while the response lives.
+    _open: crate::metrics::GaugeGuard,
 }
 
 impl HttpBody for SseBody {

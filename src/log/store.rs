@@ -506,7 +506,7 @@ impl Store {
                     Some("injected by Store::fail_commits".into()),
                 ))
             } else {
-                write_batch(&mut w.conn, &ops)
+                crate::metrics::store_commit(|| write_batch(&mut w.conn, &ops))
             };
             match written {
                 Ok(()) => {

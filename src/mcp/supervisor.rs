@@ -242,6 +242,7 @@ async fn run(
         cfg.name.clone(),
     )));
     let mut backoff = BACKOFF_START;
+    let metrics = crate::metrics::mcp(&cfg.name);
     while !shutdown.is_cancelled() {
         let started = Instant::now();
         let (changed_tx, mut changed_rx) = mpsc::unbounded_channel();
@@ -260,6 +261,7 @@ async fn run(
                     Ok(Ok(listed)) => {
                         tools.send_replace(Arc::new(listed));
                         link.send_replace(Link::Ready(peer.clone()));
+                        let _up = metrics.up();
                         tracing::info!(server = %cfg.name, tools = tools.borrow().len(), "MCP server ready");
                         let mut cancel = Some(service.cancellation_token());
                         let waiting = service.waiting();
@@ -320,6 +322,7 @@ async fn run(
             _ = shutdown.cancelled() => break,
         }
         backoff = (backoff * 2).min(BACKOFF_MAX);
+        metrics.restarted();
     }
     link.send_replace(Link::Stopped);
 }
