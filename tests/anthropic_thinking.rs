@@ -274,3 +274,85 @@ async fn with_thinking_off_no_thinking_is_asked_or_sent_back() {
     assert!(thinking_events(&server, &sid).await.is_empty());
     check_log(server.engine().store(), &sid).await;
 }
+
+/// The official `anthropic` Python SDK reads the fake's stream (signed and redacted thinking,
+/// cache token counts) and, sending its own follow-up the SDK way (the answer's content blocks
+/// as the assistant turn), puts back the same thinking blocks turnstile puts back.
+#[tokio::test]
+async fn the_official_sdk_reads_the_fake_and_sends_back_the_thinking_turnstile_sends() {
+    let fake = FakeAnthropic::start().await;
+    let first = || {
+        Reply::tool_calls(&[("toolu_01", "get_weather", json!({"city": "Paris"}))])
+            .redacted_thinking("RU5DUllQVEVELTE=")
+            .thinking_signed("Paris: ask the tool.", "U0lHLTE=")
+            .with_text("Checking.")
+            .cache_tokens(5, 3)
+            .usage(12, 9)
+    };
+    fake.push(first());
+    fake.push(Reply::text("Paris is 21C."));
+    let python = tokio::task::spawn_blocking(common::provision::python)
+        .await
+        .expect("provision");
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/anthropic_roundtrip.py");
+    let out = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        tokio::process::Command::new(python)
+            .arg(script)
+            .arg(format!("http://{}", fake.addr()))
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the SDK script finishes")
+    .expect("run python");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the SDK script failed: {stderr}");
+    let parsed: Value = serde_json::from_slice(&out.stdout).expect("one JSON line");
+    assert_eq!(
+        parsed["content"],
+        json!([
+            {"type": "redacted_thinking", "data": "RU5DUllQVEVELTE="},
+            {"type": "thinking", "thinking": "Paris: ask the tool.", "signature": "U0lHLTE="},
+            {"type": "text", "text": "Checking."},
+            {"type": "tool_use", "id": "toolu_01", "name": "get_weather", "input": {"city": "Paris"}},
+        ]),
+        "{parsed}"
+    );
+    assert_eq!(
+        parsed["usage"],
+        json!({"input_tokens": 12, "output_tokens": 9,
+               "cache_read_input_tokens": 5, "cache_creation_input_tokens": 3})
+    );
+    assert_eq!(parsed["stop_reason"], "tool_use");
+    assert_eq!(parsed["second"], "Paris is 21C.");
+
+    // The same answer through turnstile.
+    let server = TestServer::start(&config(&fake)).await;
+    let sid = server.session(json!({"tools": [weather_tool()]})).await;
+    fake.push(first());
+    turn(
+        &server,
+        &sid,
+        json!([{"role": "user", "content": "Paris?"}]),
+    )
+    .await;
+    fake.push(Reply::text("Paris is 21C."));
+    turn(&server, &sid, tool_result("toolu_01", "21C")).await;
+    let reqs = fake.wait_requests(4).await;
+    let thinking_sent = |req: &Value| -> Vec<Value> {
+        assert_eq!(req["thinking"]["type"], "enabled", "{req}");
+        req["messages"][1]["content"]
+            .as_array()
+            .expect("assistant blocks")
+            .iter()
+            .take_while(|b| b["type"] == "thinking" || b["type"] == "redacted_thinking")
+            .cloned()
+            .collect()
+    };
+    let sdk = thinking_sent(&reqs[1]);
+    assert_eq!(sdk.len(), 2, "{}", reqs[1]);
+    assert_eq!(thinking_sent(&reqs[3]), sdk);
+    check_log(server.engine().store(), &sid).await;
+}
