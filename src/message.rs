@@ -73,8 +73,12 @@ pub enum Block {
     Text {
         text: String,
     },
+    /// `signed` never leaves the server through AAP (it is neither read nor written): the
+    /// provider's own blocks this thinking came as, to be sent back to that provider.
     Thinking {
         thinking: String,
+        #[serde(skip)]
+        signed: Vec<SignedThinking>,
     },
     ToolUse {
         #[serde(rename = "toolCallId")]
@@ -86,6 +90,27 @@ pub enum Block {
     Image {
         url: String,
     },
+}
+
+/// A thinking block as the provider issued it (Anthropic's `thinking` with its `signature`, or a
+/// `redacted_thinking` block): opaque to us, kept in the log and sent back verbatim in the
+/// assistant turn it came in, so that the model keeps its reasoning through a tool loop (the API
+/// requires it there when thinking is on). Serializes as the Anthropic wire block.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum SignedThinking {
+    Thinking { thinking: String, signature: String },
+    RedactedThinking { data: String },
+}
+
+impl Block {
+    /// A thinking block with no provider signature.
+    pub fn thinking(text: impl Into<String>) -> Block {
+        Block::Thinking {
+            thinking: text.into(),
+            signed: Vec::new(),
+        }
+    }
 }
 
 impl Content {
@@ -216,6 +241,30 @@ mod tests {
     }
 
     #[test]
+    fn signatures_are_neither_read_nor_written_in_aap_shape() {
+        let signed = Block::Thinking {
+            thinking: "hmm".into(),
+            signed: vec![
+                SignedThinking::RedactedThinking { data: "ENC".into() },
+                SignedThinking::Thinking {
+                    thinking: "hmm".into(),
+                    signature: "SIG".into(),
+                },
+            ],
+        };
+        assert_eq!(
+            serde_json::to_value(&signed).unwrap(),
+            json!({"type": "thinking", "thinking": "hmm"})
+        );
+        let sent = json!({"type": "thinking", "thinking": "x", "signed": []});
+        assert!(serde_json::from_value::<Block>(sent).is_err());
+        assert_eq!(
+            serde_json::to_value(SignedThinking::RedactedThinking { data: "ENC".into() }).unwrap(),
+            json!({"type": "redacted_thinking", "data": "ENC"})
+        );
+    }
+
+    #[test]
     fn text_joins_text_blocks_by_newlines_and_borrows_a_single_one() {
         use std::borrow::Cow;
         let text = |t: &str| Block::Text { text: t.into() };
@@ -244,12 +293,8 @@ mod tests {
     fn one_text_block_collapses_to_a_string() {
         let c = Content::from_blocks(vec![Block::Text { text: "x".into() }]);
         assert_eq!(c, Content::Text("x".into()));
-        let two = Content::from_blocks(vec![
-            Block::Thinking {
-                thinking: "t".into(),
-            },
-            Block::Text { text: "x".into() },
-        ]);
+        let two =
+            Content::from_blocks(vec![Block::thinking("t"), Block::Text { text: "x".into() }]);
         assert!(matches!(two, Content::Blocks(ref b) if b.len() == 2));
     }
 

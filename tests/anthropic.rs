@@ -53,7 +53,7 @@ async fn turns_and_a_client_tool_round_trip_through_anthropic() {
 
     let reqs = fake.requests();
     assert_eq!(reqs[0]["model"], "claude-test");
-    assert_eq!(reqs[0]["system"], "Be brief.");
+    assert_eq!(reqs[0]["system"][0]["text"], "Be brief.");
     assert_eq!(reqs[0]["tools"][0]["name"], "get_weather");
     let last = reqs[1]["messages"]
         .as_array()

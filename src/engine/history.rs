@@ -65,8 +65,9 @@ impl Projector {
                     });
                 }
             }
-            EventBody::AgentThinking { content } => self.assistant.push(Block::Thinking {
+            EventBody::AgentThinking { content, .. } => self.assistant.push(Block::Thinking {
                 thinking: content.clone(),
+                signed: ev.signed_thinking(),
             }),
             EventBody::AgentMessage { content, .. } => {
                 if !content.is_empty() {
@@ -317,6 +318,8 @@ mod tests {
         let mut p = Projector::default();
         p.apply(&EventBody::AgentThinking {
             content: "hmm".into(),
+            signature: None,
+            blocks: vec![],
         });
         p.apply(&EventBody::AgentMessage {
             content: String::new(),

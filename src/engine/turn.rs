@@ -337,10 +337,10 @@ impl Turn {
             let out = self.call_model(&req, thinking).await?;
             self.usage.add(out.usage);
 
-            if thinking && !out.thinking.is_empty() {
-                self.emit(EventBody::AgentThinking {
-                    content: out.thinking.clone(),
-                });
+            if let Some(ev) = EventBody::thinking(&out.thinking, &out.signed_thinking) {
+                if thinking {
+                    self.emit(ev);
+                }
             }
             if !out.text.is_empty() {
                 self.emit(EventBody::AgentMessage {

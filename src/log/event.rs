@@ -8,7 +8,11 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::message::Usage;
+use crate::message::{SignedThinking, Usage};
+
+/// The `content` of an `agent.thinking` whose thinking the provider sent only encrypted (spec 003
+/// says a thinking's content is never empty).
+pub const REDACTED_THINKING: &str = "[redacted thinking]";
 
 /// A file attached to a message or delivered by a tool.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -56,8 +60,16 @@ pub enum EventBody {
         files: Vec<FileRef>,
         skills: Vec<Value>,
     },
+    /// `signature` and `blocks` are ours (spec 003 has `content` only; clients ignore them):
+    /// what the provider needs back to continue after a tool call. See [`EventBody::thinking`].
     #[serde(rename = "agent.thinking")]
-    AgentThinking { content: String },
+    AgentThinking {
+        content: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signature: Option<String>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        blocks: Vec<SignedThinking>,
+    },
     /// An empty `content` retracts the text streamed since the previous stored event.
     #[serde(rename = "agent.message")]
     AgentMessage {
@@ -97,6 +109,57 @@ pub enum EventBody {
 }
 
 impl EventBody {
+    /// The `agent.thinking` of one model step: its visible thinking `text`, and the provider's
+    /// signed blocks kept the most compact way that loses nothing:
+    /// - one signed block whose text is `text` (the usual case): its `signature` alone;
+    /// - several blocks, or redacted ones: all of them in `blocks`, as issued (text included);
+    ///
+    /// and a step with no visible text but signed blocks gets [`REDACTED_THINKING`] as content.
+    /// `None` when the step thought nothing.
+    pub fn thinking(text: &str, signed: &[SignedThinking]) -> Option<EventBody> {
+        let content = if text.is_empty() {
+            if signed.is_empty() {
+                return None;
+            }
+            REDACTED_THINKING.to_string()
+        } else {
+            text.to_string()
+        };
+        let (signature, blocks) = match signed {
+            [] => (None, Vec::new()),
+            [SignedThinking::Thinking {
+                thinking,
+                signature,
+            }] if *thinking == content => (Some(signature.clone()), Vec::new()),
+            _ => (None, signed.to_vec()),
+        };
+        Some(EventBody::AgentThinking {
+            content,
+            signature,
+            blocks,
+        })
+    }
+
+    /// The provider blocks an `agent.thinking` stands for (empty for unsigned thinking and for
+    /// every other event).
+    pub fn signed_thinking(&self) -> Vec<SignedThinking> {
+        match self {
+            EventBody::AgentThinking {
+                content,
+                signature,
+                blocks,
+            } => match signature {
+                _ if !blocks.is_empty() => blocks.clone(),
+                Some(signature) => vec![SignedThinking::Thinking {
+                    thinking: content.clone(),
+                    signature: signature.clone(),
+                }],
+                None => Vec::new(),
+            },
+            _ => Vec::new(),
+        }
+    }
+
     /// Whether this is one of the three terminal events.
     pub fn is_terminal(&self) -> bool {
         matches!(
@@ -285,6 +348,20 @@ mod tests {
             },
             EventBody::AgentThinking {
                 content: "\t<b>&</b>".into(),
+                signature: None,
+                blocks: vec![],
+            },
+            EventBody::AgentThinking {
+                content: "t".into(),
+                signature: Some("U0lH".into()),
+                blocks: vec![],
+            },
+            EventBody::AgentThinking {
+                content: REDACTED_THINKING.into(),
+                signature: None,
+                blocks: vec![SignedThinking::RedactedThinking {
+                    data: "RU5D".into(),
+                }],
             },
             EventBody::AgentMessage {
                 content: String::new(),
@@ -332,6 +409,52 @@ mod tests {
             assert_eq!(&*ev.json, via_value("evt_\"1", "turn_1", "2026", &body));
             assert_eq!(Event::parse(1, &ev.json).unwrap().body, body);
         }
+    }
+
+    #[test]
+    fn thinking_keeps_signatures_compactly_and_is_never_empty() {
+        let signed = |t: &str, s: &str| SignedThinking::Thinking {
+            thinking: t.into(),
+            signature: s.into(),
+        };
+        let redacted = SignedThinking::RedactedThinking { data: "ENC".into() };
+        assert_eq!(EventBody::thinking("", &[]), None);
+        let plain = EventBody::thinking("hmm", &[]).unwrap();
+        assert_eq!(
+            serde_json::to_value(&plain).unwrap(),
+            json!({"type": "agent.thinking", "content": "hmm"})
+        );
+        assert!(plain.signed_thinking().is_empty());
+        // One signed block: only its signature beside the content.
+        let one = EventBody::thinking("hmm", &[signed("hmm", "SIG")]).unwrap();
+        assert_eq!(
+            serde_json::to_value(&one).unwrap(),
+            json!({"type": "agent.thinking", "content": "hmm", "signature": "SIG"})
+        );
+        assert_eq!(one.signed_thinking(), vec![signed("hmm", "SIG")]);
+        // Several, or redacted: every block as issued.
+        let all = vec![redacted.clone(), signed("a", "S1"), signed("b", "S2")];
+        let many = EventBody::thinking("ab", &all).unwrap();
+        assert_eq!(many.signed_thinking(), all);
+        let v = serde_json::to_value(&many).unwrap();
+        assert_eq!(
+            v["blocks"][0],
+            json!({"type": "redacted_thinking", "data": "ENC"})
+        );
+        assert!(v.get("signature").is_none());
+        // Only redacted thinking: a content that says so.
+        let hidden = EventBody::thinking("", std::slice::from_ref(&redacted)).unwrap();
+        assert_eq!(
+            hidden,
+            EventBody::AgentThinking {
+                content: REDACTED_THINKING.into(),
+                signature: None,
+                blocks: vec![redacted],
+            }
+        );
+        // Stored and read back.
+        let ev = Event::new(1, "evt_1".into(), "turn_1".into(), "t".into(), many.clone());
+        assert_eq!(Event::parse(1, &ev.json).unwrap().body, many);
     }
 
     #[test]

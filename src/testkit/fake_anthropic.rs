@@ -17,9 +17,12 @@
 //! reply"}}` so a test fails loudly. A streamed reply is, in order, one SSE event each (with its
 //! `event:` line, as the real API sends them):
 //!
-//! - `message_start` (usage `input_tokens`, `output_tokens: 1`), then a `ping`;
-//! - a `thinking` block when the reply has thinking: `content_block_start`, `thinking_delta`s,
-//!   one `signature_delta`, `content_block_stop`;
+//! - `message_start` (usage `input_tokens`, `cache_creation_input_tokens`,
+//!   `cache_read_input_tokens`, `output_tokens: 1`), then a `ping`;
+//! - the reply's thinking blocks, in the order they were added: a `thinking` block is
+//!   `content_block_start`, `thinking_delta`s, one `signature_delta`, `content_block_stop`; a
+//!   `redacted_thinking` block comes whole in its `content_block_start` (its `data`), then
+//!   `content_block_stop`;
 //! - a `text` block when the reply has text: start, `text_delta`s, stop;
 //! - one `tool_use` block per tool call, one after the other: start (with `id`, `name`, `input:
 //!   {}`), an empty `input_json_delta`, the input JSON in `input_json_delta`s of `chunk_chars`
@@ -39,6 +42,16 @@ use serde_json::{json, Value};
 pub use super::server::Gate;
 use super::server::{split_chars, Failure, Pace, Script, Server, Wire};
 
+/// The signature [`Reply::thinking`] signs its block with.
+pub const FAKE_SIGNATURE: &str = "RmFrZVNpZ25hdHVyZQ==";
+
+/// One thinking block of a reply.
+#[derive(Debug, Clone)]
+enum Thinking {
+    Signed { text: String, signature: String },
+    Redacted { data: String },
+}
+
 /// One scripted answer to one Messages request. Build with [`Reply::text`],
 /// [`Reply::tool_calls`], [`Reply::status`], [`Reply::api_error`] or [`Reply::raw`], then refine
 /// with the builder methods.
@@ -46,25 +59,28 @@ use super::server::{split_chars, Failure, Pace, Script, Server, Wire};
 pub struct Reply {
     /// Error reply, raw body, chunking, break / hold / pace, headers.
     script: Script,
-    thinking: String,
+    thinking: Vec<Thinking>,
     text: String,
     tool_calls: Vec<(String, String, Value)>,
     stop_reason: Option<String>,
     /// An `error` event `(type, message)` sent instead of `message_delta` + `message_stop`.
     error_event: Option<(String, String)>,
     usage: (u64, u64),
+    /// `cache_read_input_tokens`, `cache_creation_input_tokens` of `message_start`.
+    cache: (u64, u64),
 }
 
 impl Reply {
     fn empty() -> Reply {
         Reply {
             script: Script::default(),
-            thinking: String::new(),
+            thinking: Vec::new(),
             text: String::new(),
             tool_calls: Vec::new(),
             stop_reason: None,
             error_event: None,
             usage: (10, 5),
+            cache: (0, 0),
         }
     }
 
@@ -122,9 +138,32 @@ impl Reply {
         }
     }
 
-    /// Thinking (a `thinking` block of `thinking_delta`s), streamed before the text.
-    pub fn thinking(mut self, s: &str) -> Reply {
-        self.thinking = s.to_string();
+    /// Thinking (a `thinking` block of `thinking_delta`s signed [`FAKE_SIGNATURE`]), streamed
+    /// before the text. Same as [`Reply::thinking_signed`] with that signature.
+    pub fn thinking(self, s: &str) -> Reply {
+        self.thinking_signed(s, FAKE_SIGNATURE)
+    }
+
+    /// Adds a `thinking` block with this text and signature (sent as one `signature_delta`).
+    pub fn thinking_signed(mut self, s: &str, signature: &str) -> Reply {
+        self.thinking.push(Thinking::Signed {
+            text: s.to_string(),
+            signature: signature.to_string(),
+        });
+        self
+    }
+
+    /// Adds a `redacted_thinking` block with this (opaque) `data`.
+    pub fn redacted_thinking(mut self, data: &str) -> Reply {
+        self.thinking.push(Thinking::Redacted {
+            data: data.to_string(),
+        });
+        self
+    }
+
+    /// `cache_read_input_tokens` and `cache_creation_input_tokens` of `message_start` (default 0).
+    pub fn cache_tokens(mut self, read: u64, creation: u64) -> Reply {
+        self.cache = (read, creation);
         self
     }
 
@@ -212,8 +251,8 @@ impl Reply {
                 "stop_sequence": null,
                 "usage": {
                     "input_tokens": input_tokens,
-                    "cache_creation_input_tokens": 0,
-                    "cache_read_input_tokens": 0,
+                    "cache_creation_input_tokens": self.cache.1,
+                    "cache_read_input_tokens": self.cache.0,
                     "output_tokens": 1,
                 },
             }})),
@@ -224,19 +263,27 @@ impl Reply {
             ev(json!({"type": "content_block_delta", "index": index, "delta": d}))
         };
         let stop = |index: u64| ev(json!({"type": "content_block_stop", "index": index}));
-        if !self.thinking.is_empty() {
-            content.push(ev(json!({"type": "content_block_start", "index": index,
-                "content_block": {"type": "thinking", "thinking": "", "signature": ""}})));
-            for piece in split_chars(&self.thinking, self.script.chunk_chars) {
-                content.push(delta(
-                    index,
-                    json!({"type": "thinking_delta", "thinking": piece}),
-                ));
+        for block in &self.thinking {
+            match block {
+                Thinking::Signed { text, signature } => {
+                    content.push(ev(json!({"type": "content_block_start", "index": index,
+                        "content_block": {"type": "thinking", "thinking": "", "signature": ""}})));
+                    for piece in split_chars(text, self.script.chunk_chars) {
+                        content.push(delta(
+                            index,
+                            json!({"type": "thinking_delta", "thinking": piece}),
+                        ));
+                    }
+                    content.push(delta(
+                        index,
+                        json!({"type": "signature_delta", "signature": signature}),
+                    ));
+                }
+                Thinking::Redacted { data } => {
+                    content.push(ev(json!({"type": "content_block_start", "index": index,
+                        "content_block": {"type": "redacted_thinking", "data": data}})));
+                }
             }
-            content.push(delta(
-                index,
-                json!({"type": "signature_delta", "signature": "RmFrZVNpZ25hdHVyZQ=="}),
-            ));
             content.push(stop(index));
             index += 1;
         }
@@ -521,9 +568,49 @@ mod tests {
             serde_json::from_str::<Value>(&args[1]).unwrap(),
             json!({"tz": "Asia/Tokyo"})
         );
-        assert!(evs.iter().any(|e| e["delta"]["type"] == "signature_delta"));
+        assert!(
+            evs.iter()
+                .any(|e| e["delta"]
+                    == json!({"type": "signature_delta", "signature": FAKE_SIGNATURE}))
+        );
         let md = evs.iter().find(|e| e["type"] == "message_delta").unwrap();
         assert_eq!(md["delta"]["stop_reason"], "tool_use");
+    }
+
+    #[tokio::test]
+    async fn redacted_and_signed_thinking_blocks_in_order() {
+        let fake = FakeAnthropic::start().await;
+        fake.push(
+            Reply::text("ok")
+                .redacted_thinking("RU5D")
+                .thinking_signed("ab", "U0lH")
+                .cache_tokens(40, 2),
+        );
+        let (_, _, body) = post(&fake, req()).await;
+        let evs = events(&body.unwrap());
+        let usage = &evs[0]["message"]["usage"];
+        assert_eq!(usage["cache_read_input_tokens"], 40);
+        assert_eq!(usage["cache_creation_input_tokens"], 2);
+        let content: Vec<Value> = evs[2..]
+            .iter()
+            .take_while(|e| e["type"] != "message_delta")
+            .cloned()
+            .collect();
+        assert_eq!(
+            content[..5],
+            [
+                json!({"type": "content_block_start", "index": 0,
+                       "content_block": {"type": "redacted_thinking", "data": "RU5D"}}),
+                json!({"type": "content_block_stop", "index": 0}),
+                json!({"type": "content_block_start", "index": 1,
+                       "content_block": {"type": "thinking", "thinking": "", "signature": ""}}),
+                json!({"type": "content_block_delta", "index": 1,
+                       "delta": {"type": "thinking_delta", "thinking": "ab"}}),
+                json!({"type": "content_block_delta", "index": 1,
+                       "delta": {"type": "signature_delta", "signature": "U0lH"}}),
+            ]
+        );
+        assert_eq!(content[6]["content_block"]["type"], "text");
     }
 
     #[tokio::test]

@@ -7,29 +7,41 @@
 //! delta types are ignored, as the API's versioning policy asks.
 //!
 //! Mapping of the history ([`Message`]) to the wire:
-//! - `req.system` goes to the top-level `system` (omitted when `None` or empty); a `System`
-//!   message found in the history is appended to it (after a blank line);
+//! - `req.system` goes to the top-level `system`, as one text block (omitted when `None` or
+//!   empty); a `System` message found in the history is appended to it (after a blank line);
 //! - user: text blocks → `text`, images → `image` with a `base64` source (from a `data:` URI; a
 //!   non-base64 `data:` URI is percent-decoded and re-encoded) or a `url` source (other URLs);
 //! - assistant: text → `text`, tool use → `tool_use` (`input` must be an object: anything else is
-//!   sent as `{}`); thinking and image blocks are dropped (we keep no signatures);
+//!   sent as `{}`); thinking → the signed `thinking` / `redacted_thinking` blocks it came as
+//!   (kept in the log with its `agent.thinking`), verbatim, only when thinking is on for the call
+//!   (unsigned thinking, e.g. another provider's, and images are dropped); in each assistant turn
+//!   the thinking blocks go first, as the API requires;
 //! - tool: a `tool_result` block (`content` is the text; blocks with images are sent as a list of
 //!   `text`/`image` blocks) in a USER turn;
 //! - consecutive turns of the same role are merged into one (the API wants strictly alternating
 //!   roles), and in a user turn the `tool_result` blocks are moved first (the API wants them
 //!   before any text); empty text blocks are dropped (the API rejects them) and a turn left
-//!   with no blocks is left out; a turn that is one text block is sent as a plain string.
+//!   with no blocks is left out; a turn that is one text block is sent as a plain string;
+//! - prompt caching: `cache_control: {type: ephemeral}` on the system block, on the last tool
+//!   and on the last block (never a thinking block) of the turn before the newest one, the
+//!   last stable turn: three breakpoints of the four the API allows. Each request reads the
+//!   prefix the one before it wrote.
 //!
 //! Choices where the brief or the wire is loose:
 //! - `max_tokens` is `req.max_tokens` when set, else the provider's default;
 //! - with `req.thinking`, `thinking: {type: enabled, budget_tokens}` is sent, budget =
 //!   `min(max_tokens / 2, 8192)` but at least 1024, and `max_tokens` is raised to at least
-//!   budget + 1024 — EXCEPT while a tool loop is running (the last user turn holds
-//!   `tool_result`s): the API then requires the last assistant turn to start with its signed
-//!   thinking block, which we do not keep, so thinking is left off for that call (the API's own
+//!   budget + 1024. While a tool loop is running (the last user turn holds `tool_result`s) the
+//!   API requires the last assistant turn to start with its signed thinking: thinking stays on
+//!   when that turn has signed thinking, and is left off for the call when it has none (an
+//!   answer given with thinking off, or logged before signatures were kept; the API's own
 //!   advice: "To avoid this requirement, disable `thinking`");
 //! - input usage is `input_tokens` + `cache_creation_input_tokens` + `cache_read_input_tokens`
 //!   (all of the prompt); output usage is the last `output_tokens` seen (it is cumulative);
+//! - reading: a `thinking` block's text is thinking (streamed to the sink), its
+//!   `signature_delta`s make its signature; a `redacted_thinking` block comes whole; the
+//!   output's `signed_thinking` lists both in the answer's order (a thinking block with no
+//!   signature is kept as text only);
 //! - a stop reason other than `max_tokens`/`refusal`/`model_context_window_exceeded` with
 //!   tool calls in the output is reported as [`ModelStop::ToolUse`]; unknown ones as `EndTurn`;
 //! - with `max_tokens`, a tool call whose input JSON does not parse (cut by the limit) is dropped,
@@ -63,7 +75,7 @@ use super::{
 };
 #[cfg(test)]
 use crate::message::Usage;
-use crate::message::{Block, Content, Message, ToolCall};
+use crate::message::{Block, Content, Message, SignedThinking, ToolCall};
 
 /// The API version this provider speaks.
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
@@ -148,6 +160,7 @@ fn thinking_budget(max_tokens: u32) -> (u32, u32) {
 /// The JSON body of a Messages request; `default_max_tokens` when the request sets none.
 pub(crate) fn request_body(req: &ModelRequest, default_max_tokens: u32) -> Value {
     let mut system = req.system.clone().unwrap_or_default();
+    let with_thinking = req.thinking && thinking_allowed(&req.messages);
     let mut turns: Vec<Turn> = Vec::with_capacity(req.messages.len());
     for m in &req.messages {
         match m {
@@ -160,9 +173,11 @@ pub(crate) fn request_body(req: &ModelRequest, default_max_tokens: u32) -> Value
                 }
             }
             Message::User { content } => push_turn(&mut turns, "user", user_blocks(content)),
-            Message::Assistant { content } => {
-                push_turn(&mut turns, "assistant", assistant_blocks(content))
-            }
+            Message::Assistant { content } => push_turn(
+                &mut turns,
+                "assistant",
+                assistant_blocks(content, with_thinking),
+            ),
             Message::Tool {
                 tool_call_id,
                 content,
@@ -177,15 +192,15 @@ pub(crate) fn request_body(req: &ModelRequest, default_max_tokens: u32) -> Value
             ),
         }
     }
-    // Mid tool loop: the API would want the last assistant turn's signed thinking back.
-    let in_tool_loop = turns
-        .last()
-        .is_some_and(|t| t.role == "user" && t.blocks.iter().any(is_tool_result));
+    // The last stable turn (the one before the newest): a cache breakpoint.
+    if let Some(i) = turns.len().checked_sub(2) {
+        turns[i].cache = true;
+    }
     let messages: Vec<Value> = turns.into_iter().map(Turn::into_wire).collect();
 
     let mut max_tokens = req.max_tokens.unwrap_or(default_max_tokens).max(1);
     let mut thinking = None;
-    if req.thinking && !in_tool_loop {
+    if with_thinking {
         let (budget, max) = thinking_budget(max_tokens);
         max_tokens = max;
         thinking = Some(json!({"type": "enabled", "budget_tokens": budget}));
@@ -195,11 +210,14 @@ pub(crate) fn request_body(req: &ModelRequest, default_max_tokens: u32) -> Value
     body.insert("model".into(), Value::String(req.model.clone()));
     body.insert("max_tokens".into(), Value::from(max_tokens));
     if !system.is_empty() {
-        body.insert("system".into(), Value::String(system));
+        body.insert(
+            "system".into(),
+            json!([{"type": "text", "text": system, "cache_control": ephemeral()}]),
+        );
     }
     body.insert("messages".into(), Value::Array(messages));
     if !req.tools.is_empty() {
-        let tools = req
+        let mut tools: Vec<Value> = req
             .tools
             .iter()
             .map(|t| {
@@ -212,6 +230,9 @@ pub(crate) fn request_body(req: &ModelRequest, default_max_tokens: u32) -> Value
                 Value::Object(tool)
             })
             .collect();
+        if let Some(Value::Object(last)) = tools.last_mut() {
+            last.insert("cache_control".into(), ephemeral());
+        }
         body.insert("tools".into(), Value::Array(tools));
     }
     body.insert("stream".into(), Value::Bool(true));
@@ -221,23 +242,69 @@ pub(crate) fn request_body(req: &ModelRequest, default_max_tokens: u32) -> Value
     Value::Object(body)
 }
 
+/// `{"type": "ephemeral"}`: a prompt-cache breakpoint (the default five-minute cache).
+fn ephemeral() -> Value {
+    json!({"type": "ephemeral"})
+}
+
+/// Whether thinking may be on for a request with this history. Mid tool loop (the newest user
+/// turn holds tool results) the API requires the assistant turn that called the tools to start
+/// with its signed thinking; when that turn has none (an answer given with thinking off, or
+/// history from before signatures were kept) thinking is left off for the call, as the API
+/// advises.
+fn thinking_allowed(messages: &[Message]) -> bool {
+    let mut rest = messages
+        .iter()
+        .rev()
+        .filter(|m| !matches!(m, Message::System { .. }))
+        .peekable();
+    let mut tool_loop = false;
+    while let Some(m) = rest.next_if(|m| matches!(m, Message::User { .. } | Message::Tool { .. })) {
+        tool_loop |= matches!(m, Message::Tool { .. });
+    }
+    !tool_loop
+        || rest
+            .take_while(|m| matches!(m, Message::Assistant { .. }))
+            .any(|m| match m {
+                Message::Assistant {
+                    content: Content::Blocks(blocks),
+                } => blocks
+                    .iter()
+                    .any(|b| matches!(b, Block::Thinking { signed, .. } if !signed.is_empty())),
+                _ => false,
+            })
+}
+
 /// One wire message being assembled.
 struct Turn {
     role: &'static str,
     blocks: Vec<Value>,
+    /// Carries a cache breakpoint (on its last block that may have one).
+    cache: bool,
 }
 
 impl Turn {
     fn into_wire(mut self) -> Value {
-        if self.role == "user" {
-            // Tool results first (stable), as the API requires.
-            let (mut results, rest): (Vec<Value>, Vec<Value>) =
-                self.blocks.into_iter().partition(is_tool_result);
-            results.extend(rest);
-            self.blocks = results;
+        // Tool results first in a user turn, thinking first in an assistant turn (stable), as
+        // the API requires.
+        let first = if self.role == "user" {
+            is_tool_result
+        } else {
+            is_thinking
+        };
+        let (mut front, rest): (Vec<Value>, Vec<Value>) = self.blocks.into_iter().partition(first);
+        front.extend(rest);
+        self.blocks = front;
+        if self.cache {
+            // Thinking blocks cannot carry `cache_control`.
+            if let Some(Value::Object(b)) = self.blocks.iter_mut().rev().find(|b| !is_thinking(b)) {
+                b.insert("cache_control".into(), ephemeral());
+            }
         }
         let content = match self.blocks.as_slice() {
-            [one] if one["type"] == "text" => one["text"].clone(),
+            [one] if one["type"] == "text" && one.get("cache_control").is_none() => {
+                one["text"].clone()
+            }
             _ => Value::Array(self.blocks),
         };
         json!({"role": self.role, "content": content})
@@ -246,6 +313,10 @@ impl Turn {
 
 fn is_tool_result(b: &Value) -> bool {
     b["type"] == "tool_result"
+}
+
+fn is_thinking(b: &Value) -> bool {
+    b["type"] == "thinking" || b["type"] == "redacted_thinking"
 }
 
 /// Appends blocks as a turn of `role`, merged into the last turn when it has the same role.
@@ -259,7 +330,11 @@ fn push_turn(turns: &mut Vec<Turn>, role: &'static str, blocks: Vec<Value>) {
             return;
         }
     }
-    turns.push(Turn { role, blocks });
+    turns.push(Turn {
+        role,
+        blocks,
+        cache: false,
+    });
 }
 
 fn text_block(text: &str) -> Option<Value> {
@@ -280,28 +355,43 @@ fn user_blocks(content: &Content) -> Vec<Value> {
     }
 }
 
-fn assistant_blocks(content: &Content) -> Vec<Value> {
+/// An assistant message's blocks; signed thinking only `with_thinking` (unsigned thinking cannot
+/// be sent back).
+fn assistant_blocks(content: &Content, with_thinking: bool) -> Vec<Value> {
     match content {
         Content::Text(s) => text_block(s).into_iter().collect(),
         Content::Blocks(blocks) => blocks
             .iter()
-            .filter_map(|b| match b {
-                Block::Text { text } => text_block(text),
-                Block::ToolUse {
-                    tool_call_id,
-                    name,
-                    input,
-                } => {
-                    let input = if input.is_object() {
-                        input.clone()
-                    } else {
-                        Value::Object(Map::new())
-                    };
-                    Some(json!({"type": "tool_use", "id": tool_call_id, "name": name, "input": input}))
+            .flat_map(|b| -> Vec<Value> {
+                match b {
+                    Block::Thinking { signed, .. } if with_thinking => signed
+                        .iter()
+                        .filter_map(|t| serde_json::to_value(t).ok())
+                        .collect(),
+                    other => assistant_block(other).into_iter().collect(),
                 }
-                Block::Thinking { .. } | Block::Image { .. } => None,
             })
             .collect(),
+    }
+}
+
+/// An assistant block other than signed thinking.
+fn assistant_block(b: &Block) -> Option<Value> {
+    match b {
+        Block::Text { text } => text_block(text),
+        Block::ToolUse {
+            tool_call_id,
+            name,
+            input,
+        } => {
+            let input = if input.is_object() {
+                input.clone()
+            } else {
+                Value::Object(Map::new())
+            };
+            Some(json!({"type": "tool_use", "id": tool_call_id, "name": name, "input": input}))
+        }
+        Block::Thinking { .. } | Block::Image { .. } => None,
     }
 }
 
@@ -460,6 +550,12 @@ enum WireBlock {
     Thinking {
         #[serde(default)]
         thinking: String,
+        #[serde(default)]
+        signature: Option<String>,
+    },
+    RedactedThinking {
+        #[serde(default)]
+        data: String,
     },
     ToolUse {
         #[serde(default)]
@@ -481,6 +577,9 @@ enum WireDelta {
     },
     ThinkingDelta {
         thinking: String,
+    },
+    SignatureDelta {
+        signature: String,
     },
     InputJsonDelta {
         partial_json: String,
@@ -533,7 +632,11 @@ enum BlockAcc {
         initial: Option<Value>,
         json: String,
     },
-    /// Text, thinking, or a block we do not use.
+    /// A `thinking` block: its text (also in the output's thinking) and its signature.
+    Thinking { text: String, signature: String },
+    /// A `redacted_thinking` block (whole in its `content_block_start`).
+    Redacted { data: String },
+    /// Text, or a block we do not use.
     Other,
 }
 
@@ -573,9 +676,21 @@ impl Acc {
                 self.out.text(&text, sink)?;
                 BlockAcc::Other
             }
-            WireBlock::Thinking { thinking } => {
+            WireBlock::Thinking {
+                thinking,
+                signature,
+            } => {
                 self.out.thinking(&thinking, sink)?;
-                BlockAcc::Other
+                let signature = signature.unwrap_or_default();
+                self.out.grow(signature.len())?;
+                BlockAcc::Thinking {
+                    text: thinking,
+                    signature,
+                }
+            }
+            WireBlock::RedactedThinking { data } => {
+                self.out.grow(data.len())?;
+                BlockAcc::Redacted { data }
             }
             WireBlock::ToolUse { id, name, input } => {
                 if self.tool_count >= MAX_TOOL_CALLS {
@@ -624,7 +739,20 @@ impl Accumulate for Acc {
             } => self.block_start(index, content_block, sink)?,
             WireEvent::ContentBlockDelta { index, delta } => match delta {
                 WireDelta::TextDelta { text } => self.out.text(&text, sink)?,
-                WireDelta::ThinkingDelta { thinking } => self.out.thinking(&thinking, sink)?,
+                WireDelta::ThinkingDelta { thinking } => {
+                    self.out.thinking(&thinking, sink)?;
+                    if let Some(BlockAcc::Thinking { text, .. }) = self.blocks.get_mut(&index) {
+                        text.push_str(&thinking);
+                    }
+                }
+                WireDelta::SignatureDelta { signature } => {
+                    self.out.grow(signature.len())?;
+                    if let Some(BlockAcc::Thinking { signature: s, .. }) =
+                        self.blocks.get_mut(&index)
+                    {
+                        s.push_str(&signature);
+                    }
+                }
                 WireDelta::InputJsonDelta { partial_json } => {
                     self.out.grow(partial_json.len())?;
                     match self.blocks.get_mut(&index) {
@@ -668,15 +796,28 @@ impl Accumulate for Acc {
             _ => ModelStop::EndTurn,
         };
         let mut tool_calls = Vec::with_capacity(self.tool_count);
+        let mut signed = Vec::new();
         for (index, block) in self.blocks {
-            let BlockAcc::Tool {
-                id,
-                name,
-                initial,
-                json,
-            } = block
-            else {
-                continue;
+            let (id, name, initial, json) = match block {
+                BlockAcc::Tool {
+                    id,
+                    name,
+                    initial,
+                    json,
+                } => (id, name, initial, json),
+                // Unsigned thinking cannot be sent back: it is kept as text only.
+                BlockAcc::Thinking { text, signature } if !signature.is_empty() => {
+                    signed.push(SignedThinking::Thinking {
+                        thinking: text,
+                        signature,
+                    });
+                    continue;
+                }
+                BlockAcc::Redacted { data } => {
+                    signed.push(SignedThinking::RedactedThinking { data });
+                    continue;
+                }
+                BlockAcc::Thinking { .. } | BlockAcc::Other => continue,
             };
             let empty = initial
                 .filter(Value::is_object)
@@ -704,7 +845,9 @@ impl Accumulate for Acc {
                 input,
             });
         }
-        Ok(self.out.output(tool_calls, stop))
+        let mut out = self.out.output(tool_calls, stop);
+        out.signed_thinking = signed;
+        Ok(out)
     }
 
     /// A `2xx` `application/json` answer: a gateway that ignored `stream: true`.
@@ -990,14 +1133,12 @@ mod tests {
     }
 
     #[test]
-    fn thinking_is_left_off_mid_tool_loop() {
+    fn thinking_is_left_off_mid_tool_loop_without_a_signature() {
         let mut req = ask("weather?");
         req.thinking = true;
         req.messages.push(Message::Assistant {
             content: Content::Blocks(vec![
-                Block::Thinking {
-                    thinking: "call it".into(),
-                },
+                Block::thinking("call it"),
                 Block::ToolUse {
                     tool_call_id: "toolu_1".into(),
                     name: "get_weather".into(),
@@ -1020,6 +1161,182 @@ mod tests {
         });
         let body = request_body(&req, 4096);
         assert_eq!(body["thinking"]["type"], "enabled");
+    }
+
+    fn signed(text: &str, signature: &str) -> SignedThinking {
+        SignedThinking::Thinking {
+            thinking: text.into(),
+            signature: signature.into(),
+        }
+    }
+
+    #[test]
+    fn signed_thinking_goes_back_first_and_keeps_thinking_on_through_the_loop() {
+        let redacted = SignedThinking::RedactedThinking {
+            data: "RU5D".into(),
+        };
+        let mut req = ask("weather?");
+        req.thinking = true;
+        req.messages.push(Message::Assistant {
+            content: Content::Blocks(vec![
+                Block::Text {
+                    text: "Checking.".into(),
+                },
+                Block::ToolUse {
+                    tool_call_id: "toolu_1".into(),
+                    name: "get_weather".into(),
+                    input: json!({}),
+                },
+            ]),
+        });
+        // A second assistant message merged into the same turn: its thinking still goes first.
+        req.messages.push(Message::Assistant {
+            content: Content::Blocks(vec![Block::Thinking {
+                thinking: "call it".into(),
+                signed: vec![redacted.clone(), signed("call it", "SIG")],
+            }]),
+        });
+        req.messages.push(Message::Tool {
+            tool_call_id: "toolu_1".into(),
+            content: Content::Text("18C".into()),
+        });
+        let body = request_body(&req, 4096);
+        assert_eq!(body["thinking"]["type"], "enabled", "{body}");
+        assert_eq!(
+            body["messages"][1]["content"],
+            json!([
+                {"type": "redacted_thinking", "data": "RU5D"},
+                {"type": "thinking", "thinking": "call it", "signature": "SIG"},
+                {"type": "text", "text": "Checking."},
+                {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {},
+                 "cache_control": {"type": "ephemeral"}},
+            ])
+        );
+        // With thinking off, no thinking block is sent (signed or not).
+        req.thinking = false;
+        let body = request_body(&req, 4096);
+        assert!(body.get("thinking").is_none());
+        let types: Vec<&str> = body["messages"][1]["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["type"].as_str().unwrap())
+            .collect();
+        assert_eq!(types, ["text", "tool_use"]);
+    }
+
+    #[test]
+    fn cache_breakpoints_on_system_tools_and_the_last_stable_turn() {
+        let mut req = ask("one");
+        req.system = Some("Be brief.".into());
+        req.tools = vec![
+            ToolDef {
+                name: "a".into(),
+                description: String::new(),
+                parameters: Value::Null.into(),
+            },
+            ToolDef {
+                name: "b".into(),
+                description: String::new(),
+                parameters: Value::Null.into(),
+            },
+        ];
+        let body = request_body(&req, 10);
+        assert_eq!(
+            body["system"],
+            json!([{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}])
+        );
+        assert!(body["tools"][0].get("cache_control").is_none());
+        assert_eq!(
+            body["tools"][1]["cache_control"],
+            json!({"type": "ephemeral"})
+        );
+        // One message: nothing stable yet.
+        assert_eq!(
+            body["messages"],
+            json!([{"role": "user", "content": "one"}])
+        );
+        req.messages.push(Message::Assistant {
+            content: Content::Blocks(vec![Block::Thinking {
+                thinking: "t".into(),
+                signed: vec![signed("t", "S")],
+            }]),
+        });
+        req.messages.push(Message::Assistant {
+            content: Content::Text("answer".into()),
+        });
+        req.messages.push(Message::User {
+            content: Content::Text("two".into()),
+        });
+        req.thinking = true;
+        let body = request_body(&req, 10);
+        // The turn before the newest: its last block (never a thinking block); the newest is
+        // left as it was.
+        assert_eq!(
+            body["messages"][1]["content"],
+            json!([
+                {"type": "thinking", "thinking": "t", "signature": "S"},
+                {"type": "text", "text": "answer", "cache_control": {"type": "ephemeral"}},
+            ])
+        );
+        assert_eq!(body["messages"][2]["content"], "two");
+        assert_eq!(body.to_string().matches("cache_control").count(), 3);
+        // A stable turn of thinking alone gets no breakpoint.
+        req.messages.remove(2);
+        let body = request_body(&req, 10);
+        assert_eq!(body.to_string().matches("cache_control").count(), 2);
+    }
+
+    #[tokio::test]
+    async fn signatures_and_redacted_thinking_are_kept() {
+        let fake = FakeAnthropic::start().await;
+        let mut req = ask("?");
+        req.thinking = true;
+        let reply = Reply::tool_calls(&[("toolu_1", "f", json!({}))])
+            .redacted_thinking("RU5DUllQVEVE")
+            .thinking_signed("first, ", "U0lHMQ==")
+            .thinking_signed("second", "U0lHMg==")
+            .chunk_chars(3);
+        let (out, rec) = run_req(&fake, reply, &req).await;
+        let out = out.unwrap();
+        assert_eq!(out.thinking, "first, second");
+        assert_eq!(rec.thinking.concat(), "first, second");
+        assert_eq!(
+            out.signed_thinking,
+            vec![
+                SignedThinking::RedactedThinking {
+                    data: "RU5DUllQVEVE".into()
+                },
+                signed("first, ", "U0lHMQ=="),
+                signed("second", "U0lHMg=="),
+            ]
+        );
+        // Unsigned thinking (no signature_delta) is text only.
+        let raw = sse(&[
+            start(1),
+            block_start(0, json!({"type": "thinking", "thinking": ""})),
+            delta(0, json!({"type": "thinking_delta", "thinking": "hm"})),
+            json!({"type": "content_block_stop", "index": 0}),
+            block_start(1, json!({"type": "text", "text": "ok"})),
+            stop("end_turn", 2)[0].clone(),
+            stop("end_turn", 2)[1].clone(),
+        ]);
+        let out = run_raw(&raw).await.unwrap();
+        assert_eq!(out.thinking, "hm");
+        assert!(out.signed_thinking.is_empty());
+    }
+
+    #[tokio::test]
+    async fn cached_input_tokens_count_as_input() {
+        let fake = FakeAnthropic::start().await;
+        let (out, _) = run(&fake, Reply::text("x").usage(7, 2).cache_tokens(100, 30)).await;
+        assert_eq!(
+            out.unwrap().usage,
+            Usage {
+                input_tokens: 137,
+                output_tokens: 2
+            }
+        );
     }
 
     #[tokio::test]
@@ -1342,6 +1659,7 @@ mod tests {
         assert_eq!(out.text, "whole answer");
         assert_eq!(rec.text.concat(), "whole answer");
         assert_eq!(out.thinking, "r");
+        assert_eq!(out.signed_thinking, vec![signed("r", "s")]);
         assert_eq!(out.stop, ModelStop::ToolUse);
         assert_eq!(out.tool_calls[0].input, json!({"a": 1}));
         assert_eq!(
@@ -1447,9 +1765,7 @@ mod tests {
                 },
                 Message::Assistant {
                     content: Content::Blocks(vec![
-                        Block::Thinking {
-                            thinking: "two tools".into(),
-                        },
+                        Block::thinking("two tools"),
                         Block::Text {
                             text: "Checking.".into(),
                         },
@@ -1495,9 +1811,7 @@ mod tests {
                 },
                 // Two assistant messages in a row: merged.
                 Message::Assistant {
-                    content: Content::Blocks(vec![Block::Thinking {
-                        thinking: "only thinking: dropped".into(),
-                    }]),
+                    content: Content::Blocks(vec![Block::thinking("only thinking: dropped")]),
                 },
                 Message::Assistant {
                     content: Content::Text("Anything else?".into()),
@@ -1540,7 +1854,7 @@ mod tests {
             json!({
                 "model": "claude-test",
                 "max_tokens": 1000,
-                "system": "Be brief.",
+                "system": [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
                 "messages": [
                     {"role": "user", "content": "Weather and time in Tokyo?"},
                     {"role": "assistant", "content": [
@@ -1561,7 +1875,7 @@ mod tests {
                     ]},
                     {"role": "assistant", "content": [
                         {"type": "text", "text": "It is 18C at 09:00."},
-                        {"type": "text", "text": "Anything else?"},
+                        {"type": "text", "text": "Anything else?", "cache_control": {"type": "ephemeral"}},
                     ]},
                     {"role": "user", "content": [
                         {"type": "text", "text": "And this?"},
@@ -1572,7 +1886,8 @@ mod tests {
                 "tools": [
                     {"name": "get_weather", "description": "Weather for a city",
                      "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}},
-                    {"name": "noop", "input_schema": {"type": "object", "properties": {}}},
+                    {"name": "noop", "input_schema": {"type": "object", "properties": {}},
+                     "cache_control": {"type": "ephemeral"}},
                 ],
                 "stream": true,
             })
@@ -1617,7 +1932,7 @@ mod tests {
             },
         );
         let body = request_body(&req, 10);
-        assert_eq!(body["system"], "A.\n\nB.");
+        assert_eq!(body["system"][0]["text"], "A.\n\nB.");
         assert_eq!(body["messages"].as_array().unwrap().len(), 1);
     }
 

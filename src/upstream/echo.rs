@@ -43,6 +43,7 @@ fn answer(req: &ModelRequest, sink: &mut dyn DeltaSink) -> ModelOutput {
         + req.system.as_ref().map_or(0, String::len);
     let mut out = ModelOutput {
         thinking: String::new(),
+        signed_thinking: Vec::new(),
         text: String::new(),
         tool_calls: Vec::new(),
         usage: Usage::default(),

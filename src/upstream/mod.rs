@@ -16,7 +16,7 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use serde_json::Value;
 
-use crate::message::{Message, ToolCall, Usage};
+use crate::message::{Message, SignedThinking, ToolCall, Usage};
 
 /// A tool offered to the model.
 #[derive(Debug, Clone, PartialEq)]
@@ -68,6 +68,9 @@ pub enum ModelStop {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelOutput {
     pub thinking: String,
+    /// The provider's signed thinking blocks, in order, to be sent back to it (Anthropic; empty
+    /// for the others).
+    pub signed_thinking: Vec<SignedThinking>,
     pub text: String,
     pub tool_calls: Vec<ToolCall>,
     pub usage: Usage,

@@ -1193,9 +1193,7 @@ mod tests {
                 },
                 Message::Assistant {
                     content: Content::Blocks(vec![
-                        Block::Thinking {
-                            thinking: "two tools".into(),
-                        },
+                        Block::thinking("two tools"),
                         Block::Text {
                             text: "Checking.".into(),
                         },

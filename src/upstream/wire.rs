@@ -201,6 +201,7 @@ impl Collected {
     pub(crate) fn output(self, tool_calls: Vec<ToolCall>, stop: ModelStop) -> ModelOutput {
         ModelOutput {
             thinking: self.thinking,
+            signed_thinking: Vec::new(),
             text: self.text,
             tool_calls,
             usage: self.usage,

@@ -74,7 +74,7 @@ pub fn check_events(events: &[Event]) {
                     panic!("{ctx}: result for {tool_use_id}, which has no tool_use");
                 }
             }
-            EventBody::AgentThinking { content } => {
+            EventBody::AgentThinking { content, .. } => {
                 assert!(!content.is_empty(), "{ctx}: empty thinking")
             }
             EventBody::TurnCompleted { stop_reason, .. } => {

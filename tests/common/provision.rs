@@ -2,8 +2,9 @@
 //! `cargo test` passes on a fresh clone with only Rust, Python 3 (with venv) and Node/npm:
 //!
 //! - `venv/`: a Python virtual environment (`python3 -m venv`) with the pinned PyPI packages of
-//!   [`PY_REQUIREMENTS`]: `mcp-server-time` (federated by tests/mcp_federation.rs) and the runs
-//!   spec's Python client needs (tests/runs_api.rs);
+//!   [`PY_REQUIREMENTS`]: `mcp-server-time` (federated by tests/mcp_federation.rs), the runs
+//!   spec's Python client needs (tests/runs_api.rs) and the official `anthropic` SDK (reads the
+//!   fake Messages API, tests/anthropic_thinking.rs);
 //! - `spec_clients/`: `npm ci` from the committed `tests/spec_clients/package-lock.json`:
 //!   `@modelcontextprotocol/server-filesystem` (tests/deliver_file.rs) and `eventsource` (the
 //!   spec's JavaScript client, tests/runs_api.rs).
@@ -25,10 +26,11 @@ pub const PY_REQUIREMENTS: &[&str] = &[
     "mcp-server-time==2026.10.19",
     "sseclient-py==1.9.0",
     "requests==2.34.2",
+    "anthropic==2.10.0",
 ];
 
 /// The Python interpreter of the provisioned venv (no system site-packages): it imports
-/// `mcp_server_time`, `sseclient` and `requests`.
+/// `mcp_server_time`, `sseclient`, `requests` and `anthropic`.
 pub fn python() -> PathBuf {
     let dir = deps_dir().join("venv");
     let python = dir.join("bin").join("python");

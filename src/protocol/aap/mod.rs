@@ -588,7 +588,7 @@ async fn replay(
             crate::log::EventBody::AgentMessage { content, .. } if !content.is_empty() => {
                 Some((crate::engine::DeltaKind::Message, content.clone()))
             }
-            crate::log::EventBody::AgentThinking { content } => {
+            crate::log::EventBody::AgentThinking { content, .. } => {
                 Some((crate::engine::DeltaKind::Thinking, content.clone()))
             }
             _ => None,

@@ -101,7 +101,7 @@ impl TurnRenderer {
             Feed::Event(ev) => {
                 self.note(ev);
                 match &ev.body {
-                    EventBody::AgentThinking { content } if mode == StreamMode::Delta => {
+                    EventBody::AgentThinking { content, .. } if mode == StreamMode::Delta => {
                         let sent = std::mem::take(&mut self.sent_thinking);
                         match unsent(content, sent).filter(|_| self.fragments_lost) {
                             Some(rest) => ("thinking_delta", json!({ "delta": rest })),
@@ -115,7 +115,7 @@ impl TurnRenderer {
                             None => return None,
                         }
                     }
-                    EventBody::AgentThinking { content } if mode == StreamMode::Message => {
+                    EventBody::AgentThinking { content, .. } if mode == StreamMode::Message => {
                         ("thinking", json!({ "thinking": content }))
                     }
                     EventBody::AgentMessage { content, .. }
