@@ -23,7 +23,9 @@ pub fn agent_tool_names<'a>(
     agent: &'a AgentConfig,
     host: &'a [ServerTool],
 ) -> impl Iterator<Item = &'a str> + 'a {
-    exposed(agent, host).into_iter().map(|t| t.spec.name.as_str())
+    exposed(agent, host)
+        .into_iter()
+        .map(|t| t.spec.name.as_str())
 }
 
 /// Where one tool call goes.

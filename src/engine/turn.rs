@@ -23,6 +23,9 @@ use crate::sync::lock;
 use crate::tools::{CallContext, ToolOutput};
 use crate::upstream::{DeltaSink, ModelOutput, ModelRequest};
 
+/// The result of a call the session waited on when a new message went on without its answer.
+pub const NOT_ANSWERED: &str = "Not answered: the session went on with a new message.";
+
 /// How many server tool calls of one step run at once.
 const TOOL_PARALLELISM: usize = 8;
 
@@ -142,6 +145,7 @@ struct Turn {
     sink: Option<super::watch::WatcherSink>,
     interactive: bool,
     usage: Usage,
+    /// Whether a model call has answered (its usage counted).
     model_called: bool,
     /// Whether the turn has said anything (a non-empty `agent.message`).
     said: bool,
@@ -153,6 +157,8 @@ struct Turn {
     asked: Vec<super::session::AskedCall>,
     /// Instructions for the model that are not history (plan mode), after the history.
     extra: Vec<Message>,
+    /// The turn proposed a plan (which waits for a decision if the turn completes).
+    proposed: bool,
     /// Attached files as the model sees them, read once per turn.
     inlined: HashMap<String, Vec<crate::message::Block>>,
     /// The watcher shows streamed text as it comes and cannot take it back (AAP `delta`).
@@ -197,6 +203,7 @@ pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
         stop_on: Vec::new(),
         asked: Vec::new(),
         extra: Vec::new(),
+        proposed: false,
         inlined: HashMap::new(),
         irrevocable,
         flusher: Default::default(),
@@ -289,6 +296,18 @@ impl Turn {
             self.session.close_open_locked(&mut st, store, reason, why);
         }
         self.emit(user_message(&input));
+        let input_kind = match &input {
+            TurnInput::User { content, .. } => super::session::PlanDecision::of_content(content),
+            TurnInput::Resume { .. } => None,
+        };
+        if let TurnInput::User { .. } = &input {
+            // Calls the session still waits on (the last turn stopped on them, before or after
+            // this message was sent): the session went on without their answers.
+            let open = std::mem::take(&mut self.session.lock().pending);
+            for p in open {
+                self.emit_result(&p.call_id, ToolOutput::error(NOT_ANSWERED));
+            }
+        }
         if let TurnInput::Resume {
             results,
             permissions,
@@ -310,10 +329,15 @@ impl Turn {
         })?;
         // The operator's budget is a ceiling: a request may ask for fewer steps, never more.
         let max_steps = max_steps.map_or(agent.max_steps, |m| m.min(agent.max_steps));
-        let mut step = 0;
         if plan {
-            step = self.plan(agent, max_steps).await?;
+            // A plan turn (a run's first, or after a rejection) ends with its plan.
+            let rejected = match &input_kind {
+                Some(super::session::PlanDecision::Reject { .. }) => true,
+                _ => false,
+            };
+            return self.plan(agent, !rejected).await;
         }
+        let mut step = 0;
         while step < max_steps {
             step += 1;
             let record = self.session.record();
@@ -418,73 +442,45 @@ impl Turn {
         Ok(StopReason::MaxSteps)
     }
 
-    /// Plan mode: ask for a plan with no tools offered, log it (`agent.message`, `plan: true`),
-    /// and wait for the client: confirmed, the plan (or its edit) goes into the context; rejected,
-    /// the reason does and another plan is asked for. Returns the model calls spent.
+    /// Plan mode: ask for a plan with no tools offered and log it (`agent.message`, `plan:
+    /// true`); the turn then ends (`end_turn`) and the session waits for the decision, which
+    /// starts the next turn (see `Engine::decide_plan`). The history then carries the decision:
+    /// a confirmation (its edits replacing the plan), or a rejection with its reason, which asks
+    /// for another plan. `first`: the run's first plan (asked for here; a rejection asks itself).
     async fn plan(
         &mut self,
         agent: &crate::config::AgentConfig,
-        max_steps: u32,
-    ) -> Result<u32, End> {
-        let mut steps = 0;
-        self.extra = vec![Message::User {
-            content: crate::message::Content::Text(
-                "Before doing anything, propose a short, numbered plan for this goal. Do not call tools yet; the plan will be reviewed first.".into(),
-            ),
-        }];
-        loop {
-            if steps >= max_steps {
-                return Err(End::Failed(
-                    FailReason::EmptyOutput,
-                    "the step budget was spent on plans that were not approved".into(),
-                ));
-            }
-            steps += 1;
-            let record = self.session.record();
-            self.prepare_attachments().await;
-            let req = self.request(agent, &record, Vec::new(), false);
-            let out = self.call_model(&req, false).await?;
-            self.usage.add(out.usage);
-            if out.text.trim().is_empty() {
-                return Err(End::Failed(
-                    FailReason::EmptyOutput,
-                    "the model proposed no plan".into(),
-                ));
-            }
-            // The wait is in place before anyone can see the plan, so a client that answers
-            // `plan_proposed` at once finds it.
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            self.session.lock().plan = Some(super::session::PlanWait {
-                plan: out.text.clone(),
-                decide: Some(tx),
-            });
-            self.emit(EventBody::AgentMessage {
-                content: out.text.clone(),
-                plan: true,
-            });
-            self.sync().await?;
-            let decision = rx.await.map_err(|_| End::Stopped)?;
-            self.session.lock().plan = None;
-            match decision {
-                super::session::PlanDecision::Confirm { edits } => {
-                    let plan = edits.unwrap_or(out.text);
-                    self.extra = vec![Message::User {
-                        content: crate::message::Content::Text(format!(
-                            "The plan is approved. Carry it out now, using tools as needed.\n\nPlan:\n{plan}"
-                        )),
-                    }];
-                    return Ok(steps);
-                }
-                super::session::PlanDecision::Reject { reason } => {
-                    let why = reason.map(|r| format!(": {r}")).unwrap_or_default();
-                    self.extra.push(Message::User {
-                        content: crate::message::Content::Text(format!(
-                            "The plan was rejected{why}. Propose a new plan; do not call tools yet."
-                        )),
-                    });
-                }
-            }
+        first: bool,
+    ) -> Result<StopReason, End> {
+        if first {
+            self.extra = vec![Message::User {
+                content: crate::message::Content::Text(
+                    "Before doing anything, propose a short, numbered plan for this goal. Do not call tools yet; the plan will be reviewed first.".into(),
+                ),
+            }];
         }
+        let record = self.session.record();
+        self.prepare_attachments().await;
+        let req = self.request(agent, &record, Vec::new(), false);
+        let out = self.call_model(&req, false).await?;
+        self.usage.add(out.usage);
+        if out.text.trim().is_empty() {
+            return Err(End::Failed(
+                FailReason::EmptyOutput,
+                "the model proposed no plan".into(),
+            ));
+        }
+        // The plan waits before anyone can see it, so a client that answers `plan_proposed`
+        // at once finds it (its decision's turn then queues behind the end of this one).
+        self.session.lock().plan = Some(super::session::PlanWait {
+            plan: out.text.clone(),
+        });
+        self.proposed = true;
+        self.emit(EventBody::AgentMessage {
+            content: out.text,
+            plan: true,
+        });
+        Ok(StopReason::EndTurn)
     }
 
     /// Log the result of every call the last turn stopped on: the client's results, the
@@ -653,7 +649,6 @@ impl Turn {
         let retries = self.inner.config.upstream.retries;
         let mut attempt = 0;
         loop {
-            self.model_called = true;
             crate::metrics::inc(&crate::metrics::MODEL_CALLS);
             let feed = FragmentFeed {
                 session: &self.session,
@@ -693,7 +688,11 @@ impl Turn {
             let streamed = deltas.streamed_text;
             let kept = deltas.kept.take().filter(|t| !t.is_empty());
             match result {
-                Ok(out) => return Ok(out),
+                Ok(out) => {
+                    // A terminal event's usage is `null` until a model call has answered.
+                    self.model_called = true;
+                    return Ok(out);
+                }
                 Err(e) => {
                     if let Some(text) = kept {
                         // The watcher already shows this text and cannot take it back: the log
@@ -763,6 +762,7 @@ impl Turn {
         let store = &self.inner.store;
         // After a failed commit the terminal event is not written with the rest: it would go
         // into the log after a hole, perhaps with no start of its turn before it.
+        let completed = matches!(terminal, EventBody::TurnCompleted { .. });
         let lost = self.session.lost_writes(store);
         if !lost {
             let mut st = self.session.lock();
@@ -798,7 +798,10 @@ impl Turn {
                 st.running = None;
             }
             st.coalescer = None;
-            st.plan = None;
+            if self.proposed && !completed {
+                // A plan whose turn did not complete waits for nothing.
+                st.plan = None;
+            }
             let mut published = self.session.publish_durable_locked(&mut st, store);
             if let Some(copy) = copy {
                 let why = flushed.err().map_or_else(
