@@ -373,6 +373,73 @@ mod tests {
     }
 
     #[test]
+    fn an_earlier_turns_call_answered_by_a_new_message_goes_before_it() {
+        let mut p = Projector::default();
+        let user = |t: &str| EventBody::UserMessage {
+            content: json!(t),
+            files: vec![],
+            skills: vec![],
+        };
+        p.apply(&user("weather?"));
+        p.apply(&tool_use("call_1"));
+        p.apply(&EventBody::TurnCompleted {
+            usage: None,
+            stop_reason: StopReason::ToolUse,
+        });
+        p.apply(&user("never mind"));
+        p.apply(&EventBody::ToolResult {
+            tool_use_id: "call_1".into(),
+            content: json!("Not answered"),
+            is_error: true,
+            files: vec![],
+        });
+        p.apply(&tool_use("call_2"));
+        p.apply(&EventBody::ToolResult {
+            tool_use_id: "call_2".into(),
+            content: json!("ok"),
+            is_error: false,
+            files: vec![],
+        });
+        let roles: Vec<String> = serde_json::to_value(p.into_messages())
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["role"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(
+            roles,
+            ["user", "assistant", "tool", "user", "assistant", "tool"]
+        );
+    }
+
+    #[test]
+    fn plan_decisions_say_themselves_and_an_edit_replaces_the_plan() {
+        let mut p = Projector::default();
+        p.apply(&EventBody::UserMessage {
+            content: json!("goal"),
+            files: vec![],
+            skills: vec![],
+        });
+        p.apply(&EventBody::AgentMessage {
+            content: "1. a".into(),
+            plan: true,
+        });
+        p.apply(&EventBody::TurnCompleted {
+            usage: None,
+            stop_reason: StopReason::EndTurn,
+        });
+        p.apply(&EventBody::UserMessage {
+            content: json!([{"type": "plan_decision", "decision": "confirmed", "edits": "1. b"}]),
+            files: vec![],
+            skills: vec![],
+        });
+        let v = serde_json::to_value(p.into_messages()).unwrap();
+        assert_eq!(v[1], json!({"role": "assistant", "content": "1. b"}));
+        assert!(v[2]["content"].as_str().unwrap().contains("approved"));
+    }
+
+    #[test]
     fn a_retraction_adds_nothing_and_thinking_stays() {
         let mut p = Projector::default();
         p.apply(&EventBody::AgentThinking {

@@ -26,6 +26,9 @@ use crate::upstream::{DeltaSink, ModelOutput, ModelRequest};
 /// The result of a call the session waited on when a new message went on without its answer.
 pub const NOT_ANSWERED: &str = "Not answered: the session went on with a new message.";
 
+/// What the model is told when `turn_timeout_s` has passed (its last call has no tools).
+const WRAP_UP: &str = "The time for this task is up. Do not call tools. Conclude now: say briefly what was done, what was found, and what is left undone.";
+
 /// How many server tool calls of one step run at once.
 const TOOL_PARALLELISM: usize = 8;
 
@@ -159,6 +162,8 @@ struct Turn {
     extra: Vec<Message>,
     /// The turn proposed a plan (which waits for a decision if the turn completes).
     proposed: bool,
+    /// Text was streamed since the last stored event (a call cut off must retract it).
+    streamed: std::sync::atomic::AtomicBool,
     /// Attached files as the model sees them, read once per turn.
     inlined: HashMap<String, Vec<crate::message::Block>>,
     /// The watcher shows streamed text as it comes and cannot take it back (AAP `delta`).
@@ -185,11 +190,12 @@ pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
     } = job;
     // Counted among the running turns until this task ends.
     let _slot = slot.unwrap_or_else(|| super::RunSlot::take(inner.running_turns()));
-    let timeout = inner
+    let (timeout, wrap_up) = inner
         .config
         .agent(&session.record().agent)
-        .map(|a| a.turn_timeout)
-        .unwrap_or(Duration::from_secs(3600));
+        .map_or((Duration::from_secs(3600), Duration::from_secs(60)), |a| {
+            (a.turn_timeout, a.wrap_up)
+        });
     let mut turn = Turn {
         inner,
         session,
@@ -204,19 +210,25 @@ pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
         asked: Vec::new(),
         extra: Vec::new(),
         proposed: false,
+        streamed: Default::default(),
         inlined: HashMap::new(),
         irrevocable,
         flusher: Default::default(),
         unsynced_since: Default::default(),
     };
-    let result = tokio::select! {
+    let timed_out = Err(End::Failed(FailReason::Timeout, String::new()));
+    let mut result = tokio::select! {
         r = turn.body(input, answering, plan, max_steps) => r,
         _ = control.token.cancelled() => Err(End::Stopped),
-        _ = tokio::time::sleep(timeout) => Err(End::Failed(
-            FailReason::Timeout,
-            format!("the turn ran longer than turn_timeout_s ({} s)", timeout.as_secs()),
-        )),
+        _ = tokio::time::sleep(timeout) => timed_out,
     };
+    if matches!(result, Err(End::Failed(FailReason::Timeout, ref m)) if m.is_empty()) {
+        // Spec 003: a turn that can stop normally when its time is up does.
+        result = tokio::select! {
+            r = turn.wrap_up(timeout, wrap_up) => r,
+            _ = control.token.cancelled() => Err(End::Stopped),
+        };
+    }
     if let Some(flusher) = lock(&turn.flusher).take() {
         flusher.abort();
     }
@@ -224,7 +236,86 @@ pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
 }
 
 impl Turn {
+    /// `turn_timeout_s` has passed: the calls still running are answered `Cancelled.`, text
+    /// streamed by a model call cut off is retracted, and the model gets one last call, with no
+    /// tools, asked to conclude, within `wrap_up_s`. The turn then ends as that call does; it
+    /// fails `timeout` only if the call fails or does not answer in time.
+    async fn wrap_up(&mut self, timeout: Duration, within: Duration) -> Result<StopReason, End> {
+        let failed = |why: String| {
+            End::Failed(
+                FailReason::Timeout,
+                format!(
+                    "the turn ran longer than turn_timeout_s ({} s) and could not wrap up: {why}",
+                    timeout.as_secs()
+                ),
+            )
+        };
+        tracing::info!(turn = %self.turn_id, timeout_s = timeout.as_secs(), "turn_timeout_s passed: the turn wraps up");
+        if self
+            .streamed
+            .swap(false, std::sync::atomic::Ordering::Relaxed)
+        {
+            self.emit(EventBody::AgentMessage {
+                content: String::new(),
+                plan: false,
+            });
+        }
+        for id in std::mem::take(&mut self.open) {
+            self.emit_result(&id, ToolOutput::error("Cancelled."));
+        }
+        // What the turn stopped on (calls for the client) stays for the client: only a turn
+        // that was still running reaches here, with none.
+        self.stop_on.clear();
+        self.asked.clear();
+        let record = self.session.record();
+        let config = self.inner.config.clone();
+        let Some(agent) = config.agent(&record.agent) else {
+            return Err(failed("the session's agent is no longer configured".into()));
+        };
+        self.extra = vec![Message::User {
+            content: crate::message::Content::Text(WRAP_UP.into()),
+        }];
+        let req = self.request(agent, &record, Vec::new(), false);
+        let out = match tokio::time::timeout(within, self.call_model(&req, false)).await {
+            Ok(Ok(out)) => out,
+            Ok(Err(End::Failed(_, why))) => return Err(failed(why)),
+            Ok(Err(end)) => return Err(end),
+            Err(_) => {
+                if self
+                    .streamed
+                    .swap(false, std::sync::atomic::Ordering::Relaxed)
+                {
+                    self.emit(EventBody::AgentMessage {
+                        content: String::new(),
+                        plan: false,
+                    });
+                }
+                return Err(failed(format!(
+                    "the last model call did not answer within wrap_up_s ({} s)",
+                    within.as_secs()
+                )));
+            }
+        };
+        self.usage.add(out.usage);
+        if !out.text.is_empty() {
+            self.emit(EventBody::AgentMessage {
+                content: out.text.clone(),
+                plan: false,
+            });
+        }
+        match out.stop {
+            crate::upstream::ModelStop::MaxTokens => Ok(StopReason::MaxTokens),
+            crate::upstream::ModelStop::Refusal => Ok(StopReason::Refusal),
+            _ if out.text.trim().is_empty() => {
+                Err(failed("the model's last call said nothing".into()))
+            }
+            _ => Ok(StopReason::EndTurn),
+        }
+    }
+
     fn emit(&mut self, body: EventBody) -> Option<Arc<Event>> {
+        self.streamed
+            .store(false, std::sync::atomic::Ordering::Relaxed);
         match &body {
             EventBody::ToolUse { tool_use_id, .. } => self.open.push(tool_use_id.clone()),
             EventBody::ToolResult { tool_use_id, .. } => self.open.retain(|id| id != tool_use_id),
@@ -331,10 +422,10 @@ impl Turn {
         let max_steps = max_steps.map_or(agent.max_steps, |m| m.min(agent.max_steps));
         if plan {
             // A plan turn (a run's first, or after a rejection) ends with its plan.
-            let rejected = match &input_kind {
-                Some(super::session::PlanDecision::Reject { .. }) => true,
-                _ => false,
-            };
+            let rejected = matches!(
+                &input_kind,
+                Some(super::session::PlanDecision::Reject { .. })
+            );
             return self.plan(agent, !rejected).await;
         }
         let mut step = 0;
@@ -438,7 +529,7 @@ impl Turn {
                 return Ok(StopReason::ToolUse);
             }
         }
-        // Only reached when plan mode spent the whole budget.
+        // Only reached with a budget of no steps.
         Ok(StopReason::MaxSteps)
     }
 
@@ -658,6 +749,7 @@ impl Turn {
             };
             let mut deltas = Deltas {
                 sink: self.sink.as_ref(),
+                streamed: &self.streamed,
                 feed: &feed,
                 thinking,
                 streamed_text: false,
@@ -959,6 +1051,8 @@ async fn overlapped<T>(
 /// subscribers.
 struct Deltas<'a> {
     sink: Option<&'a super::watch::WatcherSink>,
+    /// Set when text is streamed (the turn's [`Turn::streamed`]).
+    streamed: &'a std::sync::atomic::AtomicBool,
     feed: &'a FragmentFeed<'a>,
     thinking: bool,
     streamed_text: bool,
@@ -1048,6 +1142,8 @@ impl DeltaSink for Deltas<'_> {
     fn text(&mut self, fragment: &str) {
         if !fragment.is_empty() {
             self.streamed_text = true;
+            self.streamed
+                .store(true, std::sync::atomic::Ordering::Relaxed);
             if let Some(kept) = self.kept.as_mut() {
                 kept.push_str(fragment);
             }
