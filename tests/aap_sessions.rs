@@ -246,7 +246,7 @@ async fn bad_requests_get_a_clear_json_error_and_change_nothing() {
             "GET",
             format!("/sessions/{id}/history?type=everything"),
             json!(null),
-            400,
+            404,
             "full",
         ),
         (

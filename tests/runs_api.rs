@@ -416,10 +416,17 @@ async fn plan_mode_proposes_without_tools_takes_rejections_and_runs_the_confirme
     let proposed = s.until(|f| f.event == "plan_proposed").await;
     assert_eq!(
         whole(&proposed),
-        vec![ev(
-            "plan_proposed",
-            json!({"plan": "1. Call add with 2 and 3.\n2. Report the sum."})
-        )]
+        vec![
+            // The decision is an event of the run (the user message of its next turn).
+            ev(
+                "message",
+                json!({"role": "user", "content": [{"type": "plan_decision", "decision": "rejected", "reason": "Do not guess: use the add tool."}]})
+            ),
+            ev(
+                "plan_proposed",
+                json!({"plan": "1. Call add with 2 and 3.\n2. Report the sum."})
+            )
+        ]
     );
     let reqs = fake.requests();
     assert_eq!(reqs.len(), 2);
@@ -449,6 +456,10 @@ async fn plan_mode_proposes_without_tools_takes_rejections_and_runs_the_confirme
     assert_eq!(
         whole(&frames),
         vec![
+            ev(
+                "message",
+                json!({"role": "user", "content": [{"type": "plan_decision", "decision": "confirmed", "edits": edited}]})
+            ),
             ev("tool_call", json!({"name": "mcp__ex__add", "step": 3})),
             ev(
                 "tool_result",
@@ -485,7 +496,9 @@ async fn plan_mode_proposes_without_tools_takes_rejections_and_runs_the_confirme
         names,
         vec![
             "plan_proposed",
+            "message",
             "plan_proposed",
+            "message",
             "tool_call",
             "tool_result",
             "message",

@@ -17,13 +17,14 @@ pub fn exposed<'a>(agent: &AgentConfig, host: &'a [ServerTool]) -> Vec<&'a Serve
         .collect()
 }
 
-/// Every tool name of an agent, enabled or not, denied or not: a client tool may not take one.
+/// Every tool name of an agent as `/meta` lists it, enabled or not: a client tool may not take
+/// one. Policy-denied tools are not among them (they are not in `/meta` either).
 pub fn agent_tool_names<'a>(
     agent: &'a AgentConfig,
     host: &'a [ServerTool],
 ) -> impl Iterator<Item = &'a str> + 'a {
-    host.iter()
-        .filter(|t| agent.tool_globs.is_match(&t.spec.name))
+    exposed(agent, host)
+        .into_iter()
         .map(|t| t.spec.name.as_str())
 }
 

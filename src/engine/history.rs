@@ -8,6 +8,7 @@
 
 use serde_json::Value;
 
+use super::session::PlanDecision;
 use crate::log::{EventBody, FileRef};
 use crate::message::{Block, Content, Message};
 
@@ -21,6 +22,9 @@ pub struct Projector {
     /// Where the current turn's messages start, and whether it has produced anything yet.
     turn_start: usize,
     turn_output: bool,
+    /// The tool calls of the current turn: a result for any other call answers an earlier
+    /// turn's, and goes before the current turn's user message.
+    turn_calls: Vec<String>,
 }
 
 /// How an attached file appears in history: one line naming it and where it is.
@@ -40,6 +44,7 @@ impl Projector {
             attachments: Vec::new(),
             turn_start: seed.len(),
             turn_output: false,
+            turn_calls: Vec::new(),
         }
     }
 
@@ -49,6 +54,12 @@ impl Projector {
                 self.close_assistant();
                 self.turn_start = self.messages.len();
                 self.turn_output = false;
+                self.turn_calls.clear();
+                if let Some(decision) = PlanDecision::of_content(content) {
+                    self.decide(&decision);
+                    self.turn_output = true;
+                    return;
+                }
                 let content = user_content(content);
                 if files.is_empty() {
                     if let Some(content) = content {
@@ -80,21 +91,39 @@ impl Projector {
                 tool_use_id,
                 name,
                 input,
-            } => self.assistant.push(Block::ToolUse {
-                tool_call_id: tool_use_id.clone(),
-                name: name.clone(),
-                input: input.clone(),
-            }),
+            } => {
+                self.turn_calls.push(tool_use_id.clone());
+                self.assistant.push(Block::ToolUse {
+                    tool_call_id: tool_use_id.clone(),
+                    name: name.clone(),
+                    input: input.clone(),
+                })
+            }
             EventBody::ToolResult {
                 tool_use_id,
                 content,
                 ..
             } => {
                 self.close_assistant();
-                self.messages.push(Message::Tool {
+                let message = Message::Tool {
                     tool_call_id: tool_use_id.clone(),
                     content: to_content(content),
-                });
+                };
+                if self.turn_calls.contains(tool_use_id) {
+                    self.messages.push(message);
+                } else {
+                    // An earlier turn's call, answered as this turn starts: its result goes
+                    // right after the calls, before this turn's user message (a model API
+                    // wants every call answered before anything else is said).
+                    let at = self.turn_start.min(self.messages.len());
+                    self.messages.insert(at, message);
+                    self.turn_start = at + 1;
+                    for (i, _) in self.attachments.iter_mut() {
+                        if *i >= at {
+                            *i += 1;
+                        }
+                    }
+                }
             }
             // A turn cancelled before it ever ran (queued) was never part of the
             // conversation: its message leaves the history (the log keeps it).
@@ -111,6 +140,37 @@ impl Projector {
         if !matches!(ev, EventBody::UserMessage { .. }) && !ev.is_terminal() {
             self.turn_output = true;
         }
+    }
+
+    /// A plan decision as the model (and AAP history) sees it: a user message saying it; an
+    /// edited plan replaces the proposed one (the last assistant message) in the history.
+    fn decide(&mut self, decision: &PlanDecision) {
+        let text = match decision {
+            PlanDecision::Confirm { edits: Some(edits) } => {
+                if let Some(Message::Assistant { content }) = self
+                    .messages
+                    .iter_mut()
+                    .rev()
+                    .find(|m| matches!(m, Message::Assistant { .. }))
+                {
+                    *content = Content::Text(edits.clone());
+                }
+                "The plan is approved, as edited by the user (the plan above is the edited one). Carry it out now, using tools as needed.".to_string()
+            }
+            PlanDecision::Confirm { edits: None } => {
+                "The plan is approved. Carry it out now, using tools as needed.".to_string()
+            }
+            PlanDecision::Reject { reason } => {
+                let why = match reason.as_deref().map(str::trim) {
+                    Some(r) if !r.is_empty() => format!(": {r}"),
+                    _ => String::new(),
+                };
+                format!("The plan was rejected{why}. Propose a new plan; do not call tools yet.")
+            }
+        };
+        self.messages.push(Message::User {
+            content: Content::Text(text),
+        });
     }
 
     fn close_assistant(&mut self) {
@@ -311,6 +371,73 @@ mod tests {
             ]),
             "a turn cancelled while it ran keeps its message"
         );
+    }
+
+    #[test]
+    fn an_earlier_turns_call_answered_by_a_new_message_goes_before_it() {
+        let mut p = Projector::default();
+        let user = |t: &str| EventBody::UserMessage {
+            content: json!(t),
+            files: vec![],
+            skills: vec![],
+        };
+        p.apply(&user("weather?"));
+        p.apply(&tool_use("call_1"));
+        p.apply(&EventBody::TurnCompleted {
+            usage: None,
+            stop_reason: StopReason::ToolUse,
+        });
+        p.apply(&user("never mind"));
+        p.apply(&EventBody::ToolResult {
+            tool_use_id: "call_1".into(),
+            content: json!("Not answered"),
+            is_error: true,
+            files: vec![],
+        });
+        p.apply(&tool_use("call_2"));
+        p.apply(&EventBody::ToolResult {
+            tool_use_id: "call_2".into(),
+            content: json!("ok"),
+            is_error: false,
+            files: vec![],
+        });
+        let roles: Vec<String> = serde_json::to_value(p.into_messages())
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["role"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(
+            roles,
+            ["user", "assistant", "tool", "user", "assistant", "tool"]
+        );
+    }
+
+    #[test]
+    fn plan_decisions_say_themselves_and_an_edit_replaces_the_plan() {
+        let mut p = Projector::default();
+        p.apply(&EventBody::UserMessage {
+            content: json!("goal"),
+            files: vec![],
+            skills: vec![],
+        });
+        p.apply(&EventBody::AgentMessage {
+            content: "1. a".into(),
+            plan: true,
+        });
+        p.apply(&EventBody::TurnCompleted {
+            usage: None,
+            stop_reason: StopReason::EndTurn,
+        });
+        p.apply(&EventBody::UserMessage {
+            content: json!([{"type": "plan_decision", "decision": "confirmed", "edits": "1. b"}]),
+            files: vec![],
+            skills: vec![],
+        });
+        let v = serde_json::to_value(p.into_messages()).unwrap();
+        assert_eq!(v[1], json!({"role": "assistant", "content": "1. b"}));
+        assert!(v[2]["content"].as_str().unwrap().contains("approved"));
     }
 
     #[test]

@@ -973,7 +973,12 @@ impl Engine {
             }
         }
         approvals::settle_locked(&self.inner, session, &mut st, clock::now_ms());
-        let answering = {
+        // A new message where no client can answer the open calls (`POST /messages`, a run)
+        // goes on: its turn answers them first (see `Turn::body`). An AAP one is a 409.
+        let goes_on = !req.interactive && matches!(req.input, TurnInput::User { .. });
+        let answering = if goes_on {
+            Vec::new()
+        } else {
             let history = &st.history;
             approvals::check_answers(&st.pending, &req.input, &|| history.messages())?
         };
@@ -1027,6 +1032,9 @@ impl Engine {
         if let TurnInput::Resume { .. } = &req.input {
             st.pending.clear();
         }
+        // The session goes on: a plan that waited for a decision no longer does (a decision
+        // took it before starting its turn).
+        st.plan = None;
         if let Some(record) = record {
             st.record = Arc::new(record);
         }
@@ -1113,23 +1121,39 @@ impl Engine {
         stopped
     }
 
-    /// Confirm or reject the plan a run waits on (409 when none waits).
+    /// Confirm or reject the plan a run waits on (409 when none waits): the decision starts a
+    /// new turn (queued behind the plan's turn if that is still ending) whose `user.message`
+    /// carries it as a `plan_decision` block. Confirmed, the run goes on with tools; rejected, the
+    /// model is asked for another plan. The decision's turn id.
     pub fn decide_plan(
         &self,
-        session: &Session,
+        session: &Arc<Session>,
         decision: PlanDecision,
-    ) -> Result<(), EngineError> {
-        let mut st = session.lock();
-        let sender = st.plan.as_mut().and_then(|p| p.decide.take());
-        match sender {
-            Some(tx) => {
-                st.plan = None;
-                let _ = tx.send(decision);
-                Ok(())
-            }
-            None => Err(EngineError::Conflict(
+    ) -> Result<String, EngineError> {
+        let Some(plan) = session.lock().plan.take() else {
+            return Err(EngineError::Conflict(
                 "no plan is waiting for approval in this session; start a run with \"plan\": true first".into(),
-            )),
+            ));
+        };
+        let reject = matches!(decision, PlanDecision::Reject { .. });
+        let input = TurnInput::User {
+            content: serde_json::Value::Array(vec![decision.block()]),
+            files: vec![],
+            skills: vec![],
+        };
+        let req = TurnRequest {
+            plan: reject,
+            ..TurnRequest::unattended(input)
+        };
+        match self.start_turn(session, req) {
+            Ok(handle) => Ok(handle.turn_id.clone()),
+            Err(e) => {
+                let mut st = session.lock();
+                if st.plan.is_none() && st.running.is_none() {
+                    st.plan = Some(plan);
+                }
+                Err(e)
+            }
         }
     }
 

@@ -113,20 +113,64 @@ pub(crate) struct Coalescer {
     pub deadline: Option<tokio::time::Instant>,
 }
 
-/// A proposed plan waiting for the client's decision (runs API plan mode).
+/// A proposed plan waiting for the client's decision (runs API plan mode): the plan turn has
+/// ended (or is ending) with it, and the decision starts the next turn. Rebuilt from the log
+/// (a turn that completed with a plan as its last message) after a restart.
 #[derive(Debug)]
 pub(crate) struct PlanWait {
     pub plan: String,
-    pub decide: Option<tokio::sync::oneshot::Sender<PlanDecision>>,
 }
 
-/// The client's decision on a proposed plan.
-#[derive(Debug, Clone)]
+/// The client's decision on a proposed plan. Logged as the content block that starts the
+/// decision's turn (`{"type": "plan_decision", "decision": "confirmed", "edits"?}` or
+/// `{"type": "plan_decision", "decision": "rejected", "reason"?}`).
+#[derive(Debug, Clone, PartialEq)]
 pub enum PlanDecision {
     /// Go on, with the plan replaced by `edits` when given.
     Confirm { edits: Option<String> },
     /// Propose another plan; the reason is given to the model.
     Reject { reason: Option<String> },
+}
+
+impl PlanDecision {
+    /// The `user.message` content block the decision is logged as.
+    pub fn block(&self) -> serde_json::Value {
+        let mut b = serde_json::Map::new();
+        b.insert("type".into(), "plan_decision".into());
+        match self {
+            PlanDecision::Confirm { edits } => {
+                b.insert("decision".into(), "confirmed".into());
+                if let Some(e) = edits {
+                    b.insert("edits".into(), e.clone().into());
+                }
+            }
+            PlanDecision::Reject { reason } => {
+                b.insert("decision".into(), "rejected".into());
+                if let Some(r) = reason {
+                    b.insert("reason".into(), r.clone().into());
+                }
+            }
+        }
+        serde_json::Value::Object(b)
+    }
+
+    /// The decision a `user.message`'s content carries, if it is a plan decision.
+    pub fn of_content(content: &serde_json::Value) -> Option<PlanDecision> {
+        let b = content
+            .as_array()?
+            .iter()
+            .find(|b| b.get("type").and_then(|t| t.as_str()) == Some("plan_decision"))?;
+        let text = |k: &str| b.get(k).and_then(|v| v.as_str()).map(String::from);
+        match b.get("decision").and_then(|d| d.as_str())? {
+            "confirmed" => Some(PlanDecision::Confirm {
+                edits: text("edits"),
+            }),
+            "rejected" => Some(PlanDecision::Reject {
+                reason: text("reason"),
+            }),
+            _ => None,
+        }
+    }
 }
 
 /// Who must act on a pending tool call.
@@ -222,6 +266,9 @@ pub(crate) struct State {
     pub held: Vec<(u64, Arc<Event>)>,
     pub coalescer: Option<Coalescer>,
     pub plan: Option<PlanWait>,
+    /// The seq of the first event of the session's current (or last) run: the `user.message`
+    /// of its first turn (a plan decision's turn goes on its plan's run).
+    pub run_start: u64,
     pub deleted: bool,
     /// A commit of this session's events failed: memory holds what the log does not, until the
     /// turn rebuilds it from the log ([`Session::rebuild_locked`]).
@@ -250,13 +297,13 @@ impl State {
         self.feed = None;
     }
 
-    /// Whether the session holds nothing that is not in the log: no turn running or queued or
-    /// waiting on a plan, no live subscriber, every event and record write committed. Such a
+    /// Whether the session holds nothing that is not in the log: no turn running or queued, no
+    /// live subscriber, every event and record write committed (a plan waiting for approval is
+    /// read back from the log). Such a
     /// session can be dropped from memory and read back from the log as it is.
     pub fn at_rest(&self, committed: u64) -> bool {
         self.running.is_none()
             && self.queue.is_empty()
-            && self.plan.is_none()
             && self.held.is_empty()
             && self.record_written <= committed
             && self.feed.as_ref().is_none_or(|tx| tx.receiver_count() == 0)
@@ -295,6 +342,8 @@ impl Session {
             next_seq,
             tail: last_turn,
             pending,
+            plan,
+            run_start,
         } = Logged::read(&record, events);
         Session {
             id: id.into(),
@@ -313,7 +362,8 @@ impl Session {
                 tail: last_turn,
                 held: Vec::new(),
                 coalescer: None,
-                plan: None,
+                plan,
+                run_start,
                 deleted: false,
                 diverged: false,
                 record_written: 0,
@@ -375,6 +425,8 @@ impl Session {
             st.next_seq = logged.next_seq;
             st.tail = logged.tail;
             st.pending = logged.pending;
+            st.plan = logged.plan;
+            st.run_start = logged.run_start;
             st.held.clear();
             st.diverged = false;
         };
@@ -471,6 +523,9 @@ impl Session {
         ));
         let ticket = store.append(&self.id, &ev);
         st.history.apply(&ev.body);
+        if starts_run(&ev.body) {
+            st.run_start = ev.seq;
+        }
         st.held.push((ticket, ev.clone()));
         Some(ev)
     }
@@ -603,6 +658,11 @@ impl Session {
         v
     }
 
+    /// The seq of the first event of the current (or last) run (0: none yet).
+    pub fn run_start(&self) -> u64 {
+        self.lock().run_start
+    }
+
     /// The plan waiting for approval, if any.
     pub fn pending_plan(&self) -> Option<String> {
         self.lock().plan.as_ref().map(|p| p.plan.clone())
@@ -693,6 +753,31 @@ struct Logged {
     /// The last turn's events.
     tail: Vec<Arc<Event>>,
     pending: Vec<Pending>,
+    plan: Option<PlanWait>,
+    run_start: u64,
+}
+
+/// Whether an event starts a run (a `user.message` that is not a plan decision).
+fn starts_run(body: &EventBody) -> bool {
+    matches!(body, EventBody::UserMessage { content, .. } if PlanDecision::of_content(content).is_none())
+}
+
+/// The plan a turn ended on: its last message, when it is a plan and the turn completed.
+fn waiting_plan(turn: &[Arc<Event>]) -> Option<PlanWait> {
+    if !matches!(
+        turn.last().map(|e| &e.body),
+        Some(EventBody::TurnCompleted { .. })
+    ) {
+        return None;
+    }
+    turn.iter().rev().find_map(|e| match &e.body {
+        EventBody::AgentMessage { content, plan } if !content.is_empty() => {
+            Some(plan.then(|| PlanWait {
+                plan: content.clone(),
+            }))
+        }
+        _ => None,
+    })?
 }
 
 impl Logged {
@@ -700,20 +785,27 @@ impl Logged {
         let mut history = Projector::with_seed(&record.seed);
         let mut next_seq = 0;
         let mut tail: Vec<Arc<Event>> = Vec::new();
+        let mut run_start = 0;
         for ev in events {
             history.apply(&ev.body);
             next_seq = ev.seq;
+            if starts_run(&ev.body) {
+                run_start = ev.seq;
+            }
             if matches!(ev.body, EventBody::UserMessage { .. }) {
                 tail.clear();
             }
             tail.push(Arc::new(ev));
         }
         let pending = pending_calls(&tail, record);
+        let plan = waiting_plan(&tail);
         Logged {
             history,
             next_seq,
             tail,
             pending,
+            plan,
+            run_start,
         }
     }
 }

@@ -24,6 +24,12 @@ use crate::sync::lock;
 use crate::tools::{CallContext, ToolOutput};
 use crate::upstream::{DeltaSink, ModelOutput, ModelRequest};
 
+/// The result of a call the session waited on when a new message went on without its answer.
+pub const NOT_ANSWERED: &str = "Not answered: the session went on with a new message.";
+
+/// What the model is told when `turn_timeout_s` has passed (its last call has no tools).
+const WRAP_UP: &str = "The time for this task is up. Do not call tools. Conclude now: say briefly what was done, what was found, and what is left undone.";
+
 /// How many server tool calls of one step run at once.
 const TOOL_PARALLELISM: usize = 8;
 
@@ -143,6 +149,7 @@ struct Turn {
     sink: Option<super::watch::WatcherSink>,
     interactive: bool,
     usage: Usage,
+    /// Whether a model call has answered (its usage counted).
     model_called: bool,
     /// Whether the turn has said anything (a non-empty `agent.message`).
     said: bool,
@@ -154,6 +161,10 @@ struct Turn {
     asked: Vec<super::session::AskedCall>,
     /// Instructions for the model that are not history (plan mode), after the history.
     extra: Vec<Message>,
+    /// The turn proposed a plan (which waits for a decision if the turn completes).
+    proposed: bool,
+    /// Text was streamed since the last stored event (a call cut off must retract it).
+    streamed: std::sync::atomic::AtomicBool,
     /// Attached files as the model sees them, read once per turn.
     inlined: HashMap<String, Vec<crate::message::Block>>,
     /// The watcher shows streamed text as it comes and cannot take it back (AAP `delta`).
@@ -183,11 +194,12 @@ pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
     // Counted among the running turns until this task ends.
     let _slot = slot.unwrap_or_else(|| super::RunSlot::take(inner.running_turns()));
     let session_agent = session.record().agent.clone();
-    let timeout = inner
+    let (timeout, wrap_up) = inner
         .config
         .agent(&session_agent)
-        .map(|a| a.turn_timeout)
-        .unwrap_or(Duration::from_secs(3600));
+        .map_or((Duration::from_secs(3600), Duration::from_secs(60)), |a| {
+            (a.turn_timeout, a.wrap_up)
+        });
     let mut turn = Turn {
         inner,
         session,
@@ -201,6 +213,8 @@ pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
         stop_on: Vec::new(),
         asked: Vec::new(),
         extra: Vec::new(),
+        proposed: false,
+        streamed: Default::default(),
         inlined: HashMap::new(),
         irrevocable,
         flusher: Default::default(),
@@ -210,14 +224,19 @@ pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
             std::time::Instant::now(),
         ),
     };
-    let result = tokio::select! {
+    let timed_out = Err(End::Failed(FailReason::Timeout, String::new()));
+    let mut result = tokio::select! {
         r = turn.body(input, answering, plan, max_steps) => r,
         _ = control.token.cancelled() => Err(End::Stopped),
-        _ = tokio::time::sleep(timeout) => Err(End::Failed(
-            FailReason::Timeout,
-            format!("the turn ran longer than turn_timeout_s ({} s)", timeout.as_secs()),
-        )),
+        _ = tokio::time::sleep(timeout) => timed_out,
     };
+    if matches!(result, Err(End::Failed(FailReason::Timeout, ref m)) if m.is_empty()) {
+        // Spec 003: a turn that can stop normally when its time is up does.
+        result = tokio::select! {
+            r = turn.wrap_up(timeout, wrap_up) => r,
+            _ = control.token.cancelled() => Err(End::Stopped),
+        };
+    }
     if let Some(flusher) = lock(&turn.flusher).take() {
         flusher.abort();
     }
@@ -225,7 +244,86 @@ pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
 }
 
 impl Turn {
+    /// `turn_timeout_s` has passed: the calls still running are answered `Cancelled.`, text
+    /// streamed by a model call cut off is retracted, and the model gets one last call, with no
+    /// tools, asked to conclude, within `wrap_up_s`. The turn then ends as that call does; it
+    /// fails `timeout` only if the call fails or does not answer in time.
+    async fn wrap_up(&mut self, timeout: Duration, within: Duration) -> Result<StopReason, End> {
+        let failed = |why: String| {
+            End::Failed(
+                FailReason::Timeout,
+                format!(
+                    "the turn ran longer than turn_timeout_s ({} s) and could not wrap up: {why}",
+                    timeout.as_secs()
+                ),
+            )
+        };
+        tracing::info!(turn = %self.turn_id, timeout_s = timeout.as_secs(), "turn_timeout_s passed: the turn wraps up");
+        if self
+            .streamed
+            .swap(false, std::sync::atomic::Ordering::Relaxed)
+        {
+            self.emit(EventBody::AgentMessage {
+                content: String::new(),
+                plan: false,
+            });
+        }
+        for id in std::mem::take(&mut self.open) {
+            self.emit_result(&id, ToolOutput::error("Cancelled."));
+        }
+        // What the turn stopped on (calls for the client) stays for the client: only a turn
+        // that was still running reaches here, with none.
+        self.stop_on.clear();
+        self.asked.clear();
+        let record = self.session.record();
+        let config = self.inner.config.clone();
+        let Some(agent) = config.agent(&record.agent) else {
+            return Err(failed("the session's agent is no longer configured".into()));
+        };
+        self.extra = vec![Message::User {
+            content: crate::message::Content::Text(WRAP_UP.into()),
+        }];
+        let req = self.request(agent, &record, Vec::new(), false);
+        let out = match tokio::time::timeout(within, self.call_model(&req, false)).await {
+            Ok(Ok(out)) => out,
+            Ok(Err(End::Failed(_, why))) => return Err(failed(why)),
+            Ok(Err(end)) => return Err(end),
+            Err(_) => {
+                if self
+                    .streamed
+                    .swap(false, std::sync::atomic::Ordering::Relaxed)
+                {
+                    self.emit(EventBody::AgentMessage {
+                        content: String::new(),
+                        plan: false,
+                    });
+                }
+                return Err(failed(format!(
+                    "the last model call did not answer within wrap_up_s ({} s)",
+                    within.as_secs()
+                )));
+            }
+        };
+        self.usage.add(out.usage);
+        if !out.text.is_empty() {
+            self.emit(EventBody::AgentMessage {
+                content: out.text.clone(),
+                plan: false,
+            });
+        }
+        match out.stop {
+            crate::upstream::ModelStop::MaxTokens => Ok(StopReason::MaxTokens),
+            crate::upstream::ModelStop::Refusal => Ok(StopReason::Refusal),
+            _ if out.text.trim().is_empty() => {
+                Err(failed("the model's last call said nothing".into()))
+            }
+            _ => Ok(StopReason::EndTurn),
+        }
+    }
+
     fn emit(&mut self, body: EventBody) -> Option<Arc<Event>> {
+        self.streamed
+            .store(false, std::sync::atomic::Ordering::Relaxed);
         match &body {
             EventBody::ToolUse { tool_use_id, .. } => self.open.push(tool_use_id.clone()),
             EventBody::ToolResult { tool_use_id, .. } => self.open.retain(|id| id != tool_use_id),
@@ -297,6 +395,18 @@ impl Turn {
             self.session.close_open_locked(&mut st, store, reason, why);
         }
         self.emit(user_message(&input));
+        let input_kind = match &input {
+            TurnInput::User { content, .. } => super::session::PlanDecision::of_content(content),
+            TurnInput::Resume { .. } => None,
+        };
+        if let TurnInput::User { .. } = &input {
+            // Calls the session still waits on (the last turn stopped on them, before or after
+            // this message was sent): the session went on without their answers.
+            let open = std::mem::take(&mut self.session.lock().pending);
+            for p in open {
+                self.emit_result(&p.call_id, ToolOutput::error(NOT_ANSWERED));
+            }
+        }
         if let TurnInput::Resume {
             results,
             permissions,
@@ -318,10 +428,15 @@ impl Turn {
         })?;
         // The operator's budget is a ceiling: a request may ask for fewer steps, never more.
         let max_steps = max_steps.map_or(agent.max_steps, |m| m.min(agent.max_steps));
-        let mut step = 0;
         if plan {
-            step = self.plan(agent, max_steps).await?;
+            // A plan turn (a run's first, or after a rejection) ends with its plan.
+            let rejected = matches!(
+                &input_kind,
+                Some(super::session::PlanDecision::Reject { .. })
+            );
+            return self.plan(agent, !rejected).await;
         }
+        let mut step = 0;
         while step < max_steps {
             step += 1;
             let record = self.session.record();
@@ -424,77 +539,49 @@ impl Turn {
                 return Ok(StopReason::ToolUse);
             }
         }
-        // Only reached when plan mode spent the whole budget.
+        // Only reached with a budget of no steps.
         Ok(StopReason::MaxSteps)
     }
 
-    /// Plan mode: ask for a plan with no tools offered, log it (`agent.message`, `plan: true`),
-    /// and wait for the client: confirmed, the plan (or its edit) goes into the context; rejected,
-    /// the reason does and another plan is asked for. Returns the model calls spent.
+    /// Plan mode: ask for a plan with no tools offered and log it (`agent.message`, `plan:
+    /// true`); the turn then ends (`end_turn`) and the session waits for the decision, which
+    /// starts the next turn (see `Engine::decide_plan`). The history then carries the decision:
+    /// a confirmation (its edits replacing the plan), or a rejection with its reason, which asks
+    /// for another plan. `first`: the run's first plan (asked for here; a rejection asks itself).
     async fn plan(
         &mut self,
         agent: &crate::config::AgentConfig,
-        max_steps: u32,
-    ) -> Result<u32, End> {
-        let mut steps = 0;
-        self.extra = vec![Message::User {
-            content: crate::message::Content::Text(
-                "Before doing anything, propose a short, numbered plan for this goal. Do not call tools yet; the plan will be reviewed first.".into(),
-            ),
-        }];
-        loop {
-            if steps >= max_steps {
-                return Err(End::Failed(
-                    FailReason::EmptyOutput,
-                    "the step budget was spent on plans that were not approved".into(),
-                ));
-            }
-            steps += 1;
-            let record = self.session.record();
-            self.prepare_attachments().await;
-            let req = self.request(agent, &record, Vec::new(), false);
-            let out = self.call_model(&req, false).await?;
-            self.usage.add(out.usage);
-            if out.text.trim().is_empty() {
-                return Err(End::Failed(
-                    FailReason::EmptyOutput,
-                    "the model proposed no plan".into(),
-                ));
-            }
-            // The wait is in place before anyone can see the plan, so a client that answers
-            // `plan_proposed` at once finds it.
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            self.session.lock().plan = Some(super::session::PlanWait {
-                plan: out.text.clone(),
-                decide: Some(tx),
-            });
-            self.emit(EventBody::AgentMessage {
-                content: out.text.clone(),
-                plan: true,
-            });
-            self.sync().await?;
-            let decision = rx.await.map_err(|_| End::Stopped)?;
-            self.session.lock().plan = None;
-            match decision {
-                super::session::PlanDecision::Confirm { edits } => {
-                    let plan = edits.unwrap_or(out.text);
-                    self.extra = vec![Message::User {
-                        content: crate::message::Content::Text(format!(
-                            "The plan is approved. Carry it out now, using tools as needed.\n\nPlan:\n{plan}"
-                        )),
-                    }];
-                    return Ok(steps);
-                }
-                super::session::PlanDecision::Reject { reason } => {
-                    let why = reason.map(|r| format!(": {r}")).unwrap_or_default();
-                    self.extra.push(Message::User {
-                        content: crate::message::Content::Text(format!(
-                            "The plan was rejected{why}. Propose a new plan; do not call tools yet."
-                        )),
-                    });
-                }
-            }
+        first: bool,
+    ) -> Result<StopReason, End> {
+        if first {
+            self.extra = vec![Message::User {
+                content: crate::message::Content::Text(
+                    "Before doing anything, propose a short, numbered plan for this goal. Do not call tools yet; the plan will be reviewed first.".into(),
+                ),
+            }];
         }
+        let record = self.session.record();
+        self.prepare_attachments().await;
+        let req = self.request(agent, &record, Vec::new(), false);
+        let out = self.call_model(&req, false).await?;
+        self.usage.add(out.usage);
+        if out.text.trim().is_empty() {
+            return Err(End::Failed(
+                FailReason::EmptyOutput,
+                "the model proposed no plan".into(),
+            ));
+        }
+        // The plan waits before anyone can see it, so a client that answers `plan_proposed`
+        // at once finds it (its decision's turn then queues behind the end of this one).
+        self.session.lock().plan = Some(super::session::PlanWait {
+            plan: out.text.clone(),
+        });
+        self.proposed = true;
+        self.emit(EventBody::AgentMessage {
+            content: out.text,
+            plan: true,
+        });
+        Ok(StopReason::EndTurn)
     }
 
     /// Log the result of every call the last turn stopped on: the client's results, the
@@ -669,7 +756,6 @@ impl Turn {
         let retries = self.inner.config.upstream.retries;
         let mut attempt = 0;
         loop {
-            self.model_called = true;
             let metered = crate::metrics::upstream(self.inner.provider.name(), &req.model);
             let sent = std::time::Instant::now();
             let feed = FragmentFeed {
@@ -680,6 +766,7 @@ impl Turn {
             };
             let mut deltas = Deltas {
                 sink: self.sink.as_ref(),
+                streamed: &self.streamed,
                 feed: &feed,
                 thinking,
                 streamed_text: false,
@@ -712,7 +799,11 @@ impl Turn {
             metered.call(sent, deltas.first_at, result.as_ref().ok().map(|o| o.usage));
             let kept = deltas.kept.take().filter(|t| !t.is_empty());
             match result {
-                Ok(out) => return Ok(out),
+                Ok(out) => {
+                    // A terminal event's usage is `null` until a model call has answered.
+                    self.model_called = true;
+                    return Ok(out);
+                }
                 Err(e) => {
                     if let Some(text) = kept {
                         // The watcher already shows this text and cannot take it back: the log
@@ -786,6 +877,7 @@ impl Turn {
         let store = &self.inner.store;
         // After a failed commit the terminal event is not written with the rest: it would go
         // into the log after a hole, perhaps with no start of its turn before it.
+        let completed = matches!(terminal, EventBody::TurnCompleted { .. });
         let lost = self.session.lost_writes(store);
         if !lost {
             let mut st = self.session.lock();
@@ -821,7 +913,10 @@ impl Turn {
                 st.running = None;
             }
             st.coalescer = None;
-            st.plan = None;
+            if self.proposed && !completed {
+                // A plan whose turn did not complete waits for nothing.
+                st.plan = None;
+            }
             let mut published = self.session.publish_durable_locked(&mut st, store);
             if let Some(copy) = copy {
                 let why = flushed.err().map_or_else(
@@ -980,6 +1075,8 @@ async fn overlapped<T>(
 /// subscribers.
 struct Deltas<'a> {
     sink: Option<&'a super::watch::WatcherSink>,
+    /// Set when text is streamed (the turn's [`Turn::streamed`]).
+    streamed: &'a std::sync::atomic::AtomicBool,
     feed: &'a FragmentFeed<'a>,
     thinking: bool,
     streamed_text: bool,
@@ -1072,6 +1169,8 @@ impl DeltaSink for Deltas<'_> {
     fn text(&mut self, fragment: &str) {
         if !fragment.is_empty() {
             self.streamed_text = true;
+            self.streamed
+                .store(true, std::sync::atomic::Ordering::Relaxed);
             if let Some(kept) = self.kept.as_mut() {
                 kept.push_str(fragment);
             }

@@ -17,16 +17,8 @@ pub fn to_output(result: CallToolResult) -> ToolOutput {
         }
     }
     if let Some(structured) = &result.structured_content {
-        let text = structured.to_string();
-        let already = blocks.iter().any(|b| {
-            b["type"] == "text"
-                && b["text"]
-                    .as_str()
-                    .and_then(|t| serde_json::from_str::<Value>(t).ok())
-                    .is_some_and(|v| &v == structured)
-        });
-        if !already {
-            blocks.push(json!({"type": "text", "text": text}));
+        if !mirrored(&blocks, structured) {
+            blocks.push(json!({"type": "text", "text": structured.to_string()}));
         }
     }
     let content = match blocks.as_slice() {
@@ -38,6 +30,42 @@ pub fn to_output(result: CallToolResult) -> ToolOutput {
         content,
         is_error: result.is_error.unwrap_or(false),
         files: vec![],
+    }
+}
+
+/// Whether the text blocks already say what `structured` says, so that the model need not be
+/// sent it twice (MCP asks servers to put the serialization of their structured content in a
+/// text block, for clients that read only text). They do when the text blocks, joined, parse
+/// as JSON equal to it (one block, or a serialization split over several), or when one block
+/// does; and when `structured` is `{"result": x}` (the wrapping SDKs such as FastMCP give a
+/// tool that returns a plain value) and the joined text is `x` itself or parses as it.
+fn mirrored(blocks: &[Value], structured: &Value) -> bool {
+    let texts: Vec<&str> = blocks
+        .iter()
+        .filter(|b| b["type"] == "text")
+        .filter_map(|b| b["text"].as_str())
+        .collect();
+    if texts.is_empty() {
+        return false;
+    }
+    let joined = texts.concat();
+    let parsed = serde_json::from_str::<Value>(joined.trim()).ok();
+    if parsed.as_ref() == Some(structured) {
+        return true;
+    }
+    if texts
+        .iter()
+        .any(|t| serde_json::from_str::<Value>(t.trim()).ok().as_ref() == Some(structured))
+    {
+        return true;
+    }
+    match structured.as_object() {
+        Some(obj) if obj.len() == 1 => match obj.get("result") {
+            Some(Value::String(s)) => *s == joined,
+            Some(v) => parsed.as_ref() == Some(v),
+            None => false,
+        },
+        _ => false,
     }
 }
 
@@ -121,6 +149,44 @@ mod tests {
             ])
         );
         assert!(!out.is_error);
+    }
+
+    #[test]
+    fn structured_content_reaches_the_model_once() {
+        // A plain value wrapped as {"result": ...} beside its text.
+        let out = to_output(result(json!({
+            "content": [{"type": "text", "text": "flooded 96 MiB"}],
+            "structuredContent": {"result": "flooded 96 MiB"}
+        })));
+        assert_eq!(out.content, json!("flooded 96 MiB"));
+        let out = to_output(result(json!({
+            "content": [{"type": "text", "text": "42"}],
+            "structuredContent": {"result": 42}
+        })));
+        assert_eq!(out.content, json!("42"));
+        // A serialization split over two text blocks.
+        let out = to_output(result(json!({
+            "content": [{"type": "text", "text": "{\"a\": 1,"}, {"type": "text", "text": " \"b\": 2}"}],
+            "structuredContent": {"a": 1, "b": 2}
+        })));
+        assert_eq!(
+            out.content,
+            json!([{"type": "text", "text": "{\"a\": 1,"}, {"type": "text", "text": " \"b\": 2}"}])
+        );
+        // Text that says something else: the structured form goes too.
+        let out = to_output(result(json!({
+            "content": [{"type": "text", "text": "done"}],
+            "structuredContent": {"sum": 5}
+        })));
+        assert_eq!(
+            out.content,
+            json!([{"type": "text", "text": "done"}, {"type": "text", "text": "{\"sum\":5}"}])
+        );
+        let out = to_output(result(json!({
+            "content": [{"type": "text", "text": "other"}],
+            "structuredContent": {"result": "flooded"}
+        })));
+        assert_eq!(out.content.as_array().map(Vec::len), Some(2));
     }
 
     #[test]

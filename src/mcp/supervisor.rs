@@ -202,11 +202,16 @@ impl Supervisor {
             Ok(Err(e)) => {
                 ToolOutput::error(format!("MCP server {} failed the call: {e}", self.name))
             }
-            Err(_) => ToolOutput::error(format!(
-                "MCP server {}: tool {tool} did not answer within {} s (timeout_s)",
-                self.name,
-                self.timeout.as_secs()
-            )),
+            // Spec 003: a call cut short gets "Cancelled."; why goes to the log, not the model.
+            Err(_) => {
+                tracing::warn!(
+                    server = %self.name,
+                    tool,
+                    timeout_s = self.timeout.as_secs(),
+                    "an MCP tool call did not answer within its timeout_s: cancelled"
+                );
+                ToolOutput::error("Cancelled.")
+            }
         }
     }
 

@@ -83,9 +83,14 @@ fn finish(body: &EventBody) -> (&'static str, &'static str) {
     }
 }
 
-/// Turns a run's events into run-stream events, counting model steps.
+/// Turns a run's events into run-stream events, counting model steps. A run in plan mode spans
+/// turns: the plan's turn ends with its plan (no `done`: the run waits), and the decision's
+/// turn (its `user.message` carries a `plan_decision` block, shown as a user `message`) goes on
+/// the same run.
 #[derive(Default)]
 pub struct RunRenderer {
+    /// The last turn ended on a plan that waits for a decision.
+    awaiting_plan: bool,
     step: u32,
     /// Whether the current step has shown anything yet (a new step starts after tool results).
     in_step: bool,
@@ -119,10 +124,20 @@ impl RunRenderer {
                 vec![]
             }
             Feed::Event(ev) => match &ev.body {
-                EventBody::UserMessage { .. } => {
-                    *self = RunRenderer::default();
-                    vec![]
-                }
+                EventBody::UserMessage { content, .. } => match PlanDecision::of_content(content) {
+                    Some(decision) => {
+                        self.awaiting_plan = false;
+                        self.in_step = false;
+                        vec![(
+                            "message",
+                            json!({"role": "user", "content": [decision.block()]}),
+                        )]
+                    }
+                    None => {
+                        *self = RunRenderer::default();
+                        vec![]
+                    }
+                },
                 EventBody::AgentThinking { .. } => {
                     self.enter_step();
                     vec![]
@@ -132,6 +147,7 @@ impl RunRenderer {
                     if *plan {
                         // The next model call (after the decision) is a new step.
                         self.in_step = false;
+                        self.awaiting_plan = true;
                         vec![("plan_proposed", json!({ "plan": content }))]
                     } else if content.is_empty() {
                         vec![]
@@ -158,6 +174,7 @@ impl RunRenderer {
                     let name = self.names.get(tool_use_id).cloned().unwrap_or_default();
                     vec![("tool_result", json!({"name": name, "success": !is_error}))]
                 }
+                EventBody::TurnCompleted { .. } if self.awaiting_plan => vec![],
                 body => {
                     let (reason, _) = finish(body);
                     let mut out = Vec::new();
@@ -312,10 +329,8 @@ pub async fn session_run(
 /// `GET /sessions/{id}/events`: the current (or last) run from its first event, then live.
 pub async fn events(app: &App, caller: &Caller, id: &str) -> Result<Response, ApiError> {
     let session = app.engine.session(caller.owner.as_deref(), id).await?;
-    let start = session
-        .tail()
-        .first()
-        .map_or(0, |e| e.seq.saturating_sub(1));
+    // The run's first turn on (a plan decision's turn goes on its plan's run).
+    let start = session.run_start().saturating_sub(1);
     let follow = Follow::stream(&app.engine, session, start).await?;
     let state = (follow, RunRenderer::default());
     let events = futures_util::stream::unfold(state, |(mut follow, mut renderer)| async move {
@@ -343,11 +358,12 @@ pub async fn confirm(
 ) -> Result<Response, ApiError> {
     let session = app.engine.session(caller.owner.as_deref(), id).await?;
     let body: Confirm = body::json(req.into_body(), limit(app)).await?;
-    app.engine
+    let turn_id = app
+        .engine
         .decide_plan(&session, PlanDecision::Confirm { edits: body.edits })?;
     Ok(json_response(
         StatusCode::OK,
-        &json!({"status": "confirmed"}),
+        &json!({"status": "confirmed", "turn_id": turn_id}),
     ))
 }
 
@@ -360,7 +376,7 @@ pub async fn reject(
 ) -> Result<Response, ApiError> {
     let session = app.engine.session(caller.owner.as_deref(), id).await?;
     let body: Reject = body::json(req.into_body(), limit(app)).await?;
-    app.engine.decide_plan(
+    let turn_id = app.engine.decide_plan(
         &session,
         PlanDecision::Reject {
             reason: body.reason,
@@ -368,7 +384,7 @@ pub async fn reject(
     )?;
     Ok(json_response(
         StatusCode::OK,
-        &json!({"status": "rejected"}),
+        &json!({"status": "rejected", "turn_id": turn_id}),
     ))
 }
 

@@ -278,9 +278,10 @@ pub async fn history(
     let kind = match query_param(req, "type").as_deref() {
         Some("full") => "full",
         Some("compacted") => "compacted",
+        // AAP: a history type the agent does not declare in its capabilities is not found.
         Some(other) => {
-            return Err(ApiError::bad_request(format!(
-                "type must be \"full\" or \"compacted\", not {other:?}"
+            return Err(ApiError::not_found(format!(
+                "no history of type {other:?}: the capabilities declare \"full\" and \"compacted\""
             )))
         }
         None => {
