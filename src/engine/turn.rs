@@ -1036,7 +1036,9 @@ pub(crate) fn next_queued(
                 q.job.sink.as_ref(),
                 session.publish_durable_locked(st, store),
             );
-            crate::metrics::turns(&session.record().agent)
+            // `st` is the session's state under its lock: read the agent from it, not through
+            // `session.record()` (which takes the lock again).
+            crate::metrics::turns(&st.record.agent)
                 .ended(crate::metrics::TurnOutcome::Cancelled, None);
             continue;
         }
