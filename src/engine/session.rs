@@ -470,7 +470,7 @@ impl Session {
             body,
         ));
         let ticket = store.append(&self.id, &ev);
-        st.history.apply(&ev.body);
+        st.history.apply_event(&ev);
         st.held.push((ticket, ev.clone()));
         Some(ev)
     }
@@ -650,12 +650,22 @@ impl Session {
         self.lock().history.attached_files()
     }
 
-    /// The history for the model: attached files inlined by `inline`.
+    /// The compacted history (AAP `history?type=compacted`): what the model is sent next.
+    pub fn compacted_history(&self) -> Vec<Message> {
+        self.lock().history.compacted(None)
+    }
+
+    /// What a compaction could replace now.
+    pub fn compactable(&self) -> super::history::Compactable {
+        self.lock().history.compactable()
+    }
+
+    /// The history for the model (compacted): attached files inlined by `inline`.
     pub fn model_history(
         &self,
         inline: &dyn Fn(&crate::log::FileRef) -> Option<Vec<crate::message::Block>>,
     ) -> Vec<Message> {
-        self.lock().history.messages_inlined(inline)
+        self.lock().history.compacted(Some(inline))
     }
 
     pub fn pending(&self) -> Vec<Pending> {
@@ -701,7 +711,7 @@ impl Logged {
         let mut next_seq = 0;
         let mut tail: Vec<Arc<Event>> = Vec::new();
         for ev in events {
-            history.apply(&ev.body);
+            history.apply_event(&ev);
             next_seq = ev.seq;
             if matches!(ev.body, EventBody::UserMessage { .. }) {
                 tail.clear();
