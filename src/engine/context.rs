@@ -43,9 +43,9 @@ const KNOWN: &[(&str, u32)] = &[
 /// The window when neither the config nor the table knows better.
 pub const DEFAULT_WINDOW: u32 = 128_000;
 
-/// The context window of `model`: the known model's (matched on its name without a
-/// `provider/` prefix, case-insensitively), else [`DEFAULT_WINDOW`].
-pub fn known_window(model: &str) -> u32 {
+/// The context window of a known `model` (matched on its name without a `provider/` prefix,
+/// case-insensitively).
+pub fn known_window(model: &str) -> Option<u32> {
     let name = model
         .rsplit('/')
         .next()
@@ -55,12 +55,18 @@ pub fn known_window(model: &str) -> u32 {
         .iter()
         .filter(|(prefix, _)| name.starts_with(prefix))
         .max_by_key(|(prefix, _)| prefix.len())
-        .map_or(DEFAULT_WINDOW, |(_, n)| *n)
+        .map(|(_, n)| *n)
 }
 
-/// The window the agent's requests must fit: `[agents.X] context_tokens`, else the model's.
-pub fn window(configured: Option<u32>, model: &str) -> u64 {
-    u64::from(configured.unwrap_or_else(|| known_window(model)))
+/// The window the agent's requests must fit: `[agents.X] context_tokens`, else the known
+/// model's, else [`DEFAULT_WINDOW`]; and whether it is known (configured or in the table). A
+/// guessed window is compacted to, but a request over it still goes upstream (the model's
+/// window may be larger; its own error says if not).
+pub fn window(configured: Option<u32>, model: &str) -> (u64, bool) {
+    match configured.or_else(|| known_window(model)) {
+        Some(n) => (u64::from(n), true),
+        None => (u64::from(DEFAULT_WINDOW), false),
+    }
 }
 
 /// Bytes per token the estimate starts from.
@@ -122,21 +128,28 @@ pub fn request_bytes(req: &ModelRequest) -> usize {
 
 /// Where to cut: the fewest leading messages to compact so that `fixed` plus the messages left
 /// come under `target` (all in bytes), choosing among `cuts` (indices where a message may be
-/// the first one kept, ascending, each > 0). `None`: there is nothing to cut.
-pub fn choose_cut(sizes: &[usize], cuts: &[usize], fixed: usize, target: usize) -> Option<usize> {
+/// the first one kept, ascending, each > 0, each marked when a user message starts there).
+/// Whole exchanges go first: a cut before a user message is preferred to one before an
+/// assistant message (which would keep an answer without its question); when no cut reaches
+/// the target, as much as may go. `None`: there is nothing to cut.
+pub fn choose_cut(
+    sizes: &[usize],
+    cuts: &[(usize, bool)],
+    fixed: usize,
+    target: usize,
+) -> Option<usize> {
     let total: usize = sizes.iter().sum();
-    let mut best = None;
-    for &cut in cuts {
-        if cut == 0 || cut > sizes.len() {
-            continue;
-        }
-        best = Some(cut);
-        let left: usize = total - sizes[..cut].iter().sum::<usize>();
-        if fixed + left <= target {
-            break;
-        }
-    }
-    best
+    let fits = |cut: usize| fixed + total - sizes[..cut].iter().sum::<usize>() <= target;
+    let valid = || {
+        cuts.iter()
+            .copied()
+            .filter(|&(cut, _)| cut > 0 && cut <= sizes.len())
+    };
+    valid()
+        .find(|&(cut, user)| user && fits(cut))
+        .or_else(|| valid().find(|&(cut, _)| fits(cut)))
+        .or_else(|| valid().next_back())
+        .map(|(cut, _)| cut)
 }
 
 /// The instructions of a summary call.
@@ -235,14 +248,15 @@ mod tests {
 
     #[test]
     fn known_models_have_their_window_else_the_default() {
-        assert_eq!(known_window("gpt-4o-mini"), 128_000);
-        assert_eq!(known_window("gpt-4.1-nano"), 1_047_576);
-        assert_eq!(known_window("openai/gpt-5-mini"), 400_000);
-        assert_eq!(known_window("claude-sonnet-4-5"), 200_000);
-        assert_eq!(known_window("Qwen3-32B"), 40_960);
-        assert_eq!(known_window("o4-mini"), 200_000);
-        assert_eq!(known_window("fake-model"), DEFAULT_WINDOW);
-        assert_eq!(window(Some(2000), "gpt-5"), 2000);
+        assert_eq!(known_window("gpt-4o-mini"), Some(128_000));
+        assert_eq!(known_window("gpt-4.1-nano"), Some(1_047_576));
+        assert_eq!(known_window("openai/gpt-5-mini"), Some(400_000));
+        assert_eq!(known_window("claude-sonnet-4-5"), Some(200_000));
+        assert_eq!(known_window("Qwen3-32B"), Some(40_960));
+        assert_eq!(known_window("o4-mini"), Some(200_000));
+        assert_eq!(window(None, "fake-model"), (128_000, false));
+        assert_eq!(window(None, "gpt-5"), (400_000, true));
+        assert_eq!(window(Some(2000), "gpt-5"), (2000, true));
     }
 
     #[test]
@@ -262,12 +276,20 @@ mod tests {
     #[test]
     fn the_cut_is_the_first_that_leaves_the_rest_under_target() {
         let sizes = [100, 100, 100, 100, 100];
-        assert_eq!(choose_cut(&sizes, &[1, 2, 3, 4], 0, 250), Some(3));
-        assert_eq!(choose_cut(&sizes, &[2, 4], 0, 350), Some(2));
+        let all = |v: &[usize]| v.iter().map(|&c| (c, true)).collect::<Vec<_>>();
+        assert_eq!(choose_cut(&sizes, &all(&[1, 2, 3, 4]), 0, 250), Some(3));
+        assert_eq!(choose_cut(&sizes, &all(&[2, 4]), 0, 350), Some(2));
+        assert_eq!(choose_cut(&sizes, &all(&[2, 4]), 60, 350), Some(4));
+        // A user message's start is preferred to an assistant's.
+        let mixed = [(1, false), (2, true), (3, false), (4, true)];
+        assert_eq!(choose_cut(&sizes, &mixed, 0, 350), Some(2));
+        assert_eq!(choose_cut(&sizes, &mixed, 0, 250), Some(4));
+        let mixed = [(1, true), (3, false)];
+        assert_eq!(choose_cut(&sizes, &mixed, 0, 250), Some(3));
         // Nothing is enough: as much as may go.
-        assert_eq!(choose_cut(&sizes, &[1, 2], 0, 10), Some(2));
+        assert_eq!(choose_cut(&sizes, &all(&[1, 2]), 0, 10), Some(2));
         assert_eq!(choose_cut(&sizes, &[], 0, 10), None);
-        assert_eq!(choose_cut(&sizes, &[0], 0, 10), None);
+        assert_eq!(choose_cut(&sizes, &all(&[0]), 0, 10), None);
     }
 
     #[test]

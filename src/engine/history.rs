@@ -16,6 +16,9 @@ use serde_json::Value;
 use crate::log::{Event, EventBody, FileRef};
 use crate::message::{Block, Content, Message};
 
+/// Gives an attached file as the model sees it (its content), or `None` to keep its line.
+pub type Inline<'a> = dyn Fn(&FileRef) -> Option<Vec<Block>> + 'a;
+
 /// Folds events into history messages.
 #[derive(Debug, Clone, Default)]
 pub struct Projector {
@@ -43,6 +46,8 @@ pub struct Projector {
 #[derive(Debug, Clone)]
 struct Cut {
     at: usize,
+    /// A user message starts here (else an assistant message).
+    user: bool,
     before: String,
     first: String,
 }
@@ -55,9 +60,10 @@ pub struct Compactable {
     pub summary: Option<String>,
     /// The messages after the last compaction (an unfinished assistant message included).
     pub messages: Vec<Message>,
-    /// Indices in `messages` where the kept part may start, ascending, each with the id of the
-    /// last event a compaction ending there replaces. Never past the current turn's start.
-    pub cuts: Vec<(usize, String)>,
+    /// Indices in `messages` where the kept part may start, ascending, each with whether a
+    /// user message starts there and the id of the last event a compaction ending there
+    /// replaces. Never past the current turn's start.
+    pub cuts: Vec<(usize, bool, String)>,
     /// The id of the first event not yet compacted.
     pub first_id: Option<String>,
 }
@@ -118,10 +124,11 @@ impl Projector {
     }
 
     /// Note that message `at` begins with event `id`: a place where a compaction may end.
-    fn cut_here(&mut self, id: Option<&str>, at: usize) {
+    fn cut_here(&mut self, id: Option<&str>, at: usize, user: bool) {
         if let (Some(id), Some(before)) = (id, &self.last_id) {
             self.cuts.push(Cut {
                 at,
+                user,
                 before: before.clone(),
                 first: id.to_string(),
             });
@@ -141,7 +148,7 @@ impl Projector {
                 self.turn_output = false;
                 let content = user_content(content);
                 if content.is_some() || !files.is_empty() {
-                    self.cut_here(id, self.messages.len());
+                    self.cut_here(id, self.messages.len(), true);
                 }
                 if files.is_empty() {
                     if let Some(content) = content {
@@ -219,7 +226,7 @@ impl Projector {
     /// An assistant message begins with this event, unless one is open already.
     fn assistant_begins(&mut self, id: Option<&str>) {
         if self.assistant.is_empty() {
-            self.cut_here(id, self.messages.len());
+            self.cut_here(id, self.messages.len(), false);
         }
     }
 
@@ -246,10 +253,7 @@ impl Projector {
     /// The compacted history: what the model is sent next (the seed's system message, the
     /// last compaction's summary, the messages after it), with attachments given by `inline`
     /// when it is set. Without a compaction, the full history.
-    pub fn compacted(
-        &self,
-        inline: Option<&dyn Fn(&FileRef) -> Option<Vec<Block>>>,
-    ) -> Vec<Message> {
+    pub fn compacted(&self, inline: Option<&Inline<'_>>) -> Vec<Message> {
         let full;
         let all = match inline {
             Some(inline) => {
@@ -290,7 +294,7 @@ impl Projector {
             .cuts
             .iter()
             .filter(|c| c.at > from && c.at <= self.turn_start)
-            .map(|c| (c.at - from, c.before.clone()))
+            .map(|c| (c.at - from, c.user, c.before.clone()))
             .collect();
         Compactable {
             summary: self.summary.as_ref().map(|(s, _)| s.clone()),
@@ -575,7 +579,11 @@ mod tests {
         let before = p.messages();
         let c = p.compactable();
         // Before "one" (nothing to cut) is no place; before the tool result is none either.
-        let places: Vec<_> = c.cuts.iter().map(|(at, id)| (*at, id.as_str())).collect();
+        let places: Vec<_> = c
+            .cuts
+            .iter()
+            .map(|(at, _, id)| (*at, id.as_str()))
+            .collect();
         assert_eq!(places, [(2, "evt_01"), (4, "evt_04"), (5, "evt_06")]);
         assert_eq!(c.first_id.as_deref(), Some("evt_01"));
         assert_eq!(c.messages.len(), 6);
@@ -607,7 +615,11 @@ mod tests {
             c.summary.as_deref(),
             Some("They asked about the weather: 18C.")
         );
-        let places: Vec<_> = c.cuts.iter().map(|(at, id)| (*at, id.as_str())).collect();
+        let places: Vec<_> = c
+            .cuts
+            .iter()
+            .map(|(at, _, id)| (*at, id.as_str()))
+            .collect();
         assert_eq!(places, [(1, "evt_08"), (2, "evt_10")]);
     }
 

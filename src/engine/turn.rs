@@ -672,14 +672,14 @@ impl Turn {
         req: ModelRequest,
         rebuild: impl Fn(&Turn) -> ModelRequest,
     ) -> Result<(ModelRequest, usize), End> {
-        let window = super::context::window(agent.context_tokens, &req.model);
+        let (window, known) = super::context::window(agent.context_tokens, &req.model);
         let threshold = (window as f64 * agent.compact_at) as u64;
         let cal = self.calibration();
         let bytes = super::context::request_bytes(&req);
         if cal.tokens(bytes) <= threshold {
             return Ok((req, bytes));
         }
-        let (req, bytes) = if self.compact(agent, &req, window, threshold).await? {
+        let (req, bytes) = if self.compact(agent, &req, window, known, threshold).await? {
             let req = rebuild(self);
             let bytes = super::context::request_bytes(&req);
             (req, bytes)
@@ -687,7 +687,7 @@ impl Turn {
             (req, bytes)
         };
         let tokens = cal.tokens(bytes);
-        if tokens > window {
+        if known && tokens > window {
             return Err(self.too_big(tokens, window));
         }
         Ok((req, bytes))
@@ -711,6 +711,7 @@ impl Turn {
         agent: &crate::config::AgentConfig,
         req: &ModelRequest,
         window: u64,
+        known: bool,
         threshold: u64,
     ) -> Result<bool, End> {
         use super::context;
@@ -721,20 +722,20 @@ impl Turn {
         let fixed = context::request_bytes(req).saturating_sub(shown);
         // Room for the summary: a tenth of the window.
         let reserve = cal.bytes(window / 10);
-        let cuts: Vec<usize> = now.cuts.iter().map(|(at, _)| *at).collect();
+        let cuts: Vec<(usize, bool)> = now.cuts.iter().map(|(at, user, _)| (*at, *user)).collect();
         // What no compaction can take away: over the window, a summary call would be wasted.
-        let least = cuts.last().map_or(0, |&at| at);
+        let least = cuts.last().map_or(0, |&(at, _)| at);
         let least = cal.tokens(fixed + sizes[least.min(sizes.len())..].iter().sum::<usize>());
-        if least > window {
+        if known && least > window {
             return Err(self.too_big(least, window));
         }
         let target = cal.bytes(threshold / 2);
         let Some(cut) = context::choose_cut(&sizes, &cuts, fixed + reserve, target) else {
             return Ok(false);
         };
-        let (Some(first), Some((_, last))) = (
+        let (Some(first), Some((_, _, last))) = (
             now.first_id.clone(),
-            now.cuts.iter().find(|(at, _)| *at == cut),
+            now.cuts.iter().find(|(at, _, _)| *at == cut),
         ) else {
             return Ok(false);
         };
