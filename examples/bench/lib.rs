@@ -622,6 +622,8 @@ async fn store_barrier(count: usize) -> Result<(Pcts, f64)> {
             EventBody::AgentMessage {
                 content: PLAIN_TEXT.into(),
                 plan: false,
+                compaction: false,
+                replaces: None,
             },
         );
         // Idle between commits, as at c=1.

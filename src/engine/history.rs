@@ -5,12 +5,20 @@
 //! `tool_permission` blocks are not history: the `agent.tool_result` events that follow are);
 //! thinking, text and tool uses of one model step form one assistant message; each
 //! `agent.tool_result` is a tool message; an empty `agent.message` (a retraction) adds nothing.
+//!
+//! A compaction (an `agent.message` with `compaction: true`, see `engine/context.rs`) adds
+//! nothing to the full history; folded with its event ids ([`Projector::apply_event`]), it
+//! starts the compacted history, which the model is sent: the seed's system message, the
+//! summary as a user message, then the messages after the last event it replaces.
 
 use serde_json::Value;
 
 use super::session::PlanDecision;
-use crate::log::{EventBody, FileRef};
+use crate::log::{Event, EventBody, FileRef};
 use crate::message::{Block, Content, Message};
+
+/// Gives an attached file as the model sees it (its content), or `None` to keep its line.
+pub type Inline<'a> = dyn Fn(&FileRef) -> Option<Vec<Block>> + 'a;
 
 /// Folds events into history messages.
 #[derive(Debug, Clone, Default)]
@@ -25,6 +33,43 @@ pub struct Projector {
     /// The tool calls of the current turn: a result for any other call answers an earlier
     /// turn's, and goes before the current turn's user message.
     turn_calls: Vec<String>,
+    /// Where the compacted history may start, after the last compaction: a message index
+    /// before which nothing is a tool result's call (see [`Cut`]).
+    cuts: Vec<Cut>,
+    /// The id of the last event folded with its id.
+    last_id: Option<String>,
+    /// The id of the first event not yet compacted (`None`: no event yet).
+    first_id: Option<String>,
+    /// The last compaction: its summary and the index of the first message it keeps.
+    summary: Option<(String, usize)>,
+}
+
+/// A place where the compacted history may start: message `at` begins (a user message, or an
+/// assistant message, never a tool result), and `before` is the id of the event before it (the
+/// last event a compaction cut here replaces); `first` is the id of the event that began it.
+#[derive(Debug, Clone)]
+struct Cut {
+    at: usize,
+    /// A user message starts here (else an assistant message).
+    user: bool,
+    before: String,
+    first: String,
+}
+
+/// What may be compacted now: the messages after the last compaction, the places where a new
+/// compaction may end, and the ids it would replace.
+#[derive(Debug, Clone, Default)]
+pub struct Compactable {
+    /// The last summary, if any (what precedes `messages`).
+    pub summary: Option<String>,
+    /// The messages after the last compaction (an unfinished assistant message included).
+    pub messages: Vec<Message>,
+    /// Indices in `messages` where the kept part may start, ascending, each with whether a
+    /// user message starts there and the id of the last event a compaction ending there
+    /// replaces. Never past the current turn's start.
+    pub cuts: Vec<(usize, bool, String)>,
+    /// The id of the first event not yet compacted.
+    pub first_id: Option<String>,
 }
 
 /// How an attached file appears in history: one line naming it and where it is.
@@ -45,10 +90,62 @@ impl Projector {
             turn_start: seed.len(),
             turn_output: false,
             turn_calls: Vec::new(),
+            ..Projector::default()
         }
     }
 
+    /// Fold an event with its id: what compactions need (they name the events they replace).
+    /// The session's history is folded this way; a fold of one turn's events needs only
+    /// [`Projector::apply`].
+    pub fn apply_event(&mut self, ev: &Event) {
+        if self.first_id.is_none() {
+            self.first_id = Some(ev.id.clone());
+        }
+        if let EventBody::AgentMessage {
+            content,
+            compaction: true,
+            replaces: Some([_, last]),
+            ..
+        } = &ev.body
+        {
+            self.fold_compaction(content, last);
+        }
+        self.apply_with(Some(&ev.id), &ev.body);
+        self.last_id = Some(ev.id.clone());
+    }
+
+    /// A compaction replacing everything up to event `last`: the compacted history starts at
+    /// the cut after it. (A compaction naming no known cut is left out: the context stays
+    /// whole, which is safe.)
+    fn fold_compaction(&mut self, summary: &str, last: &str) {
+        let Some(pos) = self.cuts.iter().position(|c| c.before == last) else {
+            tracing::warn!(last, "a compaction names no place in the history; ignored");
+            return;
+        };
+        let cut = self.cuts[pos].clone();
+        self.cuts.drain(..=pos);
+        self.first_id = Some(cut.first);
+        self.summary = Some((summary.to_string(), cut.at));
+    }
+
+    /// Note that message `at` begins with event `id`: a place where a compaction may end.
+    fn cut_here(&mut self, id: Option<&str>, at: usize, user: bool) {
+        if let (Some(id), Some(before)) = (id, &self.last_id) {
+            self.cuts.push(Cut {
+                at,
+                user,
+                before: before.clone(),
+                first: id.to_string(),
+            });
+        }
+    }
+
+    /// Fold an event's body (compactions add nothing here).
     pub fn apply(&mut self, ev: &EventBody) {
+        self.apply_with(None, ev)
+    }
+
+    fn apply_with(&mut self, id: Option<&str>, ev: &EventBody) {
         match ev {
             EventBody::UserMessage { content, files, .. } => {
                 self.close_assistant();
@@ -61,6 +158,9 @@ impl Projector {
                     return;
                 }
                 let content = user_content(content);
+                if content.is_some() || !files.is_empty() {
+                    self.cut_here(id, self.messages.len(), true);
+                }
                 if files.is_empty() {
                     if let Some(content) = content {
                         self.messages.push(Message::User { content });
@@ -76,12 +176,19 @@ impl Projector {
                     });
                 }
             }
-            EventBody::AgentThinking { content, .. } => self.assistant.push(Block::Thinking {
-                thinking: content.clone(),
-                signed: ev.signed_thinking(),
-            }),
+            EventBody::AgentThinking { content, .. } => {
+                self.assistant_begins(id);
+                self.assistant.push(Block::Thinking {
+                    thinking: content.clone(),
+                    signed: ev.signed_thinking(),
+                })
+            }
+            EventBody::AgentMessage {
+                compaction: true, ..
+            } => {}
             EventBody::AgentMessage { content, .. } => {
                 if !content.is_empty() {
+                    self.assistant_begins(id);
                     self.assistant.push(Block::Text {
                         text: content.clone(),
                     })
@@ -93,6 +200,7 @@ impl Projector {
                 input,
             } => {
                 self.turn_calls.push(tool_use_id.clone());
+                self.assistant_begins(id);
                 self.assistant.push(Block::ToolUse {
                     tool_call_id: tool_use_id.clone(),
                     name: name.clone(),
@@ -132,6 +240,7 @@ impl Projector {
                 self.messages.truncate(self.turn_start);
                 let start = self.turn_start;
                 self.attachments.retain(|(i, _)| *i < start);
+                self.cuts.retain(|c| c.at < start);
             }
             EventBody::TurnCompleted { .. }
             | EventBody::TurnFailed { .. }
@@ -173,6 +282,13 @@ impl Projector {
         });
     }
 
+    /// An assistant message begins with this event, unless one is open already.
+    fn assistant_begins(&mut self, id: Option<&str>) {
+        if self.assistant.is_empty() {
+            self.cut_here(id, self.messages.len(), false);
+        }
+    }
+
     fn close_assistant(&mut self) {
         if !self.assistant.is_empty() {
             let blocks = std::mem::take(&mut self.assistant);
@@ -191,6 +307,60 @@ impl Projector {
             });
         }
         out
+    }
+
+    /// The compacted history: what the model is sent next (the seed's system message, the
+    /// last compaction's summary, the messages after it), with attachments given by `inline`
+    /// when it is set. Without a compaction, the full history.
+    pub fn compacted(&self, inline: Option<&Inline<'_>>) -> Vec<Message> {
+        let full;
+        let all = match inline {
+            Some(inline) => {
+                full = self.messages_inlined(inline);
+                &full[..]
+            }
+            None if self.summary.is_none() => return self.messages(),
+            None => {
+                full = self.messages();
+                &full[..]
+            }
+        };
+        let Some((summary, from)) = &self.summary else {
+            return all.to_vec();
+        };
+        let from = (*from).min(all.len());
+        let mut out: Vec<Message> = all[..from]
+            .iter()
+            .filter(|m| matches!(m, Message::System { .. }))
+            .cloned()
+            .collect();
+        out.push(Message::User {
+            content: Content::Text(format!("{}{summary}", super::context::SUMMARY_INTRO)),
+        });
+        out.extend_from_slice(&all[from..]);
+        out
+    }
+
+    /// What a compaction could replace now (see [`Compactable`]).
+    pub fn compactable(&self) -> Compactable {
+        let all = self.messages();
+        let from = self
+            .summary
+            .as_ref()
+            .map_or(0, |(_, at)| *at)
+            .min(all.len());
+        let cuts = self
+            .cuts
+            .iter()
+            .filter(|c| c.at > from && c.at <= self.turn_start)
+            .map(|c| (c.at - from, c.user, c.before.clone()))
+            .collect();
+        Compactable {
+            summary: self.summary.as_ref().map(|(s, _)| s.clone()),
+            messages: all[from..].to_vec(),
+            cuts,
+            first_id: self.first_id.clone(),
+        }
     }
 
     /// Every file attached so far.
@@ -293,6 +463,8 @@ mod tests {
             EventBody::AgentMessage {
                 content: "Let me check.".into(),
                 plan: false,
+                compaction: false,
+                replaces: None,
             },
             tool_use("call_1"),
             EventBody::TurnCompleted {
@@ -313,6 +485,8 @@ mod tests {
             EventBody::AgentMessage {
                 content: "It is 18C.".into(),
                 plan: false,
+                compaction: false,
+                replaces: None,
             },
             EventBody::TurnCompleted {
                 usage: None,
@@ -350,6 +524,8 @@ mod tests {
         p.apply(&EventBody::AgentMessage {
             content: "answer".into(),
             plan: false,
+            compaction: false,
+            replaces: None,
         });
         p.apply(&EventBody::TurnCompleted {
             usage: None,
@@ -425,6 +601,8 @@ mod tests {
         p.apply(&EventBody::AgentMessage {
             content: "1. a".into(),
             plan: true,
+            compaction: false,
+            replaces: None,
         });
         p.apply(&EventBody::TurnCompleted {
             usage: None,
@@ -451,10 +629,14 @@ mod tests {
         p.apply(&EventBody::AgentMessage {
             content: String::new(),
             plan: false,
+            compaction: false,
+            replaces: None,
         });
         p.apply(&EventBody::AgentMessage {
             content: "answer".into(),
             plan: false,
+            compaction: false,
+            replaces: None,
         });
         let v = serde_json::to_value(p.into_messages()).unwrap();
         assert_eq!(
@@ -463,5 +645,128 @@ mod tests {
                 {"type": "thinking", "thinking": "hmm"}, {"type": "text", "text": "answer"}
             ]}])
         );
+    }
+
+    fn ev(n: u32, body: EventBody) -> Event {
+        Event::new(
+            u64::from(n),
+            format!("evt_{n:02}"),
+            "turn".into(),
+            "t".into(),
+            body,
+        )
+    }
+
+    fn say(text: &str) -> EventBody {
+        EventBody::AgentMessage {
+            content: text.into(),
+            plan: false,
+            compaction: false,
+            replaces: None,
+        }
+    }
+
+    fn done() -> EventBody {
+        EventBody::TurnCompleted {
+            usage: None,
+            stop_reason: StopReason::EndTurn,
+        }
+    }
+
+    fn ask(text: &str) -> EventBody {
+        EventBody::UserMessage {
+            content: json!(text),
+            files: vec![],
+            skills: vec![],
+        }
+    }
+
+    #[test]
+    fn a_compaction_starts_the_compacted_history_and_leaves_the_full_one() {
+        let mut p = Projector::with_seed(&[Message::System {
+            content: "sys".into(),
+        }]);
+        let mut n = 0;
+        let mut fold = |p: &mut Projector, body: EventBody| {
+            n += 1;
+            p.apply_event(&ev(n, body));
+        };
+        fold(&mut p, ask("one")); // evt_01
+        fold(&mut p, say("answer one"));
+        fold(&mut p, tool_use("call_1"));
+        fold(
+            &mut p,
+            EventBody::ToolResult {
+                tool_use_id: "call_1".into(),
+                content: json!("18C"),
+                is_error: false,
+                files: vec![],
+            },
+        ); // evt_04
+        fold(&mut p, say("it is 18C")); // evt_05
+        fold(&mut p, done()); // evt_06
+        fold(&mut p, ask("two")); // evt_07
+        let before = p.messages();
+        let c = p.compactable();
+        // Before "one" (nothing to cut) is no place; before the tool result is none either.
+        let places: Vec<_> = c
+            .cuts
+            .iter()
+            .map(|(at, _, id)| (*at, id.as_str()))
+            .collect();
+        assert_eq!(places, [(2, "evt_01"), (4, "evt_04"), (5, "evt_06")]);
+        assert_eq!(c.first_id.as_deref(), Some("evt_01"));
+        assert_eq!(c.messages.len(), 6);
+        fold(
+            &mut p,
+            EventBody::AgentMessage {
+                content: "They asked about the weather: 18C.".into(),
+                plan: false,
+                compaction: true,
+                replaces: Some(["evt_01".into(), "evt_06".into()]),
+            },
+        );
+        assert_eq!(p.messages(), before, "the full history is unchanged");
+        let v = serde_json::to_value(p.compacted(None)).unwrap();
+        assert_eq!(
+            v,
+            json!([
+                {"role": "system", "content": "sys"},
+                {"role": "user", "content": format!("{}They asked about the weather: 18C.", crate::engine::context::SUMMARY_INTRO)},
+                {"role": "user", "content": "two"}
+            ])
+        );
+        fold(&mut p, say("answer two"));
+        fold(&mut p, done());
+        fold(&mut p, ask("three")); // evt_11
+        let c = p.compactable();
+        assert_eq!(c.first_id.as_deref(), Some("evt_07"));
+        assert_eq!(
+            c.summary.as_deref(),
+            Some("They asked about the weather: 18C.")
+        );
+        let places: Vec<_> = c
+            .cuts
+            .iter()
+            .map(|(at, _, id)| (*at, id.as_str()))
+            .collect();
+        assert_eq!(places, [(1, "evt_08"), (2, "evt_10")]);
+    }
+
+    #[test]
+    fn a_compaction_naming_no_place_is_left_out() {
+        let mut p = Projector::default();
+        p.apply_event(&ev(1, ask("one")));
+        p.apply_event(&ev(
+            2,
+            EventBody::AgentMessage {
+                content: "summary".into(),
+                plan: false,
+                compaction: true,
+                replaces: Some(["evt_00".into(), "evt_99".into()]),
+            },
+        ));
+        assert_eq!(p.compacted(None), p.messages());
+        assert_eq!(p.messages().len(), 1, "a compaction is no assistant text");
     }
 }

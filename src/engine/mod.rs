@@ -9,6 +9,7 @@
 
 pub mod approvals;
 pub mod catalog;
+pub mod context;
 mod driven;
 pub mod follow;
 pub mod history;

@@ -522,7 +522,7 @@ impl Session {
             body,
         ));
         let ticket = store.append(&self.id, &ev);
-        st.history.apply(&ev.body);
+        st.history.apply_event(&ev);
         if starts_run(&ev.body) {
             st.run_start = ev.seq;
         }
@@ -710,12 +710,22 @@ impl Session {
         self.lock().history.attached_files()
     }
 
-    /// The history for the model: attached files inlined by `inline`.
+    /// The compacted history (AAP `history?type=compacted`): what the model is sent next.
+    pub fn compacted_history(&self) -> Vec<Message> {
+        self.lock().history.compacted(None)
+    }
+
+    /// What a compaction could replace now.
+    pub fn compactable(&self) -> super::history::Compactable {
+        self.lock().history.compactable()
+    }
+
+    /// The history for the model (compacted): attached files inlined by `inline`.
     pub fn model_history(
         &self,
         inline: &dyn Fn(&crate::log::FileRef) -> Option<Vec<crate::message::Block>>,
     ) -> Vec<Message> {
-        self.lock().history.messages_inlined(inline)
+        self.lock().history.compacted(Some(inline))
     }
 
     pub fn pending(&self) -> Vec<Pending> {
@@ -771,11 +781,14 @@ fn waiting_plan(turn: &[Arc<Event>]) -> Option<PlanWait> {
         return None;
     }
     turn.iter().rev().find_map(|e| match &e.body {
-        EventBody::AgentMessage { content, plan } if !content.is_empty() => {
-            Some(plan.then(|| PlanWait {
-                plan: content.clone(),
-            }))
-        }
+        EventBody::AgentMessage {
+            content,
+            plan,
+            compaction: false,
+            ..
+        } if !content.is_empty() => Some(plan.then(|| PlanWait {
+            plan: content.clone(),
+        })),
         _ => None,
     })?
 }
@@ -787,7 +800,7 @@ impl Logged {
         let mut tail: Vec<Arc<Event>> = Vec::new();
         let mut run_start = 0;
         for ev in events {
-            history.apply(&ev.body);
+            history.apply_event(&ev);
             next_seq = ev.seq;
             if starts_run(&ev.body) {
                 run_start = ev.seq;

@@ -266,6 +266,8 @@ impl Turn {
             self.emit(EventBody::AgentMessage {
                 content: String::new(),
                 plan: false,
+                compaction: false,
+                replaces: None,
             });
         }
         for id in std::mem::take(&mut self.open) {
@@ -296,6 +298,8 @@ impl Turn {
                     self.emit(EventBody::AgentMessage {
                         content: String::new(),
                         plan: false,
+                        compaction: false,
+                        replaces: None,
                     });
                 }
                 return Err(failed(format!(
@@ -309,6 +313,8 @@ impl Turn {
             self.emit(EventBody::AgentMessage {
                 content: out.text.clone(),
                 plan: false,
+                compaction: false,
+                replaces: None,
             });
         }
         match out.stop {
@@ -327,7 +333,11 @@ impl Turn {
         match &body {
             EventBody::ToolUse { tool_use_id, .. } => self.open.push(tool_use_id.clone()),
             EventBody::ToolResult { tool_use_id, .. } => self.open.retain(|id| id != tool_use_id),
-            EventBody::AgentMessage { content, .. } if !content.is_empty() => self.said = true,
+            EventBody::AgentMessage {
+                content,
+                compaction: false,
+                ..
+            } if !content.is_empty() => self.said = true,
             _ => {}
         }
         let unsynced = self.unsynced_since.get_mut();
@@ -449,7 +459,10 @@ impl Turn {
             };
             self.prepare_attachments().await;
             let req = self.request(agent, &record, catalog.offered(), thinking);
+            let rebuild = |t: &Turn| t.request(agent, &record, catalog.offered(), thinking);
+            let (req, bytes) = self.fit(agent, req, rebuild).await?;
             let out = self.call_model(&req, thinking).await?;
+            self.calibration().observe(bytes, out.usage.input_tokens);
             self.usage.add(out.usage);
 
             if let Some(ev) = EventBody::thinking(&out.thinking, &out.signed_thinking) {
@@ -461,6 +474,8 @@ impl Turn {
                 self.emit(EventBody::AgentMessage {
                     content: out.text.clone(),
                     plan: false,
+                    compaction: false,
+                    replaces: None,
                 });
             }
             let ModelOutput {
@@ -580,6 +595,8 @@ impl Turn {
         self.emit(EventBody::AgentMessage {
             content: out.text,
             plan: true,
+            compaction: false,
+            replaces: None,
         });
         Ok(StopReason::EndTurn)
     }
@@ -750,6 +767,158 @@ impl Turn {
         }
     }
 
+    fn calibration(&self) -> Arc<super::context::Calibration> {
+        self.session.extension::<super::context::Calibration>()
+    }
+
+    /// Make `req` fit the model's context window (see `context.rs`): past `compact_at` of it,
+    /// compact the oldest turns first and build the request again with `rebuild`. A request
+    /// still over the window fails the turn, with what to do. Returns the request and its size
+    /// in bytes (for calibration).
+    async fn fit(
+        &mut self,
+        agent: &crate::config::AgentConfig,
+        req: ModelRequest,
+        rebuild: impl Fn(&Turn) -> ModelRequest,
+    ) -> Result<(ModelRequest, usize), End> {
+        let (window, known) = super::context::window(agent.context_tokens, &req.model);
+        let threshold = (window as f64 * agent.compact_at) as u64;
+        let cal = self.calibration();
+        let bytes = super::context::request_bytes(&req);
+        if cal.tokens(bytes) <= threshold {
+            return Ok((req, bytes));
+        }
+        let (req, bytes) = if self.compact(agent, &req, window, known, threshold).await? {
+            let req = rebuild(self);
+            let bytes = super::context::request_bytes(&req);
+            (req, bytes)
+        } else {
+            (req, bytes)
+        };
+        let tokens = cal.tokens(bytes);
+        if known && tokens > window {
+            return Err(self.too_big(tokens, window));
+        }
+        Ok((req, bytes))
+    }
+
+    /// The failure of a request that cannot fit the window, whatever is compacted.
+    fn too_big(&self, tokens: u64, window: u64) -> End {
+        End::Failed(
+            FailReason::ModelError,
+            format!(
+                "the request would be about {tokens} tokens, more than the model's context window of {window} tokens ([agents.{}] context_tokens in tools.toml), even with the earlier conversation compacted: the latest message or tool result is too large. Send a shorter message, or attach long text as a file",
+                self.session.record().agent
+            ),
+        )
+    }
+
+    /// Compact the oldest messages into a summary (a model call of its own, without tools),
+    /// logged as an `agent.message` with `compaction: true`. Returns whether it did.
+    async fn compact(
+        &mut self,
+        agent: &crate::config::AgentConfig,
+        req: &ModelRequest,
+        window: u64,
+        known: bool,
+        threshold: u64,
+    ) -> Result<bool, End> {
+        use super::context;
+        let cal = self.calibration();
+        let now = self.session.compactable();
+        let sizes: Vec<usize> = now.messages.iter().map(context::message_bytes).collect();
+        let shown: usize = req.messages.iter().map(context::message_bytes).sum();
+        let fixed = context::request_bytes(req).saturating_sub(shown);
+        // Room for the summary: a tenth of the window.
+        let reserve = cal.bytes(window / 10);
+        let cuts: Vec<(usize, bool)> = now.cuts.iter().map(|(at, user, _)| (*at, *user)).collect();
+        // What no compaction can take away: over the window, a summary call would be wasted.
+        let least = cuts.last().map_or(0, |&(at, _)| at);
+        let least = cal.tokens(fixed + sizes[least.min(sizes.len())..].iter().sum::<usize>());
+        if known && least > window {
+            return Err(self.too_big(least, window));
+        }
+        let target = cal.bytes(threshold / 2);
+        let Some(cut) = context::choose_cut(&sizes, &cuts, fixed + reserve, target) else {
+            return Ok(false);
+        };
+        let (Some(first), Some((_, _, last))) = (
+            now.first_id.clone(),
+            now.cuts.iter().find(|(at, _, _)| *at == cut),
+        ) else {
+            return Ok(false);
+        };
+        let budget = cal.bytes(threshold.saturating_sub(window / 10));
+        let text =
+            context::summary_request_text(now.summary.as_deref(), &now.messages[..cut], budget);
+        let summary_req = ModelRequest {
+            model: req.model.clone(),
+            system: Some(context::SUMMARY_SYSTEM.into()),
+            messages: vec![Message::User {
+                content: crate::message::Content::Text(text),
+            }],
+            tools: Vec::new(),
+            max_tokens: req.max_tokens,
+            thinking: false,
+        };
+        tracing::info!(turn = %self.turn_id, agent = %agent.name, messages = cut, "compacting the oldest messages of the session");
+        // What the turn has said is durable before the wait.
+        self.sync().await?;
+        let out = self.summarise(&summary_req).await?;
+        cal.observe(context::request_bytes(&summary_req), out.usage.input_tokens);
+        self.usage.add(out.usage);
+        let summary = out.text.trim();
+        if summary.is_empty() {
+            tracing::warn!(turn = %self.turn_id, "the model gave an empty summary: not compacted");
+            return Ok(false);
+        }
+        self.emit(EventBody::AgentMessage {
+            content: summary.to_string(),
+            plan: false,
+            compaction: true,
+            replaces: Some([first, last.clone()]),
+        });
+        Ok(true)
+    }
+
+    /// A summary call: nothing is streamed, failures are retried like any model call.
+    async fn summarise(&mut self, req: &ModelRequest) -> Result<ModelOutput, End> {
+        let retries = self.inner.config.upstream.retries;
+        let mut attempt = 0;
+        loop {
+            let metered = crate::metrics::upstream(self.inner.provider.name(), &req.model);
+            let sent = std::time::Instant::now();
+            let result = self
+                .inner
+                .provider
+                .complete(req, &mut crate::upstream::NoDeltas)
+                .await;
+            metered.call(sent, None, result.as_ref().ok().map(|o| o.usage));
+            match result {
+                Ok(out) => {
+                    self.model_called = true;
+                    return Ok(out);
+                }
+                Err(e) if !e.retryable || attempt >= retries => {
+                    tracing::warn!(turn = %self.turn_id, error = %e, "the summary call failed");
+                    return Err(End::Failed(
+                        FailReason::ModelError,
+                        format!("compacting the conversation failed: {}", e.message),
+                    ));
+                }
+                Err(e) => {
+                    attempt += 1;
+                    let backoff = e
+                        .retry_after
+                        .unwrap_or(Duration::from_millis(250 << attempt.min(5)))
+                        .min(Duration::from_secs(30));
+                    tracing::info!(turn = %self.turn_id, attempt, error = %e, ?backoff, "retrying the summary call");
+                    tokio::time::sleep(backoff).await;
+                }
+            }
+        }
+    }
+
     /// One model call, retried on retryable failures. Text streamed by an attempt that then
     /// fails is retracted with an empty `agent.message`.
     async fn call_model(&mut self, req: &ModelRequest, thinking: bool) -> Result<ModelOutput, End> {
@@ -811,6 +980,8 @@ impl Turn {
                         self.emit(EventBody::AgentMessage {
                             content: text,
                             plan: false,
+                            compaction: false,
+                            replaces: None,
                         });
                         tracing::warn!(turn = %self.turn_id, error = %e, "upstream call failed after text was streamed to a client that cannot retract it");
                         return Err(End::Failed(FailReason::ModelError, e.message));
@@ -819,6 +990,8 @@ impl Turn {
                         self.emit(EventBody::AgentMessage {
                             content: String::new(),
                             plan: false,
+                            compaction: false,
+                            replaces: None,
                         });
                     }
                     if !e.retryable || attempt >= retries {

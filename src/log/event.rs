@@ -77,6 +77,15 @@ pub enum EventBody {
         /// Set on a plan proposed in the runs API's plan mode.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         plan: bool,
+        /// Set on the summary that replaces the oldest turns in the model's context (see
+        /// `engine/context.rs`): it is not the agent's answer, and history shows it only in
+        /// `compacted`.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        compaction: bool,
+        /// With `compaction`: the first and last event ids of the stretch of the log it
+        /// summarises (the last one ends the stretch; the turns after it stay as they are).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        replaces: Option<[String; 2]>,
     },
     #[serde(rename = "agent.tool_use")]
     ToolUse {
@@ -366,10 +375,20 @@ mod tests {
             EventBody::AgentMessage {
                 content: String::new(),
                 plan: false,
+                compaction: false,
+                replaces: None,
             },
             EventBody::AgentMessage {
                 content: "1. plan".into(),
                 plan: true,
+                compaction: false,
+                replaces: None,
+            },
+            EventBody::AgentMessage {
+                content: "Summary".into(),
+                plan: false,
+                compaction: true,
+                replaces: Some(["evt_1".into(), "evt_9".into()]),
             },
             EventBody::ToolUse {
                 tool_use_id: "call_1".into(),

@@ -982,6 +982,8 @@ mod tests {
             EventBody::AgentMessage {
                 content: format!("message {seq}"),
                 plan: false,
+                compaction: false,
+                replaces: None,
             },
         )
     }

@@ -142,7 +142,11 @@ impl RunRenderer {
                     self.enter_step();
                     vec![]
                 }
-                EventBody::AgentMessage { content, plan } => {
+                // A compaction's summary is not something the agent said: not shown.
+                EventBody::AgentMessage {
+                    compaction: true, ..
+                } => vec![],
+                EventBody::AgentMessage { content, plan, .. } => {
                     self.enter_step();
                     if *plan {
                         // The next model call (after the decision) is a new step.

@@ -48,6 +48,10 @@ pub struct Reply {
     tool_calls: Vec<(String, String, Value)>,
     finish: Option<String>,
     usage: (u64, u64),
+    /// Report as prompt tokens the request's `messages` and `tools` JSON bytes over 4.
+    count_prompt: bool,
+    /// Another answer, for requests whose first message contains this text.
+    instead: Option<(String, Box<Reply>)>,
 }
 
 impl Reply {
@@ -59,6 +63,8 @@ impl Reply {
             tool_calls: Vec::new(),
             finish: None,
             usage: (10, 5),
+            count_prompt: false,
+            instead: None,
         }
     }
 
@@ -124,6 +130,21 @@ impl Reply {
     /// Overrides the finish reason (`length`, `content_filter`, ...).
     pub fn finish(mut self, reason: &str) -> Reply {
         self.finish = Some(reason.to_string());
+        self
+    }
+
+    /// Report as `prompt_tokens` the size of the request: the JSON bytes of its `messages` and
+    /// `tools`, over 4 (a stand-in for a tokenizer, for tests of context windows).
+    pub fn count_prompt(mut self) -> Reply {
+        self.count_prompt = true;
+        self
+    }
+
+    /// Answer with `other` (its text, tool calls and usage) a request whose first message (the
+    /// system prompt, usually) contains `needle`: one reply for two kinds of calls, e.g. a
+    /// fallback that answers both a turn's calls and a compaction's summary call.
+    pub fn instead_when(mut self, needle: &str, other: Reply) -> Reply {
+        self.instead = Some((needle.to_string(), Box::new(other)));
         self
     }
 
@@ -313,7 +334,20 @@ impl Wire for OpenAiWire {
             .pointer("/stream_options/include_usage")
             .and_then(Value::as_bool)
             .unwrap_or(false);
-        reply.events(&format!("chatcmpl-fake{n:06}"), &model, include_usage)
+        let id = format!("chatcmpl-fake{n:06}");
+        if let Some((needle, other)) = &reply.instead {
+            let first = request.pointer("/messages/0/content");
+            if first.is_some_and(|c| c.to_string().contains(needle.as_str())) {
+                return Self::events(other, request, n);
+            }
+        }
+        if reply.count_prompt {
+            let size = |k: &str| request.get(k).map_or(0, |v| v.to_string().len()) as u64;
+            let mut counted = reply.clone();
+            counted.usage.0 = (size("messages") + size("tools")) / 4;
+            return counted.events(&id, &model, include_usage);
+        }
+        reply.events(&id, &model, include_usage)
     }
 }
 

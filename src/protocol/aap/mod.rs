@@ -291,10 +291,15 @@ pub async fn history(
         }
     };
     let session = app.engine.session(caller.owner.as_deref(), id).await?;
-    // Nothing is compacted yet: the compacted history is the full one.
+    // `compacted` is what the model is sent next: the last compaction's summary, then the
+    // messages after it (the full history until a session first compacts).
+    let messages = match kind {
+        "compacted" => session.compacted_history(),
+        _ => session.history(),
+    };
     Ok(json_response(
         StatusCode::OK,
-        &json!({"history": { kind: session.history() }}),
+        &json!({"history": { kind: messages }}),
     ))
 }
 
@@ -586,9 +591,11 @@ async fn replay(
     for ev in events {
         // Deltas are not stored: in `delta` mode each text goes out as one delta.
         let text = match &ev.body {
-            crate::log::EventBody::AgentMessage { content, .. } if !content.is_empty() => {
-                Some((crate::engine::DeltaKind::Message, content.clone()))
-            }
+            crate::log::EventBody::AgentMessage {
+                content,
+                compaction: false,
+                ..
+            } if !content.is_empty() => Some((crate::engine::DeltaKind::Message, content.clone())),
             crate::log::EventBody::AgentThinking { content, .. } => {
                 Some((crate::engine::DeltaKind::Thinking, content.clone()))
             }

@@ -108,6 +108,10 @@ impl TurnRenderer {
                             None => return None,
                         }
                     }
+                    // A compaction's summary is not the agent's answer.
+                    EventBody::AgentMessage {
+                        compaction: true, ..
+                    } => return None,
                     EventBody::AgentMessage { content, .. } if mode == StreamMode::Delta => {
                         let sent = std::mem::take(&mut self.sent_text);
                         match unsent(content, sent).filter(|_| self.fragments_lost) {
