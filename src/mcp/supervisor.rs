@@ -478,13 +478,25 @@ async fn connect(
                 .workspace
                 .as_ref()
                 .map(|w| w.display().to_string());
-            let child_args: Vec<String> = args
-                .iter()
-                .map(|a| match &workspace {
+            // `${VAR}` first (checked at load; a variable unset since is an error naming it),
+            // then `{workspace}`.
+            let unset = |what: &str, var: String| {
+                format!("{what} uses ${{{var}}}, which is not set in turnstile's environment")
+            };
+            let mut child_args = Vec::with_capacity(args.len());
+            for a in args {
+                let a = expand(a).map_err(|var| unset("an argument", var))?;
+                child_args.push(match &workspace {
                     Some(w) => a.replace("{workspace}", w),
-                    None => a.clone(),
-                })
-                .collect();
+                    None => a,
+                });
+            }
+            let mut env_expanded = BTreeMap::new();
+            for (k, v) in env {
+                let v = expand(v).map_err(|var| unset(&format!("env {k}"), var))?;
+                env_expanded.insert(k.clone(), v);
+            }
+            let env = &env_expanded;
             cmd.args(&child_args);
             cmd.env_clear();
             for k in KEPT_ENV {
@@ -573,23 +585,10 @@ fn expand_headers(
     Ok(out)
 }
 
-/// `${VAR}` expansion; the name of the first missing variable on failure.
+/// `${VAR}` expansion from turnstile's environment; the name of the first missing variable on
+/// failure (see [`crate::config::expand_vars`]).
 pub fn expand(s: &str) -> Result<String, String> {
-    let mut out = String::with_capacity(s.len());
-    let mut rest = s;
-    while let Some(start) = rest.find("${") {
-        out.push_str(&rest[..start]);
-        let after = &rest[start + 2..];
-        let Some(end) = after.find('}') else {
-            out.push_str(&rest[start..]);
-            return Ok(out);
-        };
-        let var = &after[..end];
-        out.push_str(&std::env::var(var).map_err(|_| var.to_string())?);
-        rest = &after[end + 1..];
-    }
-    out.push_str(rest);
-    Ok(out)
+    crate::config::expand_env(s)
 }
 
 #[cfg(test)]
