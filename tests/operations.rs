@@ -287,3 +287,364 @@ async fn check_json_reports_tools_servers_unused_patterns_and_errors() {
         "{doc}"
     );
 }
+
+/// A `turnstile serve` child: its address and everything it logged so far.
+struct Served {
+    _child: Child,
+    addr: std::net::SocketAddr,
+    log: Arc<Mutex<Vec<String>>>,
+    _dir: tempfile::TempDir,
+}
+
+/// Spawns `turnstile serve` on `config` (in a new folder) with `env` and `args`; waits for it
+/// to listen, or returns its exit code and log when it stops first.
+async fn serve(config: &str, env: &[(&str, &str)], args: &[&str]) -> Result<Served, (i32, String)> {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("tools.toml"), config).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_turnstile"));
+    cmd.current_dir(dir.path())
+        .args(["serve", "--config", "tools.toml"])
+        .args(args)
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    for var in ["HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY"] {
+        cmd.env_remove(var).env_remove(var.to_ascii_lowercase());
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("spawn turnstile");
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let addr = loop {
+        match lines.next_line().await.expect("stderr") {
+            Some(line) => {
+                log.lock().unwrap().push(line.clone());
+                if let Some(rest) = line.split("listening on http://").nth(1) {
+                    break rest.split_whitespace().next().unwrap().parse().unwrap();
+                }
+            }
+            None => {
+                let code = child.wait().await.unwrap().code().unwrap_or(-1);
+                return Err((code, log.lock().unwrap().join("\n")));
+            }
+        }
+    };
+    let sink = log.clone();
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            sink.lock().unwrap().push(line);
+        }
+    });
+    Ok(Served {
+        _child: child,
+        addr,
+        log,
+        _dir: dir,
+    })
+}
+
+/// One turn on a new session: the turn's answer.
+async fn one_turn(http: &Http) -> (u16, Value) {
+    let (status, s) = http.post("/sessions", &json!({})).await;
+    assert_eq!(status, 201, "{s}");
+    let sid = s["sessionId"].as_str().unwrap();
+    http.post(
+        &format!("/sessions/{sid}/turns"),
+        &json!({"messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn variables_in_a_stdio_servers_args_and_env_reach_the_child() {
+    let fake = FakeOpenAi::start().await;
+    let extra = format!(
+        "{}\n{POLICY}",
+        example_server(
+            "ex",
+            "args = [\"--test-tools\", \"--label\", \"id=${OPS_LABEL}\"]\nenv = { GREETING = \"${OPS_GREETING}\" }"
+        )
+    );
+    let served = serve(
+        &config_text(&fake, &extra),
+        &[
+            ("OPS_LABEL", "label-from-env"),
+            ("OPS_GREETING", "hello-from-env"),
+        ],
+        &["--listen", "127.0.0.1:0"],
+    )
+    .await
+    .unwrap_or_else(|(code, log)| panic!("exit {code}: {log}"));
+    fake.push(Reply::tool_calls(&[
+        ("c1", "mcp__ex__env", json!({"name": "GREETING"})),
+        ("c2", "mcp__ex__argv", json!({})),
+    ]));
+    fake.push(Reply::text("done"));
+    let (status, body) = one_turn(&Http::new(served.addr)).await;
+    assert_eq!(status, 200, "{body}");
+    let reqs = fake.requests();
+    let results: Vec<String> = reqs[1]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["content"].to_string())
+        .collect();
+    assert!(results[0].contains("hello-from-env"), "{results:?}");
+    assert!(results[1].contains("id=label-from-env"), "{results:?}");
+    // Secrets are not logged.
+    let log = served.log.lock().unwrap().join("\n");
+    assert!(
+        !log.contains("hello-from-env") && !log.contains("label-from-env"),
+        "{log}"
+    );
+}
+
+#[tokio::test]
+async fn an_unset_variable_in_args_or_env_fails_check_and_serve_naming_it() {
+    let config = format!(
+        "{}\n{POLICY}",
+        example_server("ex", "args = [\"--label\", \"${OPS_SURELY_UNSET_LABEL}\"]")
+    );
+    let (code, _, stderr) = check(&config, &[], &[]).await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("mcp_servers.ex.args")
+            && stderr.contains("${OPS_SURELY_UNSET_LABEL} is not set"),
+        "{stderr}"
+    );
+    let config = format!(
+        "{}\n{POLICY}",
+        example_server(
+            "ex",
+            "env = { TOKEN = \"Bearer ${OPS_SURELY_UNSET_TOKEN}\" }"
+        )
+    );
+    let Err((code, log)) = serve(&config, &[], &["--listen", "127.0.0.1:0"]).await else {
+        panic!("serve started with an unset variable");
+    };
+    assert_eq!(code, 1, "{log}");
+    assert!(
+        log.contains("mcp_servers.ex.env.TOKEN") && log.contains("OPS_SURELY_UNSET_TOKEN"),
+        "{log}"
+    );
+}
+
+#[tokio::test]
+async fn server_keys_come_from_turnstile_variables_below_the_command_line() {
+    let fake = FakeOpenAi::start().await;
+    // The file's address cannot be listened on here: only the variable makes serve start.
+    let config = config_text(&fake, "").replace(
+        "[server]\n",
+        "[server]\nlisten = \"192.0.2.1:8787\"\nmax_body_bytes = 1000000\n",
+    );
+    let served = serve(
+        &config,
+        &[
+            ("TURNSTILE_LISTEN", "127.0.0.1:0"),
+            ("TURNSTILE_MAX_BODY_BYTES", "100"),
+        ],
+        &[],
+    )
+    .await
+    .unwrap_or_else(|(code, log)| panic!("exit {code}: {log}"));
+    let http = Http::new(served.addr);
+    let (status, body) = http
+        .post("/sessions", &json!({"metadata": {"pad": "x".repeat(200)}}))
+        .await;
+    assert_eq!(status, 413, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_body_bytes"),
+        "{body}"
+    );
+    assert_eq!(http.post("/sessions", &json!({})).await.0, 201);
+
+    // --listen beats the variable.
+    let served = serve(
+        &config,
+        &[("TURNSTILE_LISTEN", "192.0.2.1:1")],
+        &["--listen", "127.0.0.1:0"],
+    )
+    .await
+    .unwrap_or_else(|(code, log)| panic!("exit {code}: {log}"));
+    assert!(served.addr.ip().is_loopback());
+
+    // A value that is not a number is an error naming the variable.
+    let Err((code, log)) = serve(
+        &config,
+        &[("TURNSTILE_MAX_BODY_BYTES", "lots")],
+        &["--listen", "127.0.0.1:0"],
+    )
+    .await
+    else {
+        panic!("serve started with TURNSTILE_MAX_BODY_BYTES=lots");
+    };
+    assert_eq!(code, 1, "{log}");
+    assert!(
+        log.contains("TURNSTILE_MAX_BODY_BYTES") && log.contains("not a whole number"),
+        "{log}"
+    );
+}
+
+/// A tiny HTTP proxy: `CONNECT` tunnels and absolute-form requests, each connection's first
+/// request line recorded.
+struct TestProxy {
+    addr: std::net::SocketAddr,
+    seen: Arc<Mutex<Vec<String>>>,
+}
+
+impl TestProxy {
+    async fn start() -> TestProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let record = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                let record = record.clone();
+                tokio::spawn(async move {
+                    let _ = proxy_one(conn, record).await;
+                });
+            }
+        });
+        TestProxy { addr, seen }
+    }
+
+    fn seen(&self) -> Vec<String> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+async fn proxy_one(conn: TcpStream, seen: Arc<Mutex<Vec<String>>>) -> std::io::Result<()> {
+    let mut conn = BufReader::new(conn);
+    let mut head = String::new();
+    loop {
+        let mut line = String::new();
+        if conn.read_line(&mut line).await? == 0 {
+            return Ok(());
+        }
+        head.push_str(&line);
+        if line == "\r\n" {
+            break;
+        }
+    }
+    let request_line = head.lines().next().unwrap_or_default().to_string();
+    seen.lock().unwrap().push(request_line.clone());
+    let mut parts = request_line.split_whitespace();
+    let method = parts.next().unwrap_or_default();
+    let target = parts.next().unwrap_or_default();
+    if method == "CONNECT" {
+        let mut upstream = TcpStream::connect(target).await?;
+        conn.get_mut()
+            .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            .await?;
+        tokio::io::copy_bidirectional(conn.get_mut(), &mut upstream).await?;
+    } else {
+        let uri: http::Uri = target.parse().map_err(std::io::Error::other)?;
+        let mut upstream = TcpStream::connect(uri.authority().unwrap().as_str()).await?;
+        // Servers accept the absolute form too: pass the head on as it came.
+        upstream.write_all(head.as_bytes()).await?;
+        let buffered = conn.buffer().to_vec();
+        upstream.write_all(&buffered).await?;
+        let mut conn = conn.into_inner();
+        tokio::io::copy_bidirectional(&mut conn, &mut upstream).await?;
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_upstream_is_reached_through_http_proxy_with_the_extra_headers_and_no_proxy_bypasses_it(
+) {
+    let fake = FakeOpenAi::start().await;
+    let proxy = TestProxy::start().await;
+    let config = config_text(&fake, "").replace(
+        "retries = 0\n",
+        "retries = 0\nheaders = { X-Org = \"${OPS_ORG}\", X-Static = \"s\" }\n",
+    );
+    let proxy_url = format!("http://{}", proxy.addr);
+    let served = serve(
+        &config,
+        &[("http_proxy", &proxy_url), ("OPS_ORG", "acme")],
+        &["--listen", "127.0.0.1:0"],
+    )
+    .await
+    .unwrap_or_else(|(code, log)| panic!("exit {code}: {log}"));
+    fake.push(Reply::text("through the proxy"));
+    let (status, body) = one_turn(&Http::new(served.addr)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        proxy.seen(),
+        vec![format!(
+            "POST http://{}/v1/chat/completions HTTP/1.1",
+            fake.addr()
+        )],
+        "the request went to the proxy in absolute form"
+    );
+    let headers = fake.request_headers();
+    assert_eq!(headers[0]["x-org"], "acme");
+    assert_eq!(headers[0]["x-static"], "s");
+    drop(served);
+
+    // NO_PROXY names the upstream's address: straight there.
+    let served = serve(
+        &config,
+        &[
+            ("HTTP_PROXY", &proxy_url),
+            ("NO_PROXY", "example.com,127.0.0.0/8"),
+            ("OPS_ORG", "acme"),
+        ],
+        &["--listen", "127.0.0.1:0"],
+    )
+    .await
+    .unwrap_or_else(|(code, log)| panic!("exit {code}: {log}"));
+    fake.push(Reply::text("direct"));
+    let (status, body) = one_turn(&Http::new(served.addr)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(proxy.seen().len(), 1, "{:?}", proxy.seen());
+    assert_eq!(fake.request_headers().len(), 2);
+
+    // An unset variable in [upstream] headers stops start-up, naming it.
+    let Err((code, log)) = serve(&config, &[], &["--listen", "127.0.0.1:0"]).await else {
+        panic!("serve started with OPS_ORG unset");
+    };
+    assert_eq!(code, 1, "{log}");
+    assert!(
+        log.contains("OPS_ORG") && log.contains("upstream.headers.X-Org"),
+        "{log}"
+    );
+}
+
+#[tokio::test]
+async fn an_https_upstream_is_reached_through_a_connect_tunnel() {
+    // The tunnel is made and used: the TLS handshake then fails, since the fake upstream speaks
+    // plain HTTP, which says the TLS went end to end through the tunnel.
+    let fake = FakeOpenAi::start().await;
+    let proxy = TestProxy::start().await;
+    let https_url = format!("https://{}/v1", fake.addr());
+    let config = config_text(&fake, "").replace(&fake.base_url(), &https_url);
+    let served = serve(
+        &config,
+        &[("HTTPS_PROXY", &format!("http://{}", proxy.addr))],
+        &["--listen", "127.0.0.1:0"],
+    )
+    .await
+    .unwrap_or_else(|(code, log)| panic!("exit {code}: {log}"));
+    let (status, body) = one_turn(&Http::new(served.addr)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        proxy.seen(),
+        vec![format!("CONNECT {} HTTP/1.1", fake.addr())]
+    );
+    assert_eq!(
+        fake.request_count(),
+        0,
+        "no plain request reached the upstream"
+    );
+}
