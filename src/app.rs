@@ -86,6 +86,7 @@ pub fn provider(config: &Config) -> Result<Arc<dyn Provider>, StartError> {
         },
         None => None,
     };
+    let headers = upstream_headers(config)?;
     Ok(match up.provider {
         ProviderKind::Echo => {
             tracing::info!("no upstream configured: using the built-in echo provider (it answers \"Echo: <your text>\"); add an [upstream] table to {} for a real model", config.path.display());
@@ -93,19 +94,49 @@ pub fn provider(config: &Config) -> Result<Arc<dyn Provider>, StartError> {
         }
         ProviderKind::OpenAi => {
             tracing::info!(base_url = %up.base_url, model = %up.model, "upstream: OpenAI-compatible chat completions");
-            Arc::new(OpenAi::new(up.base_url.clone(), key, up.timeout))
+            Arc::new(OpenAi::new(up.base_url.clone(), key, up.timeout).with_headers(headers))
         }
         ProviderKind::Anthropic => {
             tracing::info!(base_url = %up.base_url, model = %up.model, "upstream: Anthropic Messages");
-            Arc::new(Anthropic::new(
-                up.base_url.clone(),
-                key,
-                up.timeout,
-                up.max_tokens
-                    .unwrap_or(crate::upstream::anthropic::DEFAULT_MAX_TOKENS),
-            ))
+            Arc::new(
+                Anthropic::new(
+                    up.base_url.clone(),
+                    key,
+                    up.timeout,
+                    up.max_tokens
+                        .unwrap_or(crate::upstream::anthropic::DEFAULT_MAX_TOKENS),
+                )
+                .with_headers(headers),
+            )
         }
     })
+}
+
+/// `[upstream] headers` with `${VAR}` expanded (values marked sensitive: they often hold
+/// tokens); a variable that is not set is an error naming it.
+fn upstream_headers(
+    config: &Config,
+) -> Result<Vec<(http::HeaderName, http::HeaderValue)>, StartError> {
+    let mut out = Vec::new();
+    for (name, value) in &config.upstream.headers {
+        let value = crate::config::expand_env(value).map_err(|var| {
+            StartError::Config(format!(
+                "{}: upstream.headers.{name} uses ${{{var}}}, which is not set in turnstile's environment: set {var}",
+                config.path.display()
+            ))
+        })?;
+        let bad = |e: &dyn std::fmt::Display| {
+            StartError::Config(format!(
+                "{}: upstream.headers.{name}: {e}",
+                config.path.display()
+            ))
+        };
+        let name = http::HeaderName::try_from(name.as_str()).map_err(|e| bad(&e))?;
+        let mut value = http::HeaderValue::try_from(value).map_err(|e| bad(&e))?;
+        value.set_sensitive(true);
+        out.push((name, value));
+    }
+    Ok(out)
 }
 
 /// The API keys from `[server] api_keys_env`, and the loopback rule without them. A variable

@@ -21,6 +21,7 @@ pub mod log;
 pub mod mcp;
 pub mod message;
 pub mod metrics;
+pub mod net;
 pub mod protocol;
 mod sync;
 pub mod testkit;

@@ -55,6 +55,9 @@ enum Command {
     Check {
         #[arg(long)]
         config: Option<PathBuf>,
+        /// Print the result as one JSON document on stdout (progress still goes to stderr).
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -94,7 +97,7 @@ fn main() -> ExitCode {
             listen,
             insecure,
         } => runtime.block_on(serve(config_path(config), listen, insecure)),
-        Command::Check { config } => runtime.block_on(check(config_path(config))),
+        Command::Check { config, json } => runtime.block_on(check(config_path(config), json)),
     };
     match result {
         Ok(code) => code,
@@ -149,8 +152,139 @@ async fn wait_for_signal() {
     }
 }
 
-async fn check(path: PathBuf) -> Result<ExitCode, String> {
-    let config = load(&path)?;
+/// `check --json` when the config cannot even be loaded: the error, exit 1.
+fn check_failed_json(path: &std::path::Path, error: String) -> ExitCode {
+    let doc = serde_json::json!({
+        "config": path.display().to_string(),
+        "ok": false,
+        "tools": [],
+        "servers": [],
+        "unused_patterns": [],
+        "errors": [error],
+    });
+    println!("{doc:#}");
+    ExitCode::FAILURE
+}
+
+async fn check(path: PathBuf, json: bool) -> Result<ExitCode, String> {
+    let config = match load(&path) {
+        Ok(c) => c,
+        Err(e) if json => return Ok(check_failed_json(&path, e)),
+        Err(e) => return Err(e),
+    };
+    if !json {
+        print_check_header(&path, &config);
+    }
+    if let Err(e) = app::provider(&config) {
+        if json {
+            return Ok(check_failed_json(&path, e.to_string()));
+        }
+        return Err(e.to_string());
+    }
+    let config = std::sync::Arc::new(config);
+    let servers = &config.mcp_servers;
+    if !servers.is_empty() {
+        let longest = servers
+            .iter()
+            .map(|s| s.startup_timeout.as_secs())
+            .max()
+            .unwrap_or(0);
+        let names: Vec<&str> = servers.iter().map(|s| s.name.as_str()).collect();
+        eprintln!(
+            "starting {} MCP server{} (up to {longest} s): {}",
+            servers.len(),
+            if servers.len() == 1 { "" } else { "s" },
+            names.join(", ")
+        );
+    }
+    // A line per server as its first attempt ends: `check` is otherwise silent for up to
+    // startup_timeout_s.
+    let progress = |p: turnstile::mcp::ServerProgress| match &p.result {
+        Ok(n) => eprintln!(
+            "  {}: up, {n} tool{} ({:.1} s)",
+            p.server,
+            if *n == 1 { "" } else { "s" },
+            p.elapsed.as_secs_f64()
+        ),
+        Err(why) => eprintln!(
+            "  {}: failed: {why} ({:.1} s)",
+            p.server,
+            p.elapsed.as_secs_f64()
+        ),
+    };
+    let started = turnstile::mcp::McpHost::start_reporting(config.clone(), None, &progress).await;
+    let (host, report) = match started {
+        Ok(r) => r,
+        Err(e) if json => return Ok(check_failed_json(&path, e.to_string())),
+        Err(e) => return Err(e.to_string()),
+    };
+    let tools = host.listing();
+    let names: Vec<&str> = tools.iter().map(|t| t.spec.name.as_str()).collect();
+    let unused = turnstile::mcp::policy::unmatched(&config.policy, &names);
+    let failed = !report.failed.is_empty();
+    if json {
+        let doc = serde_json::json!({
+            "config": path.display().to_string(),
+            "ok": !failed,
+            "upstream": {
+                "provider": format!("{:?}", config.upstream.provider).to_lowercase(),
+                "base_url": config.upstream.base_url,
+                "model": config.upstream.model,
+            },
+            "agents": config.agents.iter().map(|a| serde_json::json!({
+                "name": a.name,
+                "tools": a.tools,
+                "max_steps": a.max_steps,
+                "turn_timeout_s": a.turn_timeout.as_secs(),
+            })).collect::<Vec<_>>(),
+            "tools": tools.iter().map(|t| serde_json::json!({
+                "name": t.spec.name,
+                "server": t.server,
+                "tool": t.tool,
+                "verdict": t.verdict,
+                "rule": t.rule,
+            })).collect::<Vec<_>>(),
+            "servers": servers.iter().map(|s| {
+                let error = report.failed.iter().find(|(n, _)| *n == s.name).map(|(_, why)| why);
+                serde_json::json!({
+                    "name": s.name,
+                    "scope": match s.scope { config::McpScope::Shared => "shared", config::McpScope::Session => "session" },
+                    "state": if error.is_some() { "failed" } else { "up" },
+                    "tools": tools.iter().filter(|t| t.server == s.name).count(),
+                    "error": error,
+                })
+            }).collect::<Vec<_>>(),
+            "unused_patterns": unused.iter().map(|(list, rule)| serde_json::json!({
+                "list": list,
+                "pattern": rule.pattern,
+                "line": rule.line,
+            })).collect::<Vec<_>>(),
+            "errors": report.failed.iter().map(|(server, why)| format!("MCP server {server}: {why}")).collect::<Vec<_>>(),
+        });
+        println!("{doc:#}");
+    } else {
+        print_tools(&tools);
+        for (list, rule) in &unused {
+            println!(
+                "warning: {}:{}: policy.{list} pattern {:?} matches no tool",
+                config.path.display(),
+                rule.line,
+                rule.pattern
+            );
+        }
+        for (server, why) in &report.failed {
+            eprintln!("error: MCP server {server}: {why}");
+        }
+    }
+    turnstile::tools::ToolHost::shutdown(&*host).await;
+    if failed {
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What `check` says about the file before starting any server.
+fn print_check_header(path: &std::path::Path, config: &Config) {
     println!("{}: ok", path.display());
     let up = &config.upstream;
     println!(
@@ -172,14 +306,10 @@ async fn check(path: PathBuf) -> Result<ExitCode, String> {
             a.turn_timeout.as_secs()
         );
     }
-    if let Err(e) = app::provider(&config) {
-        return Err(e.to_string());
-    }
-    let config = std::sync::Arc::new(config);
-    let (host, report) = turnstile::mcp::McpHost::start(config.clone(), None)
-        .await
-        .map_err(|e| e.to_string())?;
-    let tools = host.listing();
+}
+
+/// The federated tools, one row each: name, verdict, rule, server.
+fn print_tools(tools: &[turnstile::tools::ServerTool]) {
     let width = tools
         .iter()
         .map(|t| t.spec.name.len())
@@ -202,23 +332,4 @@ async fn check(path: PathBuf) -> Result<ExitCode, String> {
     if tools.is_empty() {
         println!("(no server tools)");
     }
-    let names: Vec<&str> = tools.iter().map(|t| t.spec.name.as_str()).collect();
-    for (list, rule) in turnstile::mcp::policy::unmatched(&config.policy, &names) {
-        println!(
-            "warning: {}:{}: policy.{list} pattern {:?} matches no tool",
-            config.path.display(),
-            rule.line,
-            rule.pattern
-        );
-    }
-    let mut failed = false;
-    for (server, why) in &report.failed {
-        eprintln!("error: MCP server {server}: {why}");
-        failed = true;
-    }
-    turnstile::tools::ToolHost::shutdown(&*host).await;
-    if failed {
-        return Ok(ExitCode::FAILURE);
-    }
-    Ok(ExitCode::SUCCESS)
 }

@@ -110,8 +110,33 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
 /// Validate `text` as the contents of the config file `path` (used in messages, and its folder
 /// for resolving relative paths).
 pub fn load_str(path: &Path, text: &str) -> Result<Config, ConfigError> {
-    let cx = Cx { path, text };
-    let raw = cx.parse()?;
+    load_str_with_env(path, text, &|k| std::env::var(k).ok())
+}
+
+/// [`load_str`] reading the environment (`TURNSTILE_<KEY>` overrides of `[server]`, `${VAR}`
+/// in stdio servers' `args` and `env`) through `env`.
+pub fn load_str_with_env(
+    path: &Path,
+    text: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Config, ConfigError> {
+    let mut cx = Cx {
+        path,
+        text,
+        env,
+        env_vars: Vec::new(),
+    };
+    let mut raw = cx.parse()?;
+    cx.env_vars =
+        super::env::apply_server_env(&mut raw, text.len(), env).map_err(|(var, message)| {
+            ConfigError {
+                path: path.to_path_buf(),
+                line: None,
+                key: Some(var),
+                message,
+            }
+        })?;
+    let cx = cx;
     let base_dir = path.parent().unwrap_or_else(|| Path::new(""));
     Ok(Config {
         path: path.to_path_buf(),
@@ -142,6 +167,10 @@ pub fn resolve_path(base_dir: &Path, p: &Path) -> PathBuf {
 struct Cx<'a> {
     path: &'a Path,
     text: &'a str,
+    /// The environment.
+    env: super::env::Lookup<'a>,
+    /// The `TURNSTILE_<KEY>` variables applied, by their spans (see `env::ENV_SPAN_BASE`).
+    env_vars: Vec<String>,
 }
 
 impl Cx<'_> {
@@ -157,6 +186,18 @@ impl Cx<'_> {
 
     /// An error at `span`, about `key`.
     fn err(&self, span: Range<usize>, key: &str, message: impl Into<String>) -> ConfigError {
+        if let Some(var) = span
+            .start
+            .checked_sub(self.text.len() + super::env::ENV_SPAN_BASE)
+            .and_then(|i| self.env_vars.get(i))
+        {
+            return ConfigError {
+                path: self.path.to_path_buf(),
+                line: None,
+                key: Some(key.to_string()),
+                message: format!("{} (from the environment variable {var})", message.into()),
+            };
+        }
         ConfigError {
             path: self.path.to_path_buf(),
             line: Some(self.line_of(span.start)),
@@ -227,6 +268,22 @@ impl Cx<'_> {
             headers.insert(name.clone(), value.clone());
         }
         Ok(headers)
+    }
+
+    /// Every `${VAR}` in `value` names a variable that is set (the value is expanded later,
+    /// where it is used).
+    fn vars_set(&self, value: &str, span: Range<usize>, key: &str) -> Result<(), ConfigError> {
+        super::env::expand_vars(value, self.env)
+            .map(drop)
+            .map_err(|var| {
+                self.err(
+                    span,
+                    key,
+                    format!(
+                        "${{{var}}} is not set in turnstile's environment: set {var}, or write $${{ for a literal ${{"
+                    ),
+                )
+            })
     }
 
     /// A non-negative integer in `min..=max`, or `default` when absent.
@@ -615,6 +672,11 @@ fn upstream(
     let Some(table) = raw else { return Ok(config) };
     let t = table.get_ref();
     config.headers = cx.headers(t.headers.as_ref(), "upstream.headers")?;
+    if let Some(h) = &t.headers {
+        for (name, value) in &config.headers {
+            cx.vars_set(value, h.span(), &key_path(&["upstream", "headers", name]))?;
+        }
+    }
 
     let Some(provider) = &t.provider else {
         return Err(cx.err(
@@ -897,6 +959,9 @@ fn mcp_server(
                     return Err(cx.err(a.span(), &key("args"), "an argument contains a NUL character"));
                 }
                 args = a.get_ref().clone();
+                for arg in &args {
+                    cx.vars_set(arg, a.span(), &key("args"))?;
+                }
             }
             let mut env = BTreeMap::new();
             if let Some(e) = &t.env {
@@ -910,6 +975,7 @@ fn mcp_server(
                             ),
                         ));
                     }
+                    cx.vars_set(v, e.span(), &key_path(&["mcp_servers", name, "env", k]))?;
                     env.insert(k.clone(), v.clone());
                 }
             }
@@ -1111,15 +1177,117 @@ mod tests {
         Path::new("/etc/turnstile/tools.toml")
     }
 
+    /// The environment tests load with: `ORG`, `TOKEN` and what `extra` adds.
+    fn test_env<'a>(extra: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| {
+            [("ORG", "acme"), ("TOKEN", "s3cret")]
+                .iter()
+                .chain(extra)
+                .find(|(name, _)| *name == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    fn ok_env(text: &str, extra: &[(&str, &str)]) -> Config {
+        match load_str_with_env(path(), text, &test_env(extra)) {
+            Ok(c) => c,
+            Err(e) => panic!("expected a valid config, got: {e}"),
+        }
+    }
+
+    fn bad_env(text: &str, extra: &[(&str, &str)]) -> ConfigError {
+        let e = load_str_with_env(Path::new("tools.toml"), text, &test_env(extra))
+            .expect_err("expected an error");
+        let shown = e.to_string();
+        assert!(!shown.contains('\n'), "not one line: {shown}");
+        e
+    }
+
+    #[test]
+    fn stdio_args_and_env_may_use_set_variables_and_an_unset_one_is_an_error_naming_it() {
+        let c = ok_env(
+            "[mcp_servers.gh]\ncommand = \"srv\"\nargs = [\"--token=${TOKEN}\", \"$${LITERAL}\"]\nenv = { ORG = \"${ORG}\" }\n",
+            &[],
+        );
+        match &c.mcp_servers[0].transport {
+            McpTransport::Stdio { args, env, .. } => {
+                // Kept as written: expanded when the child is spawned.
+                assert_eq!(args[0], "--token=${TOKEN}");
+                assert_eq!(env["ORG"], "${ORG}");
+            }
+            McpTransport::Http { .. } => panic!("stdio expected"),
+        }
+        let e = bad_env(
+            "[mcp_servers.gh]\ncommand = \"srv\"\nargs = [\"--token=${GH_TOKEN}\"]\n",
+            &[],
+        );
+        assert_eq!(e.key.as_deref(), Some("mcp_servers.gh.args"));
+        assert_eq!(e.line, Some(3));
+        assert!(e.message.contains("${GH_TOKEN} is not set"), "{e}");
+        let e = bad_env(
+            "[mcp_servers.gh]\ncommand = \"srv\"\nenv = { KEY = \"${GH_KEY}\" }\n",
+            &[],
+        );
+        assert_eq!(e.key.as_deref(), Some("mcp_servers.gh.env.KEY"));
+        assert!(e.message.contains("GH_KEY"), "{e}");
+        let e = bad_env(
+            "[upstream]\nprovider = \"openai\"\nmodel = \"m\"\nheaders = { X-Org = \"${NO_ORG}\" }\n",
+            &[],
+        );
+        assert_eq!(e.key.as_deref(), Some("upstream.headers.X-Org"));
+        assert!(e.message.contains("NO_ORG"), "{e}");
+    }
+
+    #[test]
+    fn server_keys_come_from_turnstile_variables_over_the_file() {
+        let file = "[server]\nlisten = \"127.0.0.1:1111\"\nmax_body_bytes = 10\n";
+        let c = ok_env(
+            file,
+            &[
+                ("TURNSTILE_LISTEN", "127.0.0.1:2222"),
+                ("TURNSTILE_MAX_BODY_BYTES", "2048"),
+                ("TURNSTILE_FSYNC", "true"),
+                ("TURNSTILE_IDLE_TIMEOUT_S", "7"),
+                ("TURNSTILE_DATA_DIR", "/var/lib/turnstile"),
+                ("TURNSTILE_SESSION_CACHE", ""),
+            ],
+        );
+        assert_eq!(c.server.listen.port(), 2222);
+        assert_eq!(c.server.max_body_bytes, 2048);
+        assert!(c.server.fsync);
+        assert_eq!(c.server.idle_timeout, Duration::from_secs(7));
+        assert_eq!(c.server.data_dir, Path::new("/var/lib/turnstile"));
+        assert_eq!(c.server.session_cache, 1000, "an empty variable is unset");
+        // With no [server] table at all.
+        let c = ok_env("", &[("TURNSTILE_MAX_CONNECTIONS", "3")]);
+        assert_eq!(c.server.max_connections, 3);
+
+        let e = bad_env(file, &[("TURNSTILE_MAX_BODY_BYTES", "lots")]);
+        assert_eq!(e.key.as_deref(), Some("TURNSTILE_MAX_BODY_BYTES"));
+        assert!(e.message.contains("\"lots\" is not a whole number"), "{e}");
+        let e = bad_env(file, &[("TURNSTILE_MAX_CONNECTIONS", "0")]);
+        assert_eq!(e.line, None);
+        assert_eq!(e.key.as_deref(), Some("server.max_connections"));
+        assert!(
+            e.message.contains("out of range") && e.message.contains("TURNSTILE_MAX_CONNECTIONS"),
+            "{e}"
+        );
+        let e = bad_env(file, &[("TURNSTILE_LISTEN", "nowhere")]);
+        assert!(e.to_string().contains("TURNSTILE_LISTEN"), "{e}");
+        let e = bad_env(file, &[("TURNSTILE_PUBLIC_META", "maybe")]);
+        assert!(e.to_string().contains("TURNSTILE_PUBLIC_META"), "{e}");
+    }
+
     fn ok(text: &str) -> Config {
-        match load_str(path(), text) {
+        match load_str_with_env(path(), text, &test_env(&[])) {
             Ok(c) => c,
             Err(e) => panic!("expected a valid config, got: {e}"),
         }
     }
 
     fn bad(text: &str) -> ConfigError {
-        let e = load_str(Path::new("tools.toml"), text).expect_err("expected an error");
+        let e = load_str_with_env(Path::new("tools.toml"), text, &test_env(&[]))
+            .expect_err("expected an error");
         let shown = e.to_string();
         assert!(!shown.contains('\n'), "not one line: {shown}");
         println!("{shown}");
@@ -1613,7 +1781,7 @@ default = "ask"                              # for a tool that no pattern names
             c.telemetry.otlp_endpoint.as_deref(),
             Some("http://127.0.0.1:4317")
         );
-        assert_eq!(c.upstream.headers["X-Org"], "${ORG}");
+        assert_eq!(c.upstream.headers["X-Org"], "${ORG}", "kept as written");
         assert_eq!(c.agents[0].wrap_up, Duration::from_secs(5));
         assert_eq!(c.agents[0].context_tokens, Some(32000));
         assert_eq!(c.agents[0].compact_at, 0.5);

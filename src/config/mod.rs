@@ -4,6 +4,7 @@
 //! error messages), [`load`] validates it into the runtime types below with every default
 //! applied. Nothing downstream ever sees a raw value or has to think about defaults.
 
+mod env;
 mod load;
 mod raw;
 
@@ -12,7 +13,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use load::{load, load_str, resolve_path, ConfigError};
+pub use env::{expand_env, expand_vars, server_var};
+pub use load::{load, load_str, load_str_with_env, resolve_path, ConfigError};
 
 /// The whole validated configuration.
 #[derive(Debug, Clone)]
@@ -154,6 +156,9 @@ pub enum SandboxKind {
 
 #[derive(Debug, Clone)]
 pub enum McpTransport {
+    /// `args` and `env` values are kept as written: `${VAR}` is expanded when the child is
+    /// spawned (every variable was checked to be set when the file was loaded), so secrets are
+    /// never held in (or logged from) the config.
     Stdio {
         command: String,
         args: Vec<String>,

@@ -495,6 +495,30 @@ impl Engine {
         self.inner.tools.tools()
     }
 
+    /// Every MCP server's state (`GET /status`, `/readyz`).
+    pub fn host_servers(&self) -> Vec<crate::mcp::ServerReport> {
+        self.inner.tools.servers()
+    }
+
+    /// Turns running now, by agent (sessions in memory; a running turn keeps its session there).
+    pub fn active_turns(&self) -> std::collections::BTreeMap<String, usize> {
+        let sessions: Vec<Arc<Session>> = lock(&self.inner.sessions).values().cloned().collect();
+        let mut by_agent: std::collections::BTreeMap<String, usize> = self
+            .inner
+            .config
+            .agents
+            .iter()
+            .map(|a| (a.name.clone(), 0))
+            .collect();
+        for s in sessions {
+            let st = s.lock();
+            if st.running.is_some() {
+                *by_agent.entry(st.record.agent.clone()).or_default() += 1;
+            }
+        }
+        by_agent
+    }
+
     /// A session's workspace folder: `sandboxes/<session id>/`.
     pub fn workspace(&self, session_id: &str) -> std::path::PathBuf {
         self.inner.config.server.sandboxes.join(session_id)

@@ -30,6 +30,8 @@ pub struct Caller {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Route {
     Healthz,
+    Readyz,
+    Status,
     Metrics,
     Meta,
     ListSessions,
@@ -59,7 +61,7 @@ impl Route {
     /// Routes that answer without a key.
     fn is_public(&self, app: &App) -> bool {
         match self {
-            Route::Healthz => true,
+            Route::Healthz | Route::Readyz => true,
             Route::Meta => app.public_meta,
             _ => false,
         }
@@ -76,6 +78,11 @@ pub fn resolve(method: &Method, path: &str) -> Result<Route, ApiError> {
             matches!(m, Method::GET | Method::HEAD).then_some(Route::Healthz),
             "GET",
         ),
+        ["readyz"] => (
+            matches!(m, Method::GET | Method::HEAD).then_some(Route::Readyz),
+            "GET",
+        ),
+        ["status"] => ((m == Method::GET).then_some(Route::Status), "GET"),
         ["metrics"] => ((m == Method::GET).then_some(Route::Metrics), "GET"),
         ["meta"] => ((m == Method::GET).then_some(Route::Meta), "GET"),
         ["tools"] => ((m == Method::GET).then_some(Route::Tools), "GET"),
@@ -215,6 +222,8 @@ async fn dispatch(
             StatusCode::OK,
             &serde_json::json!({"status": "ok"}),
         )),
+        Route::Readyz => operator::readyz(app).await,
+        Route::Status => operator::status(app).await,
         Route::Metrics => Ok(text_response(
             StatusCode::OK,
             crate::metrics::CONTENT_TYPE,

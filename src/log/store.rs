@@ -581,6 +581,23 @@ impl Store {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Whether the store can be written now (`/readyz`): the last commit did not fail, and the
+    /// writer can take SQLite's write lock (`BEGIN IMMEDIATE`, rolled back: nothing is
+    /// written). Blocks while a commit is under way; call it off the async threads.
+    pub fn probe_writable(&self) -> Result<(), StoreError> {
+        let last = self.committed();
+        if last > 0 {
+            if let Some(e) = self.failure(last) {
+                return Err(StoreError::WriteFailed(format!(
+                    "the last commit failed: {e}"
+                )));
+            }
+        }
+        let w = lock(&self.shared.writer);
+        w.conn.execute_batch("BEGIN IMMEDIATE; ROLLBACK;")?;
+        Ok(())
+    }
+
     /// Testing: the next `n` commits fail (as on an I/O error), writing nothing.
     #[doc(hidden)]
     pub fn fail_commits(&self, n: u32) {

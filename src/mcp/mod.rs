@@ -30,7 +30,7 @@ use crate::config::{Config, McpScope};
 use crate::message::ToolSpec;
 use crate::sync::lock;
 use crate::tools::{CallContext, ServerTool, ToolHost, ToolOutput};
-use supervisor::{McpTool, Placement, Supervisor};
+use supervisor::{McpTool, Placement, ServerStatus, Supervisor};
 
 /// A session-scoped instance unused this long is stopped (it restarts at the next call).
 const SESSION_IDLE: Duration = Duration::from_secs(600);
@@ -40,6 +40,38 @@ const SESSION_IDLE: Duration = Duration::from_secs(600);
 pub struct StartReport {
     /// Servers that did not come up, with why (they keep retrying in the background).
     pub failed: Vec<(String, String)>,
+}
+
+/// One server's first start-up attempt has ended (for `check`'s progress lines).
+#[derive(Debug, Clone)]
+pub struct ServerProgress {
+    pub server: String,
+    /// The tools it listed, or why it did not come up.
+    pub result: Result<usize, String>,
+    pub elapsed: Duration,
+}
+
+/// One configured server as `GET /status` shows it: a shared server's instance, or a
+/// session-scoped server's running instances.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ServerReport {
+    pub name: String,
+    /// `"shared"` or `"session"`.
+    pub scope: &'static str,
+    /// The shared instance (`None` for a session-scoped server).
+    #[serde(flatten)]
+    pub shared: Option<ServerStatus>,
+    /// Running instances of a session-scoped server, by session id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instances: Option<Vec<InstanceReport>>,
+}
+
+/// A running instance of a session-scoped server.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct InstanceReport {
+    pub session: String,
+    #[serde(flatten)]
+    pub status: ServerStatus,
 }
 
 /// The federated tool set at one moment.
@@ -112,6 +144,15 @@ impl McpHost {
         config: Arc<Config>,
         files: Option<crate::files::FileStore>,
     ) -> Result<(Arc<McpHost>, StartReport), FederationError> {
+        Self::start_reporting(config, files, &|_| {}).await
+    }
+
+    /// [`McpHost::start`], telling `progress` as each server's first attempt ends.
+    pub async fn start_reporting(
+        config: Arc<Config>,
+        files: Option<crate::files::FileStore>,
+        progress: &(dyn Fn(ServerProgress) + Sync),
+    ) -> Result<(Arc<McpHost>, StartReport), FederationError> {
         let builtins = vec![ServerTool {
             spec: crate::files::deliver::spec(),
             server: "builtin".into(),
@@ -165,13 +206,23 @@ impl McpHost {
             }
         }
         let mut report = StartReport::default();
+        let begun = Instant::now();
         let waits = shared
             .iter()
             .map(|(i, s)| (*i, s.clone()))
             .chain(probes.iter().map(|(i, s)| (*i, s.clone())))
             .map(|(i, s)| {
                 let within = config.mcp_servers[i].startup_timeout + Duration::from_secs(1);
-                async move { (i, s.ready(within).await) }
+                let config = &config;
+                async move {
+                    let r = s.ready(within).await;
+                    progress(ServerProgress {
+                        server: config.mcp_servers[i].name.clone(),
+                        result: r.clone().map(|()| s.tools().len()),
+                        elapsed: begun.elapsed(),
+                    });
+                    (i, r)
+                }
             });
         for (i, r) in futures_util::future::join_all(waits).await {
             if let Err(why) = r {
@@ -393,6 +444,39 @@ impl McpHost {
             .clone()
     }
 
+    /// Every configured server's state, in config order.
+    pub fn status(&self) -> Vec<ServerReport> {
+        let sessions = lock(&self.sessions);
+        self.config
+            .mcp_servers
+            .iter()
+            .enumerate()
+            .map(|(i, cfg)| match cfg.scope {
+                McpScope::Shared => ServerReport {
+                    name: cfg.name.clone(),
+                    scope: "shared",
+                    shared: self.shared.get(&i).map(|s| s.status()),
+                    instances: None,
+                },
+                McpScope::Session => ServerReport {
+                    name: cfg.name.clone(),
+                    scope: "session",
+                    shared: None,
+                    instances: Some(
+                        sessions
+                            .iter()
+                            .filter(|((_, idx), _)| *idx == i)
+                            .map(|((session, _), inst)| InstanceReport {
+                                session: session.clone(),
+                                status: inst.sup.status(),
+                            })
+                            .collect(),
+                    ),
+                },
+            })
+            .collect()
+    }
+
     /// The session-scoped instances running now (for tests and metrics).
     pub fn session_instances(&self) -> usize {
         lock(&self.sessions).len()
@@ -437,6 +521,10 @@ impl ToolHost for McpHost {
 
     fn generation(&self) -> tokio::sync::watch::Receiver<u64> {
         self.generation.subscribe()
+    }
+
+    fn servers(&self) -> Vec<ServerReport> {
+        self.status()
     }
 
     fn session_closed<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, ()> {

@@ -58,6 +58,91 @@ const SUSTAINED_UPTIME: Duration = Duration::from_secs(60);
 /// How long a stopped child's stderr is awaited to its end.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(1);
 
+/// Consecutive failed (re)starts of a server that was up before it counts as `failed` rather
+/// than `restarting` (with the backoff, about 3 s of trying).
+pub const RESTART_BUDGET: u32 = 5;
+
+/// Where a server instance stands, as `GET /status`, `/readyz` and `check` report it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ServerState {
+    /// The first connection attempt is under way.
+    Starting,
+    Up,
+    /// It was up, went down, and is being restarted within [`RESTART_BUDGET`].
+    Restarting,
+    /// It never came up, or failed [`RESTART_BUDGET`] restarts in a row (it keeps retrying
+    /// with backoff; `last_error` says why).
+    Failed,
+    Stopped,
+}
+
+/// A snapshot of one server instance for operators.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ServerStatus {
+    pub name: String,
+    pub state: ServerState,
+    /// The child's process id (stdio servers, while one runs).
+    pub pid: Option<u32>,
+    /// Tools it lists now.
+    pub tools: usize,
+    /// Connection attempts after the first.
+    pub restarts: u64,
+    pub last_error: Option<String>,
+    /// When a tool was last called on it (RFC 3339, UTC).
+    pub last_call: Option<String>,
+}
+
+/// What the supervising task and calls record about an instance; read by [`Supervisor::status`].
+#[derive(Debug)]
+struct Tracker {
+    state: ServerState,
+    restarts: u64,
+    ever_up: bool,
+    failures_since_up: u32,
+    last_error: Option<String>,
+    last_call: Option<std::time::SystemTime>,
+}
+
+impl Tracker {
+    fn new() -> Tracker {
+        Tracker {
+            state: ServerState::Starting,
+            restarts: 0,
+            ever_up: false,
+            failures_since_up: 0,
+            last_error: None,
+            last_call: None,
+        }
+    }
+
+    fn up(&mut self) {
+        self.state = ServerState::Up;
+        self.ever_up = true;
+        self.failures_since_up = 0;
+    }
+
+    /// The instance went down (an attempt failed, or the server exited after being up).
+    fn down(&mut self, why: &str, attempt_failed: bool) {
+        self.last_error = Some(why.to_string());
+        if attempt_failed {
+            self.failures_since_up = self.failures_since_up.saturating_add(1);
+        }
+        self.state = if !self.ever_up || self.failures_since_up >= RESTART_BUDGET {
+            ServerState::Failed
+        } else {
+            ServerState::Restarting
+        };
+    }
+}
+
+/// RFC 3339 (UTC, seconds) of a moment.
+fn rfc3339(t: std::time::SystemTime) -> Option<String> {
+    let t = time::OffsetDateTime::from(t).replace_nanosecond(0).ok()?;
+    t.format(&time::format_description::well_known::Rfc3339)
+        .ok()
+}
+
 /// Where an instance runs: its working folder and the value of `{workspace}` in its args.
 #[derive(Debug, Clone, Default)]
 pub struct Placement {
@@ -78,6 +163,7 @@ pub struct Supervisor {
     done: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// The process group of the current child (stdio servers), for a last-resort kill.
     pgid: Arc<std::sync::atomic::AtomicI32>,
+    tracker: Arc<std::sync::Mutex<Tracker>>,
 }
 
 /// Tells the supervisor a server changed its tool list.
@@ -111,6 +197,7 @@ impl Supervisor {
         let (tools_tx, tools) = watch::channel(Arc::new(Vec::new()));
         let shutdown = CancellationToken::new();
         let pgid = Arc::new(std::sync::atomic::AtomicI32::new(0));
+        let tracker = Arc::new(std::sync::Mutex::new(Tracker::new()));
         let sup = Arc::new(Supervisor {
             name: cfg.name.clone(),
             link,
@@ -119,8 +206,11 @@ impl Supervisor {
             shutdown: shutdown.clone(),
             done: tokio::sync::Mutex::new(None),
             pgid: pgid.clone(),
+            tracker: tracker.clone(),
         });
-        let task = tokio::spawn(run(cfg, placement, link_tx, tools_tx, shutdown, pgid));
+        let task = tokio::spawn(run(
+            cfg, placement, link_tx, tools_tx, shutdown, pgid, tracker,
+        ));
         if let Ok(mut done) = sup.done.try_lock() {
             *done = Some(task);
         }
@@ -148,6 +238,21 @@ impl Supervisor {
             .unwrap_or_else(|_| Err(format!("not ready after {} s", within.as_secs())))
     }
 
+    /// Where the instance stands now.
+    pub fn status(&self) -> ServerStatus {
+        let t = crate::sync::lock(&self.tracker);
+        let pid = self.pgid.load(std::sync::atomic::Ordering::SeqCst);
+        ServerStatus {
+            name: self.name.clone(),
+            state: t.state,
+            pid: (pid > 0 && t.state != ServerState::Stopped).then_some(pid.unsigned_abs()),
+            tools: self.tools.borrow().len(),
+            restarts: t.restarts,
+            last_error: t.last_error.clone(),
+            last_call: t.last_call.and_then(rfc3339),
+        }
+    }
+
     /// The tools as the server lists them now.
     pub fn tools(&self) -> Arc<Vec<McpTool>> {
         self.tools.borrow().clone()
@@ -161,6 +266,7 @@ impl Supervisor {
     /// Call a tool; every failure is an error output. Waits for the server to be up (within the
     /// call's timeout) if it is restarting.
     pub async fn call(&self, tool: &str, input: Value) -> ToolOutput {
+        crate::sync::lock(&self.tracker).last_call = Some(std::time::SystemTime::now());
         let deadline = tokio::time::Instant::now() + self.timeout;
         let mut link = self.link.clone();
         let peer = loop {
@@ -242,13 +348,20 @@ async fn run(
     tools: watch::Sender<Arc<Vec<McpTool>>>,
     shutdown: CancellationToken,
     pgid: Arc<std::sync::atomic::AtomicI32>,
+    tracker: Arc<std::sync::Mutex<Tracker>>,
 ) {
+    let track = |f: &dyn Fn(&mut Tracker)| f(&mut crate::sync::lock(&tracker));
     let stderr_log = Arc::new(std::sync::Mutex::new(super::stderr::StderrLog::new(
         cfg.name.clone(),
     )));
     let mut backoff = BACKOFF_START;
     let metrics = crate::metrics::mcp(&cfg.name);
+    let mut attempts: u64 = 0;
     while !shutdown.is_cancelled() {
+        if attempts > 0 {
+            track(&|t| t.restarts += 1);
+        }
+        attempts += 1;
         let started = Instant::now();
         let (changed_tx, mut changed_rx) = mpsc::unbounded_channel();
         let mut drain = None;
@@ -267,6 +380,7 @@ async fn run(
                         tools.send_replace(Arc::new(listed));
                         link.send_replace(Link::Ready(peer.clone()));
                         let _up = metrics.up();
+                        track(&|t| t.up());
                         tracing::info!(server = %cfg.name, tools = tools.borrow().len(), "MCP server ready");
                         let mut cancel = Some(service.cancellation_token());
                         let waiting = service.waiting();
@@ -293,15 +407,19 @@ async fn run(
                         }
                     }
                     Ok(Err(e)) => {
-                        link.send_replace(Link::Down(format!("listing tools failed: {e}")));
+                        let why = format!("listing tools failed: {e}");
+                        track(&|t| t.down(&why, true));
+                        link.send_replace(Link::Down(why));
                     }
                     Err(_) => {
+                        track(&|t| t.down("listing tools timed out", true));
                         link.send_replace(Link::Down("listing tools timed out".into()));
                     }
                 }
             }
             Err(e) => {
                 tracing::warn!(server = %cfg.name, error = %e, "MCP server failed to start");
+                track(&|t| t.down(&e, true));
                 link.send_replace(Link::Down(e));
             }
         }
@@ -316,6 +434,7 @@ async fn run(
             break;
         }
         if !matches!(&*link.borrow(), Link::Down(_)) {
+            track(&|t| t.down("the server exited", false));
             link.send_replace(Link::Down("the server exited; restarting".into()));
             tracing::warn!(server = %cfg.name, "MCP server exited; restarting");
         }
@@ -329,6 +448,7 @@ async fn run(
         backoff = (backoff * 2).min(BACKOFF_MAX);
         metrics.restarted();
     }
+    track(&|t| t.state = ServerState::Stopped);
     link.send_replace(Link::Stopped);
 }
 
@@ -366,13 +486,25 @@ async fn connect(
                 .workspace
                 .as_ref()
                 .map(|w| w.display().to_string());
-            let child_args: Vec<String> = args
-                .iter()
-                .map(|a| match &workspace {
+            // `${VAR}` first (checked at load; a variable unset since is an error naming it),
+            // then `{workspace}`.
+            let unset = |what: &str, var: String| {
+                format!("{what} uses ${{{var}}}, which is not set in turnstile's environment")
+            };
+            let mut child_args = Vec::with_capacity(args.len());
+            for a in args {
+                let a = expand(a).map_err(|var| unset("an argument", var))?;
+                child_args.push(match &workspace {
                     Some(w) => a.replace("{workspace}", w),
-                    None => a.clone(),
-                })
-                .collect();
+                    None => a,
+                });
+            }
+            let mut env_expanded = BTreeMap::new();
+            for (k, v) in env {
+                let v = expand(v).map_err(|var| unset(&format!("env {k}"), var))?;
+                env_expanded.insert(k.clone(), v);
+            }
+            let env = &env_expanded;
             cmd.args(&child_args);
             cmd.env_clear();
             for k in KEPT_ENV {
@@ -461,23 +593,10 @@ fn expand_headers(
     Ok(out)
 }
 
-/// `${VAR}` expansion; the name of the first missing variable on failure.
+/// `${VAR}` expansion from turnstile's environment; the name of the first missing variable on
+/// failure (see [`crate::config::expand_vars`]).
 pub fn expand(s: &str) -> Result<String, String> {
-    let mut out = String::with_capacity(s.len());
-    let mut rest = s;
-    while let Some(start) = rest.find("${") {
-        out.push_str(&rest[..start]);
-        let after = &rest[start + 2..];
-        let Some(end) = after.find('}') else {
-            out.push_str(&rest[start..]);
-            return Ok(out);
-        };
-        let var = &after[..end];
-        out.push_str(&std::env::var(var).map_err(|_| var.to_string())?);
-        rest = &after[end + 1..];
-    }
-    out.push_str(rest);
-    Ok(out)
+    crate::config::expand_env(s)
 }
 
 #[cfg(test)]

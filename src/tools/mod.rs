@@ -86,6 +86,11 @@ pub trait ToolHost: Send + Sync + 'static {
         tokio::sync::watch::channel(0).1
     }
 
+    /// Every MCP server's state, for `GET /status` and `/readyz` (none by default).
+    fn servers(&self) -> Vec<crate::mcp::ServerReport> {
+        Vec::new()
+    }
+
     /// The process is stopping: stop everything (no child may outlive it).
     fn shutdown(&self) -> BoxFuture<'_, ()> {
         Box::pin(async {})

@@ -122,6 +122,12 @@ impl Anthropic {
         }
     }
 
+    /// Sends these headers on every request too (`[upstream] headers`, expanded).
+    pub fn with_headers(mut self, headers: Vec<(http::HeaderName, http::HeaderValue)>) -> Self {
+        self.endpoint.set_headers(headers);
+        self
+    }
+
     /// The base URL this provider talks to.
     pub fn base_url(&self) -> &str {
         self.endpoint.base_url()

@@ -23,13 +23,11 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::{Frame, Incoming};
 use hyper::client::conn::http1;
 use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioIo;
 use tower_service::Service;
 
 use crate::sync::lock;
 
-type Io = MaybeHttpsStream<TokioIo<tokio::net::TcpStream>>;
+type Io = MaybeHttpsStream<crate::net::Stream>;
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Idle connections kept, and for how long.
@@ -49,7 +47,7 @@ pub(crate) enum CallError {
 
 /// Connections to an upstream (made by [`super::wire::connector`]), kept for reuse.
 pub(crate) struct Pool {
-    connector: HttpsConnector<HttpConnector>,
+    connector: HttpsConnector<crate::net::Connector>,
     idle: Mutex<Vec<Idle>>,
 }
 
@@ -81,7 +79,11 @@ impl Pool {
             None => self.connect(uri).await?,
         };
         loop {
-            let req = origin_form(make(), uri);
+            let req = match &conn.proxied {
+                // Plain HTTP through a proxy: the absolute URL, and the proxy's credentials.
+                Some(auth) => proxy_form(make(), uri, auth.as_ref()),
+                None => origin_form(make(), uri),
+            };
             let reused = conn.reused;
             match conn.request(req).await {
                 Ok(resp) => {
@@ -108,6 +110,10 @@ impl Pool {
             .call(uri.clone())
             .await
             .map_err(CallError::Connect)?;
+        let proxied = match &io {
+            MaybeHttpsStream::Http(s) => s.proxied.clone(),
+            MaybeHttpsStream::Https(_) => None,
+        };
         let (send, conn) = http1::handshake(io)
             .await
             .map_err(|e| CallError::Connect(e.into()))?;
@@ -116,6 +122,7 @@ impl Pool {
             conn,
             done: false,
             reused: false,
+            proxied,
         })
     }
 
@@ -168,6 +175,26 @@ fn origin_form(mut req: Request<Full<Bytes>>, uri: &Uri) -> Request<Full<Bytes>>
     req
 }
 
+/// Through a proxy, HTTP/1 wants the absolute URL as the request target, the authority in
+/// `Host` and the proxy's credentials in `Proxy-Authorization`.
+fn proxy_form(
+    mut req: Request<Full<Bytes>>,
+    uri: &Uri,
+    auth: Option<&HeaderValue>,
+) -> Request<Full<Bytes>> {
+    if let Some(authority) = uri.authority() {
+        if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
+            req.headers_mut().entry(HOST).or_insert(host);
+        }
+    }
+    if let Some(auth) = auth {
+        req.headers_mut()
+            .insert(http::header::PROXY_AUTHORIZATION, auth.clone());
+    }
+    *req.uri_mut() = uri.clone();
+    req
+}
+
 /// One connection: the request side and the connection's own future, polled by whoever holds it.
 struct Conn {
     send: http1::SendRequest<Full<Bytes>>,
@@ -175,6 +202,8 @@ struct Conn {
     /// The connection's future has finished (closed or failed): it must not be polled again.
     done: bool,
     reused: bool,
+    /// Plain HTTP through a proxy (with its credentials, if any): see [`proxy_form`].
+    proxied: Option<Option<HeaderValue>>,
 }
 
 impl Conn {

@@ -18,8 +18,7 @@ use bytes::Bytes;
 use http::header::{ACCEPT, CONTENT_TYPE, RETRY_AFTER, USER_AGENT};
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Uri};
 use http_body_util::Full;
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
-use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use serde::de::DeserializeOwned;
@@ -31,24 +30,18 @@ use crate::message::{ToolCall, Usage};
 
 /// The pooled HTTP/1 client (http and https) the MCP HTTP client holds: what [`https_client`]
 /// builds.
-pub(crate) type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+pub(crate) type HttpsClient = Client<HttpsConnector<crate::net::Connector>, Full<Bytes>>;
 
 /// How much of an error body is read: enough for any API's error object, bounded against a
 /// misbehaving server.
 const MAX_ERROR_BODY: usize = 64 * 1024;
 
-/// Connects to `http://` and `https://` URLs (TLS trusting the webpki roots, HTTP/1,
-/// `TCP_NODELAY`). `connect_timeout` bounds the TCP connect (`None`: no bound of its own).
-pub(crate) fn connector(connect_timeout: Option<Duration>) -> HttpsConnector<HttpConnector> {
-    let mut http = HttpConnector::new();
-    http.set_nodelay(true);
-    http.enforce_http(false);
-    http.set_connect_timeout(connect_timeout);
-    HttpsConnectorBuilder::new()
-        .with_webpki_roots()
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(http)
+/// Connects to `http://` and `https://` URLs: see [`crate::net::connector`] (proxies from the
+/// environment, webpki and system roots, HTTP/1, `TCP_NODELAY`).
+pub(crate) fn connector(
+    connect_timeout: Option<Duration>,
+) -> HttpsConnector<crate::net::Connector> {
+    crate::net::connector(connect_timeout)
 }
 
 /// A pooled client (hyper-util's, a task per connection) over [`connector`].
@@ -229,6 +222,8 @@ pub(crate) struct Endpoint {
     key: Result<Option<(HeaderName, HeaderValue)>, UpstreamError>,
     timeout: Duration,
     pool: std::sync::Arc<Pool>,
+    /// `[upstream] headers`, expanded: on every request, over any of the same name.
+    extra: Vec<(HeaderName, HeaderValue)>,
 }
 
 impl Endpoint {
@@ -262,7 +257,14 @@ impl Endpoint {
             key,
             timeout,
             pool: Pool::new(),
+            extra: Vec::new(),
         }
+    }
+
+    /// Sends these headers on every request too (`[upstream] headers`), replacing any of the
+    /// same name.
+    pub(crate) fn set_headers(&mut self, headers: Vec<(HeaderName, HeaderValue)>) {
+        self.extra = headers;
     }
 
     /// The base URL calls go to.
@@ -330,6 +332,11 @@ impl Endpoint {
             builder = builder.header(USER_AGENT, concat!("turnstile/", env!("CARGO_PKG_VERSION")));
             if let Some((name, value)) = &key {
                 builder = builder.header(name, value);
+            }
+            if let Some(h) = builder.headers_mut() {
+                for (name, value) in &self.extra {
+                    h.insert(name.clone(), value.clone());
+                }
             }
             // Parts checked above (the URI) or static: building cannot fail.
             builder.body(Full::new(body.clone())).unwrap_or_default()
