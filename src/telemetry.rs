@@ -98,14 +98,7 @@ pub struct TurnEnd<'a> {
 
 /// A turn's end: recorded on its span (the current one) and logged at INFO.
 pub fn turn_done(end: &TurnEnd<'_>) {
-    let span = Span::current();
     let duration_ms = millis(end.took);
-    span.record("outcome", tracing::field::display(end.outcome));
-    span.record("reason", tracing::field::display(end.reason));
-    span.record("steps", end.steps);
-    span.record("tokens_in", end.tokens_in);
-    span.record("tokens_out", end.tokens_out);
-    span.record("duration_ms", duration_ms);
     tracing::info!(
         outcome = %end.outcome,
         reason = %end.reason,
@@ -115,6 +108,13 @@ pub fn turn_done(end: &TurnEnd<'_>) {
         duration_ms,
         "turn ended"
     );
+    let span = Span::current();
+    span.record("outcome", tracing::field::display(end.outcome));
+    span.record("reason", tracing::field::display(end.reason));
+    span.record("steps", end.steps);
+    span.record("tokens_in", end.tokens_in);
+    span.record("tokens_out", end.tokens_out);
+    span.record("duration_ms", duration_ms);
 }
 
 /// The span of one model call attempt (`attempt` counts from 1), a child of the current (turn)
@@ -219,6 +219,67 @@ impl Telemetry {
     }
 }
 
+/// Fields as the default text format writes them (`name=value`, the message bare), without
+/// the `otel.*` ones (span names and kinds for the exporter, noise in a log line).
+struct TextFields;
+
+impl<'w> tracing_subscriber::fmt::FormatFields<'w> for TextFields {
+    fn format_fields<R: tracing_subscriber::field::RecordFields>(
+        &self,
+        mut writer: tracing_subscriber::fmt::format::Writer<'w>,
+        fields: R,
+    ) -> std::fmt::Result {
+        let mut visit = TextVisit {
+            writer: &mut writer,
+            first: true,
+            result: Ok(()),
+        };
+        fields.record(&mut visit);
+        visit.result
+    }
+
+    fn add_fields(
+        &self,
+        current: &'w mut tracing_subscriber::fmt::FormattedFields<Self>,
+        fields: &tracing::span::Record<'_>,
+    ) -> std::fmt::Result {
+        let mut more = String::new();
+        self.format_fields(
+            tracing_subscriber::fmt::format::Writer::new(&mut more),
+            fields,
+        )?;
+        if !more.is_empty() {
+            if !current.fields.is_empty() {
+                current.fields.push(' ');
+            }
+            current.fields.push_str(&more);
+        }
+        Ok(())
+    }
+}
+
+struct TextVisit<'a, 'w> {
+    writer: &'a mut tracing_subscriber::fmt::format::Writer<'w>,
+    first: bool,
+    result: std::fmt::Result,
+}
+
+impl tracing::field::Visit for TextVisit<'_, '_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        let name = field.name();
+        if self.result.is_err() || name.starts_with("otel.") {
+            return;
+        }
+        let space = if self.first { "" } else { " " };
+        self.first = false;
+        self.result = if name == "message" {
+            write!(self.writer, "{space}{value:?}")
+        } else {
+            write!(self.writer, "{space}{name}={value:?}")
+        };
+    }
+}
+
 /// Install the process's subscriber: log lines to stderr (text, with colour only on a terminal,
 /// or JSON), filtered by `RUST_LOG` (default `info,rmcp=warn`), and the span export if `otlp`
 /// says where. `runtime` runs the exporter's HTTP calls.
@@ -236,7 +297,7 @@ pub fn init(
     let fmt = if json {
         fmt.json().with_filter(filter).boxed()
     } else {
-        fmt.with_filter(filter).boxed()
+        fmt.fmt_fields(TextFields).with_filter(filter).boxed()
     };
     #[cfg(feature = "otlp")]
     {
@@ -359,9 +420,10 @@ pub mod otlp {
                 let body = Limited::new(body, ANSWER_MAX).collect().await?.to_bytes();
                 Ok::<_, HttpError>(Response::from_parts(head, body))
             };
+            // Made on the runtime: a timer needs one.
             let task = self
                 .runtime
-                .spawn(tokio::time::timeout(EXPORT_TIMEOUT, call));
+                .spawn(async move { tokio::time::timeout(EXPORT_TIMEOUT, call).await });
             Box::pin(async move {
                 match task.await {
                     Ok(Ok(answer)) => answer,

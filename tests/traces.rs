@@ -403,3 +403,192 @@ async fn the_log_written_to_a_pipe_has_no_colour_and_one_line_per_request_and_tu
     );
     child.kill().await.ok();
 }
+
+/// An OTLP/HTTP collector on port 0: every span it is sent, from the protobuf body of
+/// `POST /v1/traces`.
+#[cfg(feature = "otlp")]
+mod collector {
+    use std::sync::{Arc, Mutex};
+
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full};
+    use hyper::service::service_fn;
+    use hyper_util::rt::TokioIo;
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::common::v1::any_value::Value;
+    use opentelemetry_proto::tonic::trace::v1::Span;
+    use prost::Message;
+
+    pub type Spans = Arc<Mutex<Vec<(String, Span)>>>;
+
+    /// Starts it; its address and the spans (with their service name) received so far.
+    pub async fn start() -> (std::net::SocketAddr, Spans) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let spans: Spans = Arc::default();
+        let got = spans.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let got = got.clone();
+                let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let got = got.clone();
+                    async move {
+                        let path = req.uri().path().to_string();
+                        let body = req.into_body().collect().await?.to_bytes();
+                        if path == "/v1/traces" {
+                            let export = ExportTraceServiceRequest::decode(body).expect("OTLP");
+                            for rs in export.resource_spans {
+                                let service = rs
+                                    .resource
+                                    .iter()
+                                    .flat_map(|r| r.attributes.iter())
+                                    .find(|a| a.key == "service.name")
+                                    .map(|a| value(a.value.as_ref()))
+                                    .unwrap_or_default();
+                                for ss in rs.scope_spans {
+                                    for s in ss.spans {
+                                        got.lock().unwrap().push((service.clone(), s));
+                                    }
+                                }
+                            }
+                        }
+                        let status = if path == "/v1/traces" { 200 } else { 404 };
+                        Ok::<_, hyper::Error>(
+                            hyper::Response::builder()
+                                .status(status)
+                                .header("content-type", "application/x-protobuf")
+                                .body(Full::new(Bytes::new()))
+                                .unwrap(),
+                        )
+                    }
+                });
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service),
+                );
+            }
+        });
+        (addr, spans)
+    }
+
+    pub fn value(v: Option<&opentelemetry_proto::tonic::common::v1::AnyValue>) -> String {
+        match v.and_then(|v| v.value.as_ref()) {
+            Some(Value::StringValue(s)) => s.clone(),
+            Some(Value::IntValue(i)) => i.to_string(),
+            Some(Value::BoolValue(b)) => b.to_string(),
+            Some(Value::DoubleValue(d)) => d.to_string(),
+            other => format!("{other:?}"),
+        }
+    }
+
+    pub fn attr(span: &Span, key: &str) -> String {
+        span.attributes
+            .iter()
+            .find(|a| a.key == key)
+            .map(|a| value(a.value.as_ref()))
+            .unwrap_or_else(|| panic!("span {} has no attribute {key}", span.name))
+    }
+}
+
+/// The real binary with `[telemetry] otlp_endpoint`: one turn's spans reach an OTLP collector as
+/// one trace, request → turn → model calls and tool call, with their attributes.
+#[cfg(feature = "otlp")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turns_spans_are_exported_over_otlp_as_one_tree() {
+    use collector::attr;
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let (collector_addr, spans) = collector::start().await;
+    let fake = FakeOpenAi::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let extra = format!("{POLICY}\n[telemetry]\notlp_endpoint = \"http://{collector_addr}\"\n");
+    std::fs::write(dir.path().join("tools.toml"), config_text(&fake, &extra)).unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .args(["serve", "--config"])
+        .arg(dir.path().join("tools.toml"))
+        .args(["--listen", "127.0.0.1:0"])
+        .env("RUST_LOG", "info")
+        // Spans are sent 50 ms after they end rather than 5 s.
+        .env("OTEL_BSP_SCHEDULE_DELAY", "50")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn turnstile");
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr: std::net::SocketAddr = loop {
+        let line = lines.next_line().await.unwrap().expect("exited early");
+        if let Some(rest) = line.split("listening on http://").nth(1) {
+            break rest.split_whitespace().next().unwrap().parse().unwrap();
+        }
+    };
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let http = common::Http::new(addr);
+    let (status, v) = http.post("/sessions", &json!({})).await;
+    assert_eq!(status, 201);
+    let sid = v["sessionId"].as_str().unwrap().to_string();
+    let workspace = dir.path().join("sandboxes").join(&sid);
+    std::fs::create_dir_all(&workspace).unwrap();
+    std::fs::write(workspace.join("report.txt"), "the report\n").unwrap();
+    fake.push(
+        Reply::tool_calls(&[("call_1", "deliver_file", json!({"path": "report.txt"}))])
+            .usage(10, 3),
+    );
+    fake.push(Reply::text("Here it is.").usage(20, 4));
+    let body = json!({"stream": "none", "messages": [{"role": "user", "content": "report?"}]});
+    let (status, v) = http.post(&format!("/sessions/{sid}/turns"), &body).await;
+    assert_eq!(status, 200, "{v}");
+
+    // The request's span ends after its turn's: once it is in, the whole tree is.
+    let request_name = "POST /sessions/{id}/turns";
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let got = loop {
+        let got = spans.lock().unwrap().clone();
+        if got.iter().any(|(_, s)| s.name == request_name) {
+            break got;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no request span exported: {got:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(got.iter().all(|(service, _)| service == "turnstile"));
+    let one = |name: &str| {
+        let of: Vec<_> = got
+            .iter()
+            .map(|(_, s)| s)
+            .filter(|s| s.name == name)
+            .collect();
+        of
+    };
+    let request = one(request_name)[0];
+    assert!(request.parent_span_id.is_empty(), "the request is the root");
+    assert_eq!(attr(request, "route"), "/sessions/{id}/turns");
+    assert_eq!(attr(request, "session"), sid);
+    assert_eq!(attr(request, "status"), "200");
+    let turns = one("turn");
+    assert_eq!(turns.len(), 1);
+    let turn = turns[0];
+    assert_eq!(turn.trace_id, request.trace_id, "one trace");
+    assert_eq!(turn.parent_span_id, request.span_id);
+    assert_eq!(attr(turn, "session"), sid);
+    assert_eq!(attr(turn, "turn"), attr(request, "turn"));
+    assert_eq!(attr(turn, "agent"), "assistant");
+    assert_eq!(attr(turn, "outcome"), "completed");
+    assert_eq!(attr(turn, "steps"), "2");
+    let models = one("model_call");
+    assert_eq!(models.len(), 2);
+    for m in &models {
+        assert_eq!(m.parent_span_id, turn.span_id);
+        assert_eq!(attr(m, "provider"), "openai");
+        assert_eq!(attr(m, "model"), "fake-model");
+        assert_eq!(attr(m, "attempt"), "1");
+    }
+    let tools = one("tool_call");
+    assert_eq!(tools.len(), 1);
+    assert_eq!(tools[0].parent_span_id, turn.span_id);
+    assert_eq!(attr(tools[0], "server"), "builtin");
+    assert_eq!(attr(tools[0], "tool"), "deliver_file");
+    assert_eq!(attr(tools[0], "verdict"), "trust");
+    child.kill().await.ok();
+}
