@@ -24,6 +24,7 @@ pub mod metrics;
 pub mod net;
 pub mod protocol;
 mod sync;
+pub mod telemetry;
 pub mod testkit;
 pub mod tools;
 pub mod upstream;

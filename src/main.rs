@@ -66,21 +66,8 @@ fn config_path(flag: Option<PathBuf>) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("tools.toml"))
 }
 
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=warn"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -91,13 +78,25 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let json = matches!(cli.log_format, LogFormat::Json);
     let result = match cli.command {
         Command::Serve {
             config,
             listen,
             insecure,
-        } => runtime.block_on(serve(config_path(config), listen, insecure)),
-        Command::Check { config, json } => runtime.block_on(check(config_path(config), json)),
+        } => load(&config_path(config)).and_then(|config| {
+            // Spans are exported only by `serve`, where the config says where.
+            let otlp = turnstile::telemetry::OtlpTarget::resolve(&config.telemetry);
+            let telemetry = turnstile::telemetry::init(json, otlp, runtime.handle())?;
+            let result = runtime.block_on(serve(config, listen, insecure));
+            telemetry.shutdown();
+            result
+        }),
+        Command::Check {
+            config,
+            json: json_out,
+        } => turnstile::telemetry::init(json, None, runtime.handle())
+            .and_then(|_| runtime.block_on(check(config_path(config), json_out))),
     };
     match result {
         Ok(code) => code,
@@ -113,11 +112,10 @@ fn load(path: &std::path::Path) -> Result<Config, String> {
 }
 
 async fn serve(
-    path: PathBuf,
+    config: Config,
     listen: Option<SocketAddr>,
     insecure: bool,
 ) -> Result<ExitCode, String> {
-    let config = load(&path)?;
     let addr = listen.unwrap_or(config.server.listen);
     let running = app::start(config, addr, StartOptions { insecure })
         .await

@@ -377,13 +377,18 @@ impl Inner {
 
     pub(crate) fn spawn_turn(self: &Arc<Inner>, job: turn::TurnJob) {
         crate::metrics::inc(&crate::metrics::TURNS_STARTED);
-        self.tracker.spawn(turn::run(self.clone(), job));
+        let span = job.span();
+        let turn = turn::run(self.clone(), job);
+        self.tracker
+            .spawn(tracing::Instrument::instrument(turn, span));
     }
 
     /// A turn for its watcher to run (see [`TurnRequest::drive`]).
     fn drive_turn(self: &Arc<Inner>, job: turn::TurnJob) -> driven::Driven {
         crate::metrics::inc(&crate::metrics::TURNS_STARTED);
-        driven::Driven::new(self, Box::pin(turn::run(self.clone(), job)))
+        let span = job.span();
+        let turn = turn::run(self.clone(), job);
+        driven::Driven::new(self, Box::pin(tracing::Instrument::instrument(turn, span)))
     }
 }
 
@@ -1075,7 +1080,9 @@ impl Engine {
             max_steps: req.max_steps,
             irrevocable: req.irrevocable,
             slot,
+            parent: tracing::Span::current(),
         };
+        crate::telemetry::note_turn(&control.turn_id);
         let run_now = if st.running.is_some() {
             st.queue.push_back(turn::Queued {
                 control: control.clone(),

@@ -91,6 +91,18 @@ pub(crate) struct TurnJob {
     pub irrevocable: bool,
     /// Its place among the running turns; `None` for a queued turn until it runs.
     pub slot: Option<super::RunSlot>,
+    /// The span current when it was started (its request's): its own span's parent, wherever
+    /// and whenever it runs.
+    pub parent: tracing::Span,
+}
+
+impl TurnJob {
+    /// The turn's span (see `telemetry.rs`), made when it starts to run.
+    pub(crate) fn span(&self) -> tracing::Span {
+        let agent = &self.session.record().agent;
+        let (session, turn) = (&*self.session.id, &*self.control.turn_id);
+        crate::telemetry::turn_span(&self.parent, session, turn, agent)
+    }
 }
 
 /// A turn waiting for the running one to end.
@@ -176,6 +188,9 @@ struct Turn {
     unsynced_since: std::sync::Mutex<Option<tokio::time::Instant>>,
     /// The agent's turn metrics, and when the turn started.
     metrics: (Arc<crate::metrics::TurnMetrics>, std::time::Instant),
+    /// Model calls made (retries not counted) and when the turn started, for its end's log line.
+    steps: u32,
+    started: std::time::Instant,
 }
 
 pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
@@ -190,6 +205,7 @@ pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
         max_steps,
         irrevocable,
         slot,
+        parent: _,
     } = job;
     // Counted among the running turns until this task ends.
     let _slot = slot.unwrap_or_else(|| super::RunSlot::take(inner.running_turns()));
@@ -223,6 +239,8 @@ pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
             crate::metrics::turns(&session_agent),
             std::time::Instant::now(),
         ),
+        steps: 0,
+        started: std::time::Instant::now(),
     };
     let timed_out = Err(End::Failed(FailReason::Timeout, String::new()));
     let mut result = tokio::select! {
@@ -690,15 +708,26 @@ impl Turn {
             owner: self.session.owner.clone(),
         };
         let ctx = &ctx;
+        let listing = host.tools();
         let mut done = futures_util::stream::iter(calls)
             .map(|call| {
                 let host = host.clone();
-                async move {
+                let span = match listing.iter().find(|t| t.spec.name == call.name) {
+                    Some(t) => {
+                        let verdict = crate::telemetry::snake(&t.verdict);
+                        crate::telemetry::tool_span(&t.server, &t.tool, &verdict)
+                    }
+                    None => crate::telemetry::tool_span("unknown", &call.name, "unknown"),
+                };
+                let call = async move {
                     let timer = crate::metrics::tool(&*host, &call.name).start();
                     let out = host.call(ctx, &call.name, call.input).await;
                     timer.done(out.is_error);
+                    let outcome = if out.is_error { "error" } else { "ok" };
+                    tracing::Span::current().record("outcome", tracing::field::display(outcome));
                     (call.id, out)
-                }
+                };
+                tracing::Instrument::instrument(call, span)
             })
             .buffer_unordered(TOOL_PARALLELISM);
         // What the turn said before the calls (its tool uses) is committed and published with
@@ -924,6 +953,7 @@ impl Turn {
     async fn call_model(&mut self, req: &ModelRequest, thinking: bool) -> Result<ModelOutput, End> {
         let retries = self.inner.config.upstream.retries;
         let mut attempt = 0;
+        self.steps += 1;
         loop {
             let metered = crate::metrics::upstream(self.inner.provider.name(), &req.model);
             let sent = std::time::Instant::now();
@@ -945,13 +975,11 @@ impl Turn {
             // What the turn has said so far (its `user.message` first of all) is committed while
             // the upstream works on the request if it has not answered when that is due, and
             // published before anything the model says.
-            let (result, synced) = overlapped(
-                self.inner.provider.complete(req, &mut deltas),
-                self.sync(),
-                self.sync_due(),
-                &feed,
-            )
-            .await?;
+            let provider = &self.inner.provider;
+            let span = crate::telemetry::model_span(provider.name(), &req.model, attempt + 1);
+            let call =
+                tracing::Instrument::instrument(provider.complete(req, &mut deltas), span.clone());
+            let (result, synced) = overlapped(call, self.sync(), self.sync_due(), &feed).await?;
             if !synced {
                 // The upstream answered before a commit was due. What the turn said is
                 // committed with what comes next, unless the turn is to wait (a retry's
@@ -964,6 +992,13 @@ impl Turn {
                     feed.discard();
                 }
             }
+            crate::telemetry::model_done(
+                &span,
+                result
+                    .as_ref()
+                    .map(|o| o.usage)
+                    .map_err(|e| e.message.as_str()),
+            );
             let streamed = deltas.streamed_text;
             metered.call(sent, deltas.first_at, result.as_ref().ok().map(|o| o.usage));
             let kept = deltas.kept.take().filter(|t| !t.is_empty());
@@ -1045,6 +1080,21 @@ impl Turn {
         self.metrics
             .0
             .ended(outcome, Some(self.metrics.1.elapsed()));
+        let (outcome, reason) = match &terminal {
+            EventBody::TurnCompleted { stop_reason, .. } => {
+                ("completed", crate::telemetry::snake(stop_reason))
+            }
+            EventBody::TurnFailed { reason, .. } => ("failed", crate::telemetry::snake(reason)),
+            _ => ("cancelled", String::new()),
+        };
+        crate::telemetry::turn_done(&crate::telemetry::TurnEnd {
+            outcome,
+            reason: &reason,
+            steps: self.steps,
+            tokens_in: self.usage.input_tokens,
+            tokens_out: self.usage.output_tokens,
+            took: self.started.elapsed(),
+        });
         let mut stop_on = std::mem::take(&mut self.stop_on);
         let asked = std::mem::take(&mut self.asked);
         let store = &self.inner.store;

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use http::{Method, StatusCode};
+use tracing::Instrument;
 
 use super::auth::Keys;
 use super::{json_response, text_response, ApiError, Request, Response};
@@ -64,6 +65,56 @@ impl Route {
             Route::Healthz | Route::Readyz => true,
             Route::Meta => app.public_meta,
             _ => false,
+        }
+    }
+
+    /// The route's path with its ids as `{id}`: what logs and traces name a request by (one
+    /// value per route, not per id).
+    pub fn template(&self) -> &'static str {
+        match self {
+            Route::Healthz => "/healthz",
+            Route::Readyz => "/readyz",
+            Route::Status => "/status",
+            Route::Metrics => "/metrics",
+            Route::Meta => "/meta",
+            Route::ListSessions | Route::CreateSession => "/sessions",
+            Route::GetSession(_) | Route::DeleteSession(_) => "/sessions/{id}",
+            Route::History(_) => "/sessions/{id}/history",
+            Route::Turns(_) => "/sessions/{id}/turns",
+            Route::Tools => "/tools",
+            Route::Messages(_) => "/sessions/{id}/messages",
+            Route::EventHistory(_) => "/sessions/{id}/events/history",
+            Route::EventStream(_) => "/sessions/{id}/events/stream",
+            Route::Cancel(_) => "/sessions/{id}/cancel",
+            Route::Run => "/run",
+            Route::SessionRun(_) => "/sessions/{id}/run",
+            Route::RunEvents(_) => "/sessions/{id}/events",
+            Route::PlanConfirm(_) => "/sessions/{id}/plan/confirm",
+            Route::PlanReject(_) => "/sessions/{id}/plan/reject",
+            Route::Interrupt(_) => "/sessions/{id}/interrupt",
+            Route::Upload => "/files",
+            Route::File(_) | Route::DeleteFile(_) => "/files/{id}",
+            Route::FileContent(_) => "/files/{id}/content",
+        }
+    }
+
+    /// The session the path names, if it names one.
+    pub fn session_id(&self) -> Option<&str> {
+        match self {
+            Route::GetSession(id)
+            | Route::DeleteSession(id)
+            | Route::History(id)
+            | Route::Turns(id)
+            | Route::Messages(id)
+            | Route::EventHistory(id)
+            | Route::EventStream(id)
+            | Route::Cancel(id)
+            | Route::SessionRun(id)
+            | Route::RunEvents(id)
+            | Route::PlanConfirm(id)
+            | Route::PlanReject(id)
+            | Route::Interrupt(id) => Some(id),
+            _ => None,
         }
     }
 }
@@ -176,12 +227,20 @@ pub fn resolve(method: &Method, path: &str) -> Result<Route, ApiError> {
     })
 }
 
-/// Serve one request.
+/// Serve one request, in a span of its own (see [`crate::telemetry::request_span`]) that ends
+/// with one log line.
 pub async fn handle(app: Arc<App>, req: Request) -> Response {
+    let started = std::time::Instant::now();
     let method = req.method().clone();
-    let path = req.uri().path().to_string();
+    let route = resolve(&method, req.uri().path());
+    let (template, session) = match &route {
+        Ok(r) => (r.template(), r.session_id()),
+        Err(_) => ("(no route)", None),
+    };
+    let span = crate::telemetry::request_span(method.as_str(), template, session);
+    let quiet = matches!(route, Ok(Route::Healthz | Route::Readyz | Route::Metrics));
     let result = async {
-        let route = resolve(&method, &path)?;
+        let route = route?;
         let caller = Caller {
             owner: if route.is_public(&app) {
                 None
@@ -193,9 +252,10 @@ pub async fn handle(app: Arc<App>, req: Request) -> Response {
         super::body::check_declared_length(req.headers(), limit, key, kind)?;
         dispatch(&app, route, caller, req).await
     }
+    .instrument(span.clone())
     .await;
     let resp = result.unwrap_or_else(ApiError::into_response);
-    tracing::debug!(%method, %path, status = resp.status().as_u16(), "request");
+    crate::telemetry::request_done(&span, quiet, resp.status().as_u16(), started.elapsed());
     resp
 }
 
@@ -245,7 +305,8 @@ async fn dispatch(
             // On a task of its own, like a turn request (see `aap::turns`): a client that goes
             // away must not cut the run short of deleting its session.
             let app = app.clone();
-            tokio::spawn(async move { runs::run(&app, &caller, req).await })
+            let run = async move { runs::run(&app, &caller, req).await };
+            tokio::spawn(run.instrument(tracing::Span::current()))
                 .await
                 .unwrap_or_else(|_| {
                     Err(ApiError::new(

@@ -379,7 +379,8 @@ pub async fn turns(
     req: Request,
 ) -> Result<Response, ApiError> {
     let (reply, response) = oneshot::channel();
-    tokio::spawn(async move { turn_task(&app, &caller, &id, req, reply).await });
+    let task = async move { turn_task(&app, &caller, &id, req, reply).await };
+    tokio::spawn(tracing::Instrument::in_current_span(task));
     response.await.unwrap_or_else(|_| {
         Err(ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
