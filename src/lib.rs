@@ -23,6 +23,7 @@ pub mod message;
 pub mod metrics;
 pub mod protocol;
 mod sync;
+#[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 pub mod tools;
 pub mod upstream;
