@@ -25,6 +25,7 @@ pub mod net;
 pub mod protocol;
 mod sync;
 pub mod telemetry;
+#[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 pub mod tools;
 pub mod upstream;

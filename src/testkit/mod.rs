@@ -1,5 +1,7 @@
-//! Test and benchmark support shipped with the crate: a scripted fake upstream that speaks the
-//! real wire format and records every request. Used by `tests/`, the benchmark and examples.
+//! Test and benchmark support: scripted fake upstreams that speak the real wire format and record
+//! every request. Used by `tests/`, the benchmark and examples. Compiled only with the cargo
+//! feature `testkit` (which the package's dev-dependency on itself turns on for them) and in the
+//! library's own unit tests: `cargo build` and `cargo install` leave it out.
 
 pub mod fake_anthropic;
 pub mod fake_openai;
