@@ -39,7 +39,7 @@ pub struct Config {
 /// `[telemetry]`: where traces go, if anywhere.
 #[derive(Debug, Clone, Default)]
 pub struct TelemetryConfig {
-    /// An OTLP endpoint (e.g. `http://127.0.0.1:4317`); `None`: no export (unless
+    /// An OTLP/HTTP endpoint (e.g. `http://127.0.0.1:4318`); `None`: no export (unless
     /// `OTEL_EXPORTER_OTLP_ENDPOINT` is set, which the telemetry module reads itself).
     pub otlp_endpoint: Option<String>,
 }
