@@ -387,15 +387,22 @@ async fn variables_in_a_stdio_servers_args_and_env_reach_the_child() {
     let (status, body) = one_turn(&Http::new(served.addr)).await;
     assert_eq!(status, 200, "{body}");
     let reqs = fake.requests();
-    let results: Vec<String> = reqs[1]["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .map(|m| m["content"].to_string())
-        .collect();
-    assert!(results[0].contains("hello-from-env"), "{results:?}");
-    assert!(results[1].contains("id=label-from-env"), "{results:?}");
+    // The two calls run side by side: find each result by its call id, not by its place.
+    let result = |id: &str| -> String {
+        reqs[1]["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["role"] == "tool" && m["tool_call_id"] == id)
+            .map(|m| m["content"].to_string())
+            .unwrap_or_else(|| panic!("no result for {id}: {}", reqs[1]))
+    };
+    assert!(result("c1").contains("hello-from-env"), "{}", result("c1"));
+    assert!(
+        result("c2").contains("id=label-from-env"),
+        "{}",
+        result("c2")
+    );
     // Secrets are not logged.
     let log = served.log.lock().unwrap().join("\n");
     assert!(
