@@ -4,14 +4,15 @@
 //! the limit is refused before it is read, a body that stalls is cut off, and a long event
 //! stream is never mistaken for an idle connection.
 
+mod common;
+
 use std::net::SocketAddr;
-use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 use tokio::time::Instant;
 
 const HEADER_TIMEOUT: Duration = Duration::from_secs(1);
@@ -41,28 +42,7 @@ impl Server {
             ),
         )
         .unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile"))
-            .args(["serve", "--config"])
-            .arg(dir.path().join("tools.toml"))
-            .args(["--listen", "127.0.0.1:0"])
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn turnstile");
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let addr = loop {
-            let line = lines
-                .next_line()
-                .await
-                .expect("stderr")
-                .expect("turnstile exited before listening");
-            if let Some(rest) = line.split("listening on http://").nth(1) {
-                break rest.split_whitespace().next().unwrap().parse().unwrap();
-            }
-        };
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let (child, addr) = common::binary::serve(&dir.path().join("tools.toml")).await;
         Server {
             child,
             addr,

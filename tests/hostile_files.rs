@@ -8,14 +8,13 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::{config_text, Http, TestServer};
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 use turnstile::testkit::fake_openai::{FakeOpenAi, Reply};
 
 const MIB: u64 = 1024 * 1024;
@@ -37,28 +36,7 @@ impl Proc {
         let fake = FakeOpenAi::start().await;
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("tools.toml"), config_text(&fake, extra)).unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile"))
-            .args(["serve", "--config"])
-            .arg(dir.path().join("tools.toml"))
-            .args(["--listen", "127.0.0.1:0"])
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn turnstile");
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let addr = loop {
-            let line = lines
-                .next_line()
-                .await
-                .expect("stderr")
-                .expect("turnstile exited before listening");
-            if let Some(rest) = line.split("listening on http://").nth(1) {
-                break rest.split_whitespace().next().unwrap().parse().unwrap();
-            }
-        };
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let (child, addr) = common::binary::serve(&dir.path().join("tools.toml")).await;
         Proc {
             child,
             addr,

@@ -5,12 +5,9 @@
 mod common;
 mod sse_reader;
 
-use std::process::Stdio;
-
 use common::{config_text, logcheck::check_log, Http, TestServer};
 use serde_json::json;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 use turnstile::log::{EventBody, FailReason, Store};
 use turnstile::testkit::fake_openai::{FakeOpenAi, Gate, Reply};
 
@@ -166,34 +163,7 @@ struct Proc {
 }
 
 async fn spawn(dir: &std::path::Path) -> Proc {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile"))
-        .args(["serve", "--config"])
-        .arg(dir.join("tools.toml"))
-        .args(["--listen", "127.0.0.1:0"])
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn turnstile");
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let addr = loop {
-        let line = lines
-            .next_line()
-            .await
-            .expect("stderr")
-            .expect("turnstile exited before listening");
-        if let Some(rest) = line.split("listening on http://").nth(1) {
-            break rest
-                .split_whitespace()
-                .next()
-                .unwrap()
-                .parse()
-                .expect("addr");
-        }
-    };
-    // Keep draining the log so the child never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let (child, addr) = common::binary::serve(&dir.join("tools.toml")).await;
     Proc {
         child,
         http: Http::new(addr),

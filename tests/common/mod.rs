@@ -2,6 +2,7 @@
 //! fake upstream, a small HTTP client, SSE parsing and the log checker.
 #![allow(dead_code)]
 
+pub mod binary;
 pub mod logcheck;
 pub mod mcp;
 pub mod provision;

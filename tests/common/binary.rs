@@ -1,0 +1,43 @@
+//! The real `turnstile` binary, started as a child process: for tests of what only a process
+//! shows (descriptors, RSS, signals, `kill -9`).
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Stdio;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// `turnstile serve --config CONFIG` on a free loopback port, logging at INFO. Returns the child
+/// (killed on drop) and the address it listens on, read from its log; the rest of its log is
+/// drained so that the child never blocks on a full pipe.
+pub async fn serve(config: &Path) -> (Child, SocketAddr) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .args(["serve", "--config"])
+        .arg(config)
+        .args(["--listen", "127.0.0.1:0"])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn turnstile");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr piped")).lines();
+    let addr = loop {
+        let line = lines
+            .next_line()
+            .await
+            .expect("stderr")
+            .expect("turnstile exited before listening");
+        if let Some(rest) = line.split("listening on http://").nth(1) {
+            break rest
+                .split_whitespace()
+                .next()
+                .expect("an address")
+                .parse()
+                .expect("addr");
+        }
+    };
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, addr)
+}
