@@ -339,6 +339,77 @@ async fn a_message_queued_behind_a_tool_use_stop_answers_the_open_calls_first() 
 }
 
 #[tokio::test]
+async fn a_queued_message_cancelled_before_it_ran_leaves_the_open_calls_open_across_a_restart() {
+    let fake = FakeOpenAi::start().await;
+    let config = config_text(&fake, "");
+    let server = TestServer::start(&config).await;
+    let sid = server
+        .session(
+            json!({"tools": [{"name": "get_weather", "description": "Weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]}),
+        )
+        .await;
+    let gate = Gate::new();
+    fake.push(
+        Reply::tool_calls(&[("call_w", "get_weather", json!({"city": "Oslo"}))]).hold(gate.clone()),
+    );
+    let http = server.http.clone();
+    let path = format!("/sessions/{sid}/turns");
+    let aap = tokio::spawn(async move {
+        http.post(
+            &path,
+            &json!({"messages": [{"role": "user", "content": "weather?"}]}),
+        )
+        .await
+    });
+    fake.wait_requests(1).await;
+    // A message queued behind the turn, cancelled before it starts.
+    let queued = send(&server, &sid, "never mind").await;
+    let (status, v) = server
+        .http
+        .post(
+            &format!("/sessions/{sid}/cancel"),
+            &json!({ "turn_id": queued }),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    gate.open();
+    let (status, resp) = aap.await.unwrap();
+    assert_eq!(
+        (status, resp["stopReason"].as_str()),
+        (200, Some("tool_use")),
+        "{resp}"
+    );
+    let end = terminal(&server, &sid, &queued).await;
+    assert_eq!(end["type"], "turn.cancelled", "{end}");
+    let (_, info) = server.http.get(&format!("/sessions/{sid}")).await;
+    assert_eq!(info["pending"][0]["toolCallId"], "call_w", "{info}");
+
+    // Rebuilt from the log, the call is still open, and the client can still answer it.
+    let dir = server.stop().await;
+    let server = TestServer::start_in(dir, &config).await;
+    let (_, info) = server.http.get(&format!("/sessions/{sid}")).await;
+    assert_eq!(info["pending"][0]["toolCallId"], "call_w", "{info}");
+    fake.push(Reply::text("Oslo: 4C."));
+    let (status, resp) = server
+        .http
+        .post(
+            &format!("/sessions/{sid}/turns"),
+            &json!({"messages": [{"role": "tool", "toolCallId": "call_w", "content": "4C"}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{resp}");
+    assert_eq!(resp["stopReason"], "end_turn", "{resp}");
+    let evs = check_all(&fake, &server, &sid).await;
+    let results: Vec<&Value> = evs
+        .iter()
+        .filter(|e| e["type"] == "agent.tool_result" && e["tool_use_id"] == "call_w")
+        .collect();
+    assert_eq!(results.len(), 1, "{evs:?}");
+    assert_eq!(results[0]["content"], "4C");
+}
+
+#[tokio::test]
 async fn a_tool_past_its_timeout_is_cancelled_and_the_reason_stays_out_of_the_content() {
     let (fake, server) = setup_mcp("timeout_s = 1", "").await;
     let sid = server.session(json!({})).await;

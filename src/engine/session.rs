@@ -798,6 +798,10 @@ impl Logged {
         let mut history = Projector::with_seed(&record.seed);
         let mut next_seq = 0;
         let mut tail: Vec<Arc<Event>> = Vec::new();
+        // The last turn that ran: a queued turn cancelled before it started (its `user.message`
+        // then `turn.cancelled`) leaves the calls of the turn before it open, as they stay open
+        // in memory. (A waiting plan does not survive it: accepting any turn ends the wait.)
+        let mut ran: Vec<Arc<Event>> = Vec::new();
         let mut run_start = 0;
         for ev in events {
             history.apply_event(&ev);
@@ -806,11 +810,15 @@ impl Logged {
                 run_start = ev.seq;
             }
             if matches!(ev.body, EventBody::UserMessage { .. }) {
-                tail.clear();
+                let last = std::mem::take(&mut tail);
+                if !never_ran(&last) {
+                    ran = last;
+                }
             }
             tail.push(Arc::new(ev));
         }
-        let pending = pending_calls(&tail, record);
+        let open = if never_ran(&tail) { &ran } else { &tail };
+        let pending = pending_calls(open, record);
         let plan = waiting_plan(&tail);
         Logged {
             history,
@@ -821,6 +829,16 @@ impl Logged {
             run_start,
         }
     }
+}
+
+/// Whether a turn is one cancelled while it was queued: its `user.message` and `turn.cancelled`,
+/// nothing between (a turn that started answers the calls left open first).
+fn never_ran(turn: &[Arc<Event>]) -> bool {
+    matches!(
+        turn,
+        [first, last] if matches!(first.body, EventBody::UserMessage { .. })
+            && matches!(last.body, EventBody::TurnCancelled { .. })
+    )
 }
 
 /// The turns still waiting behind the running one (a cancelled one waits only to be logged).

@@ -347,7 +347,7 @@ impl Wire for AnthropicWire {
     fn failure_body(failure: Failure, message: &str) -> Value {
         let kind = match failure {
             Failure::NoRoute => "not_found_error",
-            Failure::Unreadable | Failure::NotJson => "invalid_request_error",
+            Failure::Unreadable | Failure::NotJson | Failure::Invalid => "invalid_request_error",
             Failure::NoReply => "api_error",
         };
         json!({"type": "error", "error": {"type": kind, "message": message}})
@@ -355,6 +355,10 @@ impl Wire for AnthropicWire {
 
     fn script(reply: &Reply) -> &Script {
         &reply.script
+    }
+
+    fn validate(request: &Value) -> Result<(), String> {
+        check_request(request)
     }
 
     fn events(reply: &Reply, request: &Value, n: u64) -> (Vec<Bytes>, Vec<Bytes>) {
@@ -368,6 +372,58 @@ impl Wire for AnthropicWire {
             HeaderValue::from_str(&format!("req_fake{n:06}"))
                 .unwrap_or_else(|_| HeaderValue::from_static("req_fake")),
         );
+    }
+}
+
+/// What the Messages API refuses with a 400 (and the fake does too): an assistant message's
+/// `tool_use` blocks not each answered by a `tool_result` block in the user message right after
+/// it, or a `tool_result` that answers no `tool_use` of the message before. `Err` says what is
+/// wrong.
+pub fn check_request(req: &Value) -> Result<(), String> {
+    let empty = Vec::new();
+    let blocks = |m: &Value, kind: &str, key: &str| -> Vec<String> {
+        m["content"]
+            .as_array()
+            .unwrap_or(&empty)
+            .iter()
+            .filter(|b| b["type"] == kind)
+            .map(|b| b[key].as_str().unwrap_or_default().to_string())
+            .collect()
+    };
+    let messages = req["messages"].as_array().unwrap_or(&empty);
+    let mut open: Vec<String> = Vec::new();
+    for (j, m) in messages.iter().enumerate() {
+        let answers = blocks(m, "tool_result", "tool_use_id");
+        if m["role"] == "user" {
+            for id in &answers {
+                match open.iter().position(|c| c == id) {
+                    Some(pos) => {
+                        open.remove(pos);
+                    }
+                    None => {
+                        return Err(format!(
+                            "messages.{j}: unexpected `tool_use_id` found in `tool_result` blocks: {id}. \
+                             Each `tool_result` block must have a corresponding `tool_use` block in the previous message."
+                        ))
+                    }
+                }
+            }
+        }
+        if !open.is_empty() {
+            return Err(format!(
+                "messages.{j}: `tool_use` ids were found without `tool_result` blocks immediately after: {open:?}"
+            ));
+        }
+        if m["role"] == "assistant" {
+            open = blocks(m, "tool_use", "id");
+        }
+    }
+    if open.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "`tool_use` ids were found without `tool_result` blocks immediately after: {open:?}"
+        ))
     }
 }
 
@@ -475,6 +531,44 @@ mod tests {
     fn req() -> Value {
         json!({"model": "claude-test", "max_tokens": 100, "stream": true,
                "messages": [{"role": "user", "content": "hi"}]})
+    }
+
+    #[tokio::test]
+    async fn a_tool_use_without_its_result_is_refused_as_the_real_api_does() {
+        let fake = FakeAnthropic::start().await;
+        fake.push(Reply::text("kept for the next request"));
+        let user = json!({"role": "user", "content": "go on"});
+        let call = json!({"role": "assistant", "content": [
+            {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}]});
+        let answer = json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": "ok"}]});
+        for (messages, wrong) in [
+            (
+                json!([user, call, user]),
+                "without `tool_result` blocks immediately after",
+            ),
+            (
+                json!([user, call]),
+                "without `tool_result` blocks immediately after",
+            ),
+            (json!([answer]), "unexpected `tool_use_id`"),
+        ] {
+            let body = json!({"model": "m", "max_tokens": 10, "messages": messages});
+            let (status, _, body) = post(&fake, body).await;
+            assert_eq!(status, 400, "{messages}");
+            let body: Value = serde_json::from_str(&body.unwrap()).unwrap();
+            assert_eq!(body["error"]["type"], "invalid_request_error");
+            let message = body["error"]["message"].as_str().unwrap();
+            assert!(message.contains(wrong), "{message}");
+        }
+        assert_eq!(
+            fake.pending_replies(),
+            1,
+            "a refused request takes no reply"
+        );
+        let ok = json!({"model": "m", "max_tokens": 10, "stream": true,
+            "messages": [user, call, answer]});
+        assert_eq!(post(&fake, ok).await.0, 200);
     }
 
     #[tokio::test]

@@ -317,7 +317,7 @@ impl Wire for OpenAiWire {
     fn failure_body(failure: Failure, message: &str) -> Value {
         match failure {
             Failure::Unreadable => json!({"error": {"message": message}}),
-            Failure::NoRoute | Failure::NotJson => {
+            Failure::NoRoute | Failure::NotJson | Failure::Invalid => {
                 json!({"error": {"message": message, "type": "invalid_request_error"}})
             }
             Failure::NoReply => json!({"error": {"message": message, "type": "server_error"}}),
@@ -326,6 +326,10 @@ impl Wire for OpenAiWire {
 
     fn script(reply: &Reply) -> &Script {
         &reply.script
+    }
+
+    fn validate(request: &Value) -> Result<(), String> {
+        check_request(request)
     }
 
     fn events(reply: &Reply, request: &Value, n: u64) -> (Vec<Bytes>, Vec<Bytes>) {
@@ -348,6 +352,50 @@ impl Wire for OpenAiWire {
             return counted.events(&id, &model, include_usage);
         }
         reply.events(&id, &model, include_usage)
+    }
+}
+
+/// What an OpenAI-compatible upstream refuses with a 400 (and the fake does too): an assistant
+/// message's `tool_calls` not each answered by a `tool` message right after it (before any
+/// other message), or a `tool` message that answers no call. `Err` says what is wrong.
+pub fn check_request(req: &Value) -> Result<(), String> {
+    let empty = Vec::new();
+    let messages = req["messages"].as_array().unwrap_or(&empty);
+    // Calls of the last assistant message not answered yet.
+    let mut open: Vec<String> = Vec::new();
+    for (j, m) in messages.iter().enumerate() {
+        match m["role"].as_str() {
+            Some("tool") => {
+                let id = m["tool_call_id"].as_str().unwrap_or_default();
+                match open.iter().position(|c| c == id) {
+                    Some(pos) => {
+                        open.remove(pos);
+                    }
+                    None => {
+                        return Err(format!(
+                            "messages.[{j}]: a tool message for {id:?}, which answers no open call"
+                        ))
+                    }
+                }
+            }
+            _ if !open.is_empty() => {
+                return Err(format!(
+                    "messages.[{j}] ({}) comes before the answers to calls {open:?}",
+                    m["role"]
+                ))
+            }
+            Some("assistant") => {
+                for c in m["tool_calls"].as_array().unwrap_or(&empty) {
+                    open.push(c["id"].as_str().unwrap_or_default().to_string());
+                }
+            }
+            _ => {}
+        }
+    }
+    if open.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("calls {open:?} are sent without their answers"))
     }
 }
 
@@ -602,6 +650,38 @@ mod tests {
         assert_eq!(status, 500);
         assert!(body.unwrap().contains("fake upstream: no scripted reply"));
         assert_eq!(fake.wait_requests(2).await.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_call_without_its_answer_is_refused_as_the_real_api_does() {
+        let fake = FakeOpenAi::start().await;
+        fake.push(Reply::text("kept for the next request"));
+        let call = json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]});
+        let user = json!({"role": "user", "content": "go on"});
+        let answer = json!({"role": "tool", "tool_call_id": "call_1", "content": "ok"});
+        for (messages, wrong) in [
+            (
+                json!([user, call, user]),
+                "comes before the answers to calls [\"call_1\"]",
+            ),
+            (json!([user, call]), "sent without their answers"),
+            (json!([user, answer]), "answers no open call"),
+        ] {
+            let (status, _, body) = post(&fake, json!({"model": "m", "messages": messages})).await;
+            assert_eq!(status, 400, "{messages}");
+            let body: Value = serde_json::from_str(&body.unwrap()).unwrap();
+            assert_eq!(body["error"]["type"], "invalid_request_error");
+            let message = body["error"]["message"].as_str().unwrap();
+            assert!(message.contains(wrong), "{message}");
+        }
+        assert_eq!(
+            fake.pending_replies(),
+            1,
+            "a refused request takes no reply"
+        );
+        let ok = json!({"model": "m", "stream": true, "messages": [user, call, answer, user]});
+        assert_eq!(post(&fake, ok).await.0, 200);
     }
 
     #[tokio::test]

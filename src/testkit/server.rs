@@ -164,6 +164,8 @@ pub(crate) enum Failure {
     NotJson,
     /// The queue is empty and there is no fallback (500).
     NoReply,
+    /// The request breaks a rule the real API enforces ([`Wire::validate`]) (400).
+    Invalid,
 }
 
 /// What a wire format supplies to the shared server: the only things the two fakes do
@@ -186,6 +188,11 @@ pub(crate) trait Wire: Send + Sync + 'static {
     fn events(reply: &Self::Reply, request: &Value, n: u64) -> (Vec<Bytes>, Vec<Bytes>);
     /// Extra headers of a streamed reply (e.g. a request id); none by default.
     fn stream_headers(_headers: &mut HeaderMap, _n: u64) {}
+    /// Refuses a request the real API would refuse (`Err` says why, as its 400 would). The
+    /// request is still recorded; no scripted reply is taken.
+    fn validate(_request: &Value) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// Everything the server shares with the handle that owns it.
@@ -391,6 +398,9 @@ async fn handle<W: Wire>(
             Failure::NotJson,
             "fake upstream: request body is not JSON",
         );
+    }
+    if let Err(message) = W::validate(&body) {
+        return fail(StatusCode::BAD_REQUEST, Failure::Invalid, &message);
     }
 
     let queued = lock(&state.replies).pop_front();
