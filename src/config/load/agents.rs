@@ -16,6 +16,7 @@ const DEFAULT_MAX_STEPS: i64 = 32;
 const DEFAULT_TURN_TIMEOUT_S: i64 = 3600;
 /// Default `[agents.X] version`.
 const DEFAULT_AGENT_VERSION: &str = "0.1.0";
+/// Default `[agents.X] approval_ttl_s`.
 const DEFAULT_APPROVAL_TTL_S: i64 = 3600;
 /// Default `[agents.X] wrap_up_s`.
 const DEFAULT_WRAP_UP_S: i64 = 60;
@@ -68,25 +69,7 @@ fn agent(cx: &Cx<'_>, name: &str, table: &Spanned<RawAgent>) -> Result<AgentConf
         ));
     }
     let t = table.get_ref();
-
-    let (tools, tool_globs) = match &t.tools {
-        None => (vec!["*".to_string()], default_agent().tool_globs),
-        Some(patterns) => {
-            let mut builder = GlobSetBuilder::new();
-            for p in patterns {
-                builder.add(cx.glob(p, &key("tools"))?);
-            }
-            let set = builder.build().map_err(|e| {
-                cx.err(
-                    table.span(),
-                    &key("tools"),
-                    format!("invalid tools globs: {}", e.kind()),
-                )
-            })?;
-            (patterns.iter().map(|p| p.get_ref().clone()).collect(), set)
-        }
-    };
-
+    let (tools, tool_globs) = tools(cx, table, &key("tools"))?;
     let mut models = Vec::new();
     for m in t.models.iter().flatten() {
         models.push(cx.non_empty(m, &key("models"), "a model name")?);
@@ -126,31 +109,55 @@ fn agent(cx: &Cx<'_>, name: &str, table: &Spanned<RawAgent>) -> Result<AgentConf
             DEFAULT_APPROVAL_TTL_S,
         )?,
         wrap_up: cx.secs(t.wrap_up_s.as_ref(), &key("wrap_up_s"), DEFAULT_WRAP_UP_S)?,
-        context_tokens: match &t.context_tokens {
-            None => None,
-            v => Some(cx.int(
-                v.as_ref(),
+        context_tokens: cx
+            .opt_int(
+                t.context_tokens.as_ref(),
                 &key("context_tokens"),
-                0,
                 1024,
                 i64::from(u32::MAX),
-            )? as u32),
-        },
-        compact_at: match &t.compact_at {
-            None => DEFAULT_COMPACT_AT,
-            Some(v) => {
-                let x = *v.get_ref();
-                if !(x > 0.0 && x <= 1.0) {
-                    return Err(cx.err(
-                        v.span(),
-                        &key("compact_at"),
-                        format!("{x} is out of range: give a share of the context window above 0 and at most 1, e.g. 0.8"),
-                    ));
-                }
-                x
-            }
-        },
+            )?
+            .map(|n| n as u32),
+        compact_at: compact_at(cx, t.compact_at.as_ref(), &key("compact_at"))?,
     })
+}
+
+/// `tools`: the patterns as written and their compiled set; `["*"]` when absent.
+fn tools(
+    cx: &Cx<'_>,
+    table: &Spanned<RawAgent>,
+    key: &str,
+) -> Result<(Vec<String>, GlobSet), ConfigError> {
+    let Some(patterns) = &table.get_ref().tools else {
+        return Ok((vec!["*".to_string()], default_agent().tool_globs));
+    };
+    let mut builder = GlobSetBuilder::new();
+    for p in patterns {
+        builder.add(cx.glob(p, key)?);
+    }
+    let set = builder.build().map_err(|e| {
+        cx.err(
+            table.span(),
+            key,
+            format!("invalid tools globs: {}", e.kind()),
+        )
+    })?;
+    Ok((patterns.iter().map(|p| p.get_ref().clone()).collect(), set))
+}
+
+/// `compact_at`: a share of the context window in (0, 1].
+fn compact_at(cx: &Cx<'_>, v: Option<&Spanned<f64>>, key: &str) -> Result<f64, ConfigError> {
+    let Some(v) = v else {
+        return Ok(DEFAULT_COMPACT_AT);
+    };
+    let x = *v.get_ref();
+    if !(x > 0.0 && x <= 1.0) {
+        return Err(cx.err(
+            v.span(),
+            key,
+            format!("{x} is out of range: give a share of the context window above 0 and at most 1, e.g. 0.8"),
+        ));
+    }
+    Ok(x)
 }
 
 #[cfg(test)]

@@ -19,10 +19,10 @@ const DEFAULT_HEADER_TIMEOUT_S: i64 = 10;
 const DEFAULT_IDLE_TIMEOUT_S: i64 = 60;
 /// Default `[server] max_connections`.
 const DEFAULT_MAX_CONNECTIONS: i64 = 4096;
-/// Default `[agents.X] approval_ttl_s`.
 /// Idle sessions kept in memory by default.
 const DEFAULT_SESSION_CACHE: i64 = 1000;
 
+/// `IP:PORT`, or `localhost:PORT` for 127.0.0.1.
 fn parse_listen(s: &str) -> Option<SocketAddr> {
     if let Ok(addr) = s.parse() {
         return Some(addr);
@@ -44,26 +44,19 @@ pub(super) fn server(
     let t = raw.map(Spanned::get_ref).unwrap_or(&default);
 
     let listen = match &t.listen {
-        None => parse_listen(DEFAULT_LISTEN).unwrap_or(SocketAddr::from((Ipv4Addr::LOCALHOST, 8787))),
-        Some(v) => parse_listen(v.get_ref()).ok_or_else(|| {
-            cx.err(
-                v.span(),
-                "server.listen",
-                format!(
-                    "{:?} is not a socket address: write IP:PORT, e.g. \"127.0.0.1:8787\" or \"0.0.0.0:8787\"",
-                    v.get_ref()
-                ),
-            )
-        })?,
+        None => {
+            parse_listen(DEFAULT_LISTEN).unwrap_or(SocketAddr::from((Ipv4Addr::LOCALHOST, 8787)))
+        }
+        Some(v) => socket_addr(
+            cx,
+            v,
+            "server.listen",
+            "\"127.0.0.1:8787\" or \"0.0.0.0:8787\"",
+        )?,
     };
-    let dir =
-        |v: Option<&Spanned<String>>, key: &str, default: &str| -> Result<PathBuf, ConfigError> {
-            let p = match v {
-                None => default.to_string(),
-                Some(v) => cx.non_empty(v, key, "the path")?,
-            };
-            Ok(resolve_path(base_dir, Path::new(&p)))
-        };
+    let dir = |v: Option<&Spanned<String>>, key: &str, default: &str| {
+        folder(cx, base_dir, v, key, default)
+    };
     Ok(ServerConfig {
         listen,
         data_dir: dir(t.data_dir.as_ref(), "server.data_dir", "data")?,
@@ -108,18 +101,48 @@ pub(super) fn server(
         )? as usize,
         metrics_listen: match &t.metrics_listen {
             None => None,
-            Some(v) => Some(parse_listen(v.get_ref()).ok_or_else(|| {
-                cx.err(
-                    v.span(),
-                    "server.metrics_listen",
-                    format!(
-                        "{:?} is not a socket address: write IP:PORT, e.g. \"127.0.0.1:9464\"",
-                        v.get_ref()
-                    ),
-                )
-            })?),
+            Some(v) => Some(socket_addr(
+                cx,
+                v,
+                "server.metrics_listen",
+                "\"127.0.0.1:9464\"",
+            )?),
         },
     })
+}
+
+/// A socket address for `key`; the error shows `example` (already quoted).
+fn socket_addr(
+    cx: &Cx<'_>,
+    v: &Spanned<String>,
+    key: &str,
+    example: &str,
+) -> Result<SocketAddr, ConfigError> {
+    parse_listen(v.get_ref()).ok_or_else(|| {
+        cx.err(
+            v.span(),
+            key,
+            format!(
+                "{:?} is not a socket address: write IP:PORT, e.g. {example}",
+                v.get_ref()
+            ),
+        )
+    })
+}
+
+/// A folder, `default` when absent, resolved against the config file's folder.
+fn folder(
+    cx: &Cx<'_>,
+    base_dir: &Path,
+    v: Option<&Spanned<String>>,
+    key: &str,
+    default: &str,
+) -> Result<PathBuf, ConfigError> {
+    let p = match v {
+        None => default.to_string(),
+        Some(v) => cx.non_empty(v, key, "the path")?,
+    };
+    Ok(resolve_path(base_dir, Path::new(&p)))
 }
 
 #[cfg(test)]

@@ -33,39 +33,8 @@ pub(super) fn upstream(
     };
     let Some(table) = raw else { return Ok(config) };
     let t = table.get_ref();
-    config.headers = cx.headers(t.headers.as_ref(), "upstream.headers")?;
-    if let Some(h) = &t.headers {
-        for (name, value) in &config.headers {
-            cx.vars_set(value, h.span(), &key_path(&["upstream", "headers", name]))?;
-        }
-    }
-
-    let Some(provider) = &t.provider else {
-        return Err(cx.err(
-            table.span(),
-            "upstream.provider",
-            "missing provider: add provider = \"openai\", \"anthropic\" or \"echo\" \
-             (or remove the [upstream] table to use the built-in echo provider)",
-        ));
-    };
-    let (kind, default_url, example_model) = match cx.choice(
-        provider,
-        "upstream.provider",
-        "provider",
-        &["openai", "anthropic", "echo"],
-    )? {
-        "openai" => (
-            ProviderKind::OpenAi,
-            "https://api.openai.com/v1",
-            "gpt-4o-mini",
-        ),
-        "anthropic" => (
-            ProviderKind::Anthropic,
-            "https://api.anthropic.com/v1",
-            "claude-sonnet-4-5",
-        ),
-        _ => (ProviderKind::Echo, "", "echo"),
-    };
+    config.headers = headers(cx, t)?;
+    let (kind, default_url) = provider(cx, table)?;
     config.provider = kind;
 
     config.base_url = match &t.base_url {
@@ -76,26 +45,17 @@ pub(super) fn upstream(
             .to_string(),
     };
 
-    config.model = match &t.model {
-        Some(v) => cx.non_empty(v, "upstream.model", "the model")?,
-        None if kind == ProviderKind::Echo => "echo".to_string(),
-        None => {
-            return Err(cx.err(
-                table.span(),
-                "upstream.model",
-                format!(
-                    "missing model: the {} provider needs one; add model = \"{example_model}\" (or the model your server serves) under [upstream]",
-                    provider.get_ref()
-                ),
-            ))
-        }
-    };
+    config.model = model(cx, table, kind)?;
 
     config.api_key_env = cx.env_var_name(t.api_key_env.as_ref(), "upstream.api_key_env")?;
-    config.max_tokens = match &t.max_tokens {
-        None => None,
-        Some(v) => Some(cx.int(Some(v), "upstream.max_tokens", 0, 1, u32::MAX as i64)? as u32),
-    };
+    config.max_tokens = cx
+        .opt_int(
+            t.max_tokens.as_ref(),
+            "upstream.max_tokens",
+            1,
+            u32::MAX as i64,
+        )?
+        .map(|n| n as u32);
     config.timeout = cx.secs(
         t.timeout_s.as_ref(),
         "upstream.timeout_s",
@@ -109,6 +69,70 @@ pub(super) fn upstream(
         MAX_RETRIES,
     )? as u32;
     Ok(config)
+}
+
+/// `headers`, each `${VAR}` in a value naming a variable that is set.
+fn headers(cx: &Cx<'_>, t: &RawUpstream) -> Result<BTreeMap<String, String>, ConfigError> {
+    let headers = cx.headers(t.headers.as_ref(), "upstream.headers")?;
+    if let Some(h) = &t.headers {
+        for (name, value) in &headers {
+            cx.vars_set(value, h.span(), &key_path(&["upstream", "headers", name]))?;
+        }
+    }
+    Ok(headers)
+}
+
+/// `provider` (required in an `[upstream]` table) and its default base URL.
+fn provider(
+    cx: &Cx<'_>,
+    table: &Spanned<RawUpstream>,
+) -> Result<(ProviderKind, &'static str), ConfigError> {
+    let Some(provider) = &table.get_ref().provider else {
+        return Err(cx.err(
+            table.span(),
+            "upstream.provider",
+            "missing provider: add provider = \"openai\", \"anthropic\" or \"echo\" \
+             (or remove the [upstream] table to use the built-in echo provider)",
+        ));
+    };
+    Ok(
+        match cx.choice(
+            provider,
+            "upstream.provider",
+            "provider",
+            &["openai", "anthropic", "echo"],
+        )? {
+            "openai" => (ProviderKind::OpenAi, "https://api.openai.com/v1"),
+            "anthropic" => (ProviderKind::Anthropic, "https://api.anthropic.com/v1"),
+            _ => (ProviderKind::Echo, ""),
+        },
+    )
+}
+
+/// `model`: required but for the echo provider.
+fn model(
+    cx: &Cx<'_>,
+    table: &Spanned<RawUpstream>,
+    kind: ProviderKind,
+) -> Result<String, ConfigError> {
+    let t = table.get_ref();
+    let example_model = match kind {
+        ProviderKind::OpenAi => "gpt-4o-mini",
+        ProviderKind::Anthropic => "claude-sonnet-4-5",
+        ProviderKind::Echo => "echo",
+    };
+    match &t.model {
+        Some(v) => cx.non_empty(v, "upstream.model", "the model"),
+        None if kind == ProviderKind::Echo => Ok("echo".to_string()),
+        None => Err(cx.err(
+            table.span(),
+            "upstream.model",
+            format!(
+                "missing model: the {} provider needs one; add model = \"{example_model}\" (or the model your server serves) under [upstream]",
+                t.provider.as_ref().map_or("", |p| p.get_ref().as_str())
+            ),
+        )),
+    }
 }
 
 #[cfg(test)]

@@ -90,6 +90,20 @@ impl Cx<'_> {
         Ok(n)
     }
 
+    /// An optional integer in `min..=max`: `None` when absent.
+    pub(super) fn opt_int(
+        &self,
+        v: Option<&Spanned<i64>>,
+        key: &str,
+        min: i64,
+        max: i64,
+    ) -> Result<Option<i64>, ConfigError> {
+        match v {
+            None => Ok(None),
+            v => self.int(v, key, 0, min, max).map(Some),
+        }
+    }
+
     /// A duration from integer seconds (> 0), or `default_s` when absent.
     pub(super) fn secs(
         &self,
