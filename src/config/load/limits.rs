@@ -13,42 +13,41 @@ pub(super) fn limits(
     let empty = RawLimits::default();
     let t = raw.map(Spanned::get_ref).unwrap_or(&empty);
     let d = LimitsConfig::default();
-    let n = |v: Option<&Spanned<i64>>, key: &str, default: u64| -> Result<u64, ConfigError> {
-        Ok(cx
-            .int(v, key, default as i64, 1, i64::from(u32::MAX))?
-            .unsigned_abs())
+    // A count from 1 to u32::MAX.
+    let n = |v: Option<&Spanned<i64>>, key: &str, default: usize| -> Result<usize, ConfigError> {
+        Ok(cx.int(v, key, default as i64, 1, i64::from(u32::MAX))? as usize)
     };
     Ok(LimitsConfig {
         queued_turns: n(
             t.queued_turns.as_ref(),
             "limits.queued_turns",
-            d.queued_turns as u64,
-        )? as usize,
+            d.queued_turns,
+        )?,
         running_turns: n(
             t.running_turns.as_ref(),
             "limits.running_turns",
-            d.running_turns as u64,
-        )? as usize,
+            d.running_turns,
+        )?,
         sessions_per_key: n(
             t.sessions_per_key.as_ref(),
             "limits.sessions_per_key",
-            d.sessions_per_key as u64,
-        )? as usize,
+            d.sessions_per_key,
+        )?,
         subscribers_per_session: n(
             t.subscribers_per_session.as_ref(),
             "limits.subscribers_per_session",
-            d.subscribers_per_session as u64,
-        )? as usize,
+            d.subscribers_per_session,
+        )?,
         files_per_message: n(
             t.files_per_message.as_ref(),
             "limits.files_per_message",
-            d.files_per_message as u64,
-        )? as usize,
+            d.files_per_message,
+        )?,
         session_servers: n(
             t.session_servers.as_ref(),
             "limits.session_servers",
-            d.session_servers as u64,
-        )? as usize,
+            d.session_servers,
+        )?,
         disk_bytes_per_key: cx
             .int(
                 t.disk_bytes_per_key.as_ref(),
@@ -61,7 +60,7 @@ pub(super) fn limits(
         tool_result_bytes: n(
             t.tool_result_bytes.as_ref(),
             "limits.tool_result_bytes",
-            d.tool_result_bytes as u64,
-        )? as usize,
+            d.tool_result_bytes,
+        )?,
     })
 }

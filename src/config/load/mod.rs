@@ -5,7 +5,6 @@
 //! the 1-based line, the key and what to do, e.g.
 //! `tools.toml:12: upstream.provider: unknown provider "gpt" (expected "openai", "anthropic" or "echo")`.
 //! No input makes this module panic.
-
 //!
 //! One file per table of the file ([`server`], [`upstream`], [`agents`], [`mcp_servers`],
 //! [`policy`], [`files`], [`limits`], [`telemetry`]); [`parse`] turns TOML and serde errors into
