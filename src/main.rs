@@ -165,39 +165,88 @@ fn check_failed_json(path: &std::path::Path, error: String) -> ExitCode {
 }
 
 async fn check(path: PathBuf, json: bool) -> Result<ExitCode, String> {
+    // With --json every failure is a document on stdout; without, a message on stderr.
+    let fail = |e: String| {
+        if json {
+            Ok(check_failed_json(&path, e))
+        } else {
+            Err(e)
+        }
+    };
     let config = match load(&path) {
         Ok(c) => c,
-        Err(e) if json => return Ok(check_failed_json(&path, e)),
-        Err(e) => return Err(e),
+        Err(e) => return fail(e),
     };
     if !json {
         print_check_header(&path, &config);
     }
     if let Err(e) = app::provider(&config) {
-        if json {
-            return Ok(check_failed_json(&path, e.to_string()));
-        }
-        return Err(e.to_string());
+        return fail(e.to_string());
     }
     let config = std::sync::Arc::new(config);
-    let servers = &config.mcp_servers;
-    if !servers.is_empty() {
-        let longest = servers
-            .iter()
-            .map(|s| s.startup_timeout.as_secs())
-            .max()
-            .unwrap_or(0);
-        let names: Vec<&str> = servers.iter().map(|s| s.name.as_str()).collect();
-        eprintln!(
-            "starting {} MCP server{} (up to {longest} s): {}",
-            servers.len(),
-            if servers.len() == 1 { "" } else { "s" },
-            names.join(", ")
-        );
+    announce_servers(&config.mcp_servers);
+    let started =
+        turnstile::mcp::McpHost::start_reporting(config.clone(), None, &print_progress).await;
+    let (host, report) = match started {
+        Ok(r) => r,
+        Err(e) => return fail(e.to_string()),
+    };
+    let tools = host.listing();
+    let names: Vec<&str> = tools.iter().map(|t| t.spec.name.as_str()).collect();
+    let checked = Checked {
+        path: &path,
+        config: &config,
+        tools: &tools,
+        unused: turnstile::mcp::policy::unmatched(&config.policy, &names),
+        failed: &report.failed,
+    };
+    if json {
+        println!("{:#}", check_json(&checked));
+    } else {
+        print_check_text(&checked);
     }
-    // A line per server as its first attempt ends: `check` is otherwise silent for up to
-    // startup_timeout_s.
-    let progress = |p: turnstile::mcp::ServerProgress| match &p.result {
+    turnstile::tools::ToolHost::shutdown(&*host).await;
+    if !report.failed.is_empty() {
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What `check` found once every server's first start-up attempt ended.
+struct Checked<'a> {
+    path: &'a std::path::Path,
+    config: &'a Config,
+    /// The federated tools.
+    tools: &'a [turnstile::tools::ServerTool],
+    /// Policy patterns that match no tool: (list, rule).
+    unused: Vec<(&'static str, &'a config::PolicyRule)>,
+    /// Servers that did not come up: (name, why).
+    failed: &'a [(String, String)],
+}
+
+/// The line saying which MCP servers `check` starts and how long it may wait.
+fn announce_servers(servers: &[config::McpServerConfig]) {
+    if servers.is_empty() {
+        return;
+    }
+    let longest = servers
+        .iter()
+        .map(|s| s.startup_timeout.as_secs())
+        .max()
+        .unwrap_or(0);
+    let names: Vec<&str> = servers.iter().map(|s| s.name.as_str()).collect();
+    eprintln!(
+        "starting {} MCP server{} (up to {longest} s): {}",
+        servers.len(),
+        if servers.len() == 1 { "" } else { "s" },
+        names.join(", ")
+    );
+}
+
+/// A line per server as its first attempt ends: `check` is otherwise silent for up to
+/// startup_timeout_s.
+fn print_progress(p: turnstile::mcp::ServerProgress) {
+    match &p.result {
         Ok(n) => eprintln!(
             "  {}: up, {n} tool{} ({:.1} s)",
             p.server,
@@ -209,76 +258,66 @@ async fn check(path: PathBuf, json: bool) -> Result<ExitCode, String> {
             p.server,
             p.elapsed.as_secs_f64()
         ),
-    };
-    let started = turnstile::mcp::McpHost::start_reporting(config.clone(), None, &progress).await;
-    let (host, report) = match started {
-        Ok(r) => r,
-        Err(e) if json => return Ok(check_failed_json(&path, e.to_string())),
-        Err(e) => return Err(e.to_string()),
-    };
-    let tools = host.listing();
-    let names: Vec<&str> = tools.iter().map(|t| t.spec.name.as_str()).collect();
-    let unused = turnstile::mcp::policy::unmatched(&config.policy, &names);
-    let failed = !report.failed.is_empty();
-    if json {
-        let doc = serde_json::json!({
-            "config": path.display().to_string(),
-            "ok": !failed,
-            "upstream": {
-                "provider": format!("{:?}", config.upstream.provider).to_lowercase(),
-                "base_url": config.upstream.base_url,
-                "model": config.upstream.model,
-            },
-            "agents": config.agents.iter().map(|a| serde_json::json!({
-                "name": a.name,
-                "tools": a.tools,
-                "max_steps": a.max_steps,
-                "turn_timeout_s": a.turn_timeout.as_secs(),
-            })).collect::<Vec<_>>(),
-            "tools": tools.iter().map(|t| serde_json::json!({
-                "name": t.spec.name,
-                "server": t.server,
-                "tool": t.tool,
-                "verdict": t.verdict,
-                "rule": t.rule,
-            })).collect::<Vec<_>>(),
-            "servers": servers.iter().map(|s| {
-                let error = report.failed.iter().find(|(n, _)| *n == s.name).map(|(_, why)| why);
-                serde_json::json!({
-                    "name": s.name,
-                    "scope": match s.scope { config::McpScope::Shared => "shared", config::McpScope::Session => "session" },
-                    "state": if error.is_some() { "failed" } else { "up" },
-                    "tools": tools.iter().filter(|t| t.server == s.name).count(),
-                    "error": error,
-                })
-            }).collect::<Vec<_>>(),
-            "unused_patterns": unused.iter().map(|(list, rule)| serde_json::json!({
-                "list": list,
-                "pattern": rule.pattern,
-                "line": rule.line,
-            })).collect::<Vec<_>>(),
-            "errors": report.failed.iter().map(|(server, why)| format!("MCP server {server}: {why}")).collect::<Vec<_>>(),
-        });
-        println!("{doc:#}");
-    } else {
-        print_tools(&tools);
-        for (list, rule) in &unused {
-            println!(
-                "warning: {}:{}: policy.{list} pattern {:?} matches no tool",
-                config.path.display(),
-                rule.line,
-                rule.pattern
-            );
-        }
-        for (server, why) in &report.failed {
-            eprintln!("error: MCP server {server}: {why}");
-        }
     }
-    turnstile::tools::ToolHost::shutdown(&*host).await;
-    if failed {
-        return Ok(ExitCode::FAILURE);
+}
+
+/// `check --json`'s document.
+fn check_json(c: &Checked<'_>) -> serde_json::Value {
+    let config = c.config;
+    serde_json::json!({
+        "config": c.path.display().to_string(),
+        "ok": c.failed.is_empty(),
+        "upstream": {
+            "provider": format!("{:?}", config.upstream.provider).to_lowercase(),
+            "base_url": config.upstream.base_url,
+            "model": config.upstream.model,
+        },
+        "agents": config.agents.iter().map(|a| serde_json::json!({
+            "name": a.name,
+            "tools": a.tools,
+            "max_steps": a.max_steps,
+            "turn_timeout_s": a.turn_timeout.as_secs(),
+        })).collect::<Vec<_>>(),
+        "tools": c.tools.iter().map(|t| serde_json::json!({
+            "name": t.spec.name,
+            "server": t.server,
+            "tool": t.tool,
+            "verdict": t.verdict,
+            "rule": t.rule,
+        })).collect::<Vec<_>>(),
+        "servers": config.mcp_servers.iter().map(|s| {
+            let error = c.failed.iter().find(|(n, _)| *n == s.name).map(|(_, why)| why);
+            serde_json::json!({
+                "name": s.name,
+                "scope": match s.scope { config::McpScope::Shared => "shared", config::McpScope::Session => "session" },
+                "state": if error.is_some() { "failed" } else { "up" },
+                "tools": c.tools.iter().filter(|t| t.server == s.name).count(),
+                "error": error,
+            })
+        }).collect::<Vec<_>>(),
+        "unused_patterns": c.unused.iter().map(|(list, rule)| serde_json::json!({
+            "list": list,
+            "pattern": rule.pattern,
+            "line": rule.line,
+        })).collect::<Vec<_>>(),
+        "errors": c.failed.iter().map(|(server, why)| format!("MCP server {server}: {why}")).collect::<Vec<_>>(),
+    })
+}
+
+/// `check`'s text report after the header: the tools, unused patterns, failed servers.
+fn print_check_text(c: &Checked<'_>) {
+    print_tools(c.tools);
+    for (list, rule) in &c.unused {
+        println!(
+            "warning: {}:{}: policy.{list} pattern {:?} matches no tool",
+            c.config.path.display(),
+            rule.line,
+            rule.pattern
+        );
     }
-    Ok(ExitCode::SUCCESS)
+    for (server, why) in c.failed {
+        eprintln!("error: MCP server {server}: {why}");
+    }
 }
 
 /// What `check` says about the file before starting any server.

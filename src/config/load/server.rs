@@ -1,0 +1,208 @@
+//! `[server]`: where turnstile listens and keeps its data, and its connection limits.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+use toml::Spanned;
+
+use super::{resolve_path, ConfigError, Cx};
+use crate::config::raw::RawServer;
+use crate::config::ServerConfig;
+
+/// Default `[server] listen`.
+const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
+/// Default `[server] max_body_bytes`: 4 MiB.
+const DEFAULT_MAX_BODY_BYTES: u64 = 4 * 1024 * 1024;
+/// Default `[server] header_timeout_s`.
+const DEFAULT_HEADER_TIMEOUT_S: i64 = 10;
+/// Default `[server] idle_timeout_s`.
+const DEFAULT_IDLE_TIMEOUT_S: i64 = 60;
+/// Default `[server] max_connections`.
+const DEFAULT_MAX_CONNECTIONS: i64 = 4096;
+/// Idle sessions kept in memory by default.
+const DEFAULT_SESSION_CACHE: i64 = 1000;
+
+/// `IP:PORT`, or `localhost:PORT` for 127.0.0.1.
+fn parse_listen(s: &str) -> Option<SocketAddr> {
+    if let Ok(addr) = s.parse() {
+        return Some(addr);
+    }
+    let (host, port) = s.rsplit_once(':')?;
+    if host.eq_ignore_ascii_case("localhost") {
+        let port: u16 = port.parse().ok()?;
+        return Some(SocketAddr::from((Ipv4Addr::LOCALHOST, port)));
+    }
+    None
+}
+
+pub(super) fn server(
+    cx: &Cx<'_>,
+    raw: Option<&Spanned<RawServer>>,
+    base_dir: &Path,
+) -> Result<ServerConfig, ConfigError> {
+    let default = RawServer::default();
+    let t = raw.map(Spanned::get_ref).unwrap_or(&default);
+
+    let listen = match &t.listen {
+        None => {
+            parse_listen(DEFAULT_LISTEN).unwrap_or(SocketAddr::from((Ipv4Addr::LOCALHOST, 8787)))
+        }
+        Some(v) => socket_addr(
+            cx,
+            v,
+            "server.listen",
+            "\"127.0.0.1:8787\" or \"0.0.0.0:8787\"",
+        )?,
+    };
+    let dir = |v: Option<&Spanned<String>>, key: &str, default: &str| {
+        folder(cx, base_dir, v, key, default)
+    };
+    Ok(ServerConfig {
+        listen,
+        data_dir: dir(t.data_dir.as_ref(), "server.data_dir", "data")?,
+        sandboxes: dir(t.sandboxes.as_ref(), "server.sandboxes", "sandboxes")?,
+        api_keys_env: cx.env_var_name(t.api_keys_env.as_ref(), "server.api_keys_env")?,
+        public_meta: t.public_meta.unwrap_or(true),
+        fsync: t.fsync.unwrap_or(false),
+        max_body_bytes: cx
+            .int(
+                t.max_body_bytes.as_ref(),
+                "server.max_body_bytes",
+                DEFAULT_MAX_BODY_BYTES as i64,
+                1,
+                i64::MAX,
+            )?
+            .unsigned_abs(),
+        session_cache: cx
+            .int(
+                t.session_cache.as_ref(),
+                "server.session_cache",
+                DEFAULT_SESSION_CACHE,
+                0,
+                i64::MAX,
+            )?
+            .unsigned_abs() as usize,
+        header_timeout: cx.secs(
+            t.header_timeout_s.as_ref(),
+            "server.header_timeout_s",
+            DEFAULT_HEADER_TIMEOUT_S,
+        )?,
+        idle_timeout: cx.secs(
+            t.idle_timeout_s.as_ref(),
+            "server.idle_timeout_s",
+            DEFAULT_IDLE_TIMEOUT_S,
+        )?,
+        max_connections: cx.int(
+            t.max_connections.as_ref(),
+            "server.max_connections",
+            DEFAULT_MAX_CONNECTIONS,
+            1,
+            i64::from(u32::MAX),
+        )? as usize,
+        metrics_listen: match &t.metrics_listen {
+            None => None,
+            Some(v) => Some(socket_addr(
+                cx,
+                v,
+                "server.metrics_listen",
+                "\"127.0.0.1:9464\"",
+            )?),
+        },
+    })
+}
+
+/// A socket address for `key`; the error shows `example` (already quoted).
+fn socket_addr(
+    cx: &Cx<'_>,
+    v: &Spanned<String>,
+    key: &str,
+    example: &str,
+) -> Result<SocketAddr, ConfigError> {
+    parse_listen(v.get_ref()).ok_or_else(|| {
+        cx.err(
+            v.span(),
+            key,
+            format!(
+                "{:?} is not a socket address: write IP:PORT, e.g. {example}",
+                v.get_ref()
+            ),
+        )
+    })
+}
+
+/// A folder, `default` when absent, resolved against the config file's folder.
+fn folder(
+    cx: &Cx<'_>,
+    base_dir: &Path,
+    v: Option<&Spanned<String>>,
+    key: &str,
+    default: &str,
+) -> Result<PathBuf, ConfigError> {
+    let p = match v {
+        None => default.to_string(),
+        Some(v) => cx.non_empty(v, key, "the path")?,
+    };
+    Ok(resolve_path(base_dir, Path::new(&p)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::*;
+    use std::net::{Ipv4Addr, SocketAddr};
+    use std::path::Path;
+    use std::time::Duration;
+
+    #[test]
+    fn server_keys_come_from_turnstile_variables_over_the_file() {
+        let file = "[server]\nlisten = \"127.0.0.1:1111\"\nmax_body_bytes = 10\n";
+        let c = ok_env(
+            file,
+            &[
+                ("TURNSTILE_LISTEN", "127.0.0.1:2222"),
+                ("TURNSTILE_MAX_BODY_BYTES", "2048"),
+                ("TURNSTILE_FSYNC", "true"),
+                ("TURNSTILE_IDLE_TIMEOUT_S", "7"),
+                ("TURNSTILE_DATA_DIR", "/var/lib/turnstile"),
+                ("TURNSTILE_SESSION_CACHE", ""),
+            ],
+        );
+        assert_eq!(c.server.listen.port(), 2222);
+        assert_eq!(c.server.max_body_bytes, 2048);
+        assert!(c.server.fsync);
+        assert_eq!(c.server.idle_timeout, Duration::from_secs(7));
+        assert_eq!(c.server.data_dir, Path::new("/var/lib/turnstile"));
+        assert_eq!(c.server.session_cache, 1000, "an empty variable is unset");
+        // With no [server] table at all.
+        let c = ok_env("", &[("TURNSTILE_MAX_CONNECTIONS", "3")]);
+        assert_eq!(c.server.max_connections, 3);
+
+        let e = bad_env(file, &[("TURNSTILE_MAX_BODY_BYTES", "lots")]);
+        assert_eq!(e.key.as_deref(), Some("TURNSTILE_MAX_BODY_BYTES"));
+        assert!(e.message.contains("\"lots\" is not a whole number"), "{e}");
+        let e = bad_env(file, &[("TURNSTILE_MAX_CONNECTIONS", "0")]);
+        assert_eq!(e.line, None);
+        assert_eq!(e.key.as_deref(), Some("server.max_connections"));
+        assert!(
+            e.message.contains("out of range") && e.message.contains("TURNSTILE_MAX_CONNECTIONS"),
+            "{e}"
+        );
+        let e = bad_env(file, &[("TURNSTILE_LISTEN", "nowhere")]);
+        assert!(e.to_string().contains("TURNSTILE_LISTEN"), "{e}");
+        let e = bad_env(file, &[("TURNSTILE_PUBLIC_META", "maybe")]);
+        assert!(e.to_string().contains("TURNSTILE_PUBLIC_META"), "{e}");
+    }
+
+    #[test]
+    fn listen_accepts_localhost_and_rejects_junk() {
+        let c = ok("[server]\nlisten = \"localhost:9000\"\n");
+        assert_eq!(
+            c.server.listen,
+            SocketAddr::from((Ipv4Addr::LOCALHOST, 9000))
+        );
+        let c = ok("[server]\nlisten = \"[::1]:9000\"\n");
+        assert_eq!(c.server.listen.port(), 9000);
+        let e = bad("[server]\nlisten = \"localhost\"\n");
+        assert_eq!(e.line, Some(2));
+        assert_eq!(e.key.as_deref(), Some("server.listen"));
+    }
+}
