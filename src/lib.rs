@@ -4,13 +4,13 @@
 //! Data flows one way:
 //!
 //! ```text
-//! HTTP request → protocol adapter (protocol::aap | runs | events) → engine (turn loop)
+//! HTTP request → api (route table) → protocol adapter (protocol::aap | runs | events) → engine (turn loop)
 //!                                                  ├→ upstream provider (openai | anthropic | echo)
 //!                                                  └→ tool host (mcp | deliver_file | client)
 //! engine → event log (durable, ordered, the single source of truth) → renderers → SSE / JSON
 //! ```
 
-pub mod app;
+pub mod api;
 pub mod clock;
 pub mod config;
 pub mod engine;
@@ -23,6 +23,7 @@ pub mod message;
 pub mod metrics;
 pub mod net;
 pub mod protocol;
+pub mod startup;
 mod sync;
 pub mod telemetry;
 #[cfg(any(test, feature = "testkit"))]

@@ -2,7 +2,7 @@
 
 pub mod idempotency;
 pub mod render;
-pub mod wire;
+pub mod request;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -10,18 +10,18 @@ use std::sync::Arc;
 use futures_util::{Stream, StreamExt};
 use http::StatusCode;
 use serde_json::{json, Value};
-use tokio::sync::oneshot;
 
 use crate::config::{AgentConfig, Verdict};
 use crate::engine::{
     AgentChoice, ClientResult, EngineError, Feed, NewSession, Permission, SessionUpdate,
     SessionView, TurnHandle, TurnInput, TurnRequest,
 };
-use crate::http::routes::{App, Caller};
+use crate::http::detached::{detached, Reply};
 use crate::http::{body, json_response, query_param, sse, ApiError, Request, Response};
 use crate::message::{Block, Content, Message};
+use crate::protocol::context::{App, Caller};
 use render::TurnRenderer;
-use wire::StreamMode;
+use request::StreamMode;
 
 /// The AAP protocol version served.
 pub const VERSION: u32 = 3;
@@ -148,17 +148,13 @@ fn session_info(app: &App, view: &SessionView) -> Value {
     info
 }
 
-fn limit(app: &App) -> u64 {
-    app.engine.config().server.max_body_bytes
-}
-
 /// `POST /sessions`.
 pub async fn create_session(
     app: &App,
     caller: &Caller,
     req: Request,
 ) -> Result<Response, ApiError> {
-    let body: wire::CreateSession = body::json(req.into_body(), limit(app)).await?;
+    let body: request::CreateSession = body::json(req.into_body(), app.max_body()).await?;
     let agent = match body.agent {
         None => None,
         Some(a) => Some(AgentChoice {
@@ -304,8 +300,8 @@ pub async fn history(
 }
 
 /// Translate a turn request's messages into the engine's input.
-fn turn_input(messages: Vec<wire::TurnMessage>) -> Result<TurnInput, ApiError> {
-    use wire::TurnMessage as M;
+fn turn_input(messages: Vec<request::TurnMessage>) -> Result<TurnInput, ApiError> {
+    use request::TurnMessage as M;
     if messages.is_empty() {
         return Err(ApiError::bad_request(
             "messages is empty: send one user message, or the tool results and permissions the last turn stopped for",
@@ -378,16 +374,10 @@ pub async fn turns(
     id: String,
     req: Request,
 ) -> Result<Response, ApiError> {
-    let (reply, response) = oneshot::channel();
-    let task = async move { turn_task(&app, &caller, &id, req, reply).await };
-    tokio::spawn(tracing::Instrument::in_current_span(task));
-    response.await.unwrap_or_else(|_| {
-        Err(ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal_error",
-            "the turn's task ended before it answered; see the server log",
-        ))
+    detached("the turn", move |reply| async move {
+        turn_task(&app, &caller, &id, req, reply).await
     })
+    .await
 }
 
 /// A turn request, read and its turn started on a task of its own; the response handed to the
@@ -401,13 +391,7 @@ pub async fn turns(
 /// one task, with no hand-off between tasks per delta. A client that goes away drops the body,
 /// or one that stops reading stops the polling, and the turn runs on by itself (see
 /// [`TurnHandle`]).
-async fn turn_task(
-    app: &App,
-    caller: &Caller,
-    id: &str,
-    req: Request,
-    reply: oneshot::Sender<Result<Response, ApiError>>,
-) {
+async fn turn_task(app: &App, caller: &Caller, id: &str, req: Request, reply: Reply) {
     let (mut handle, mode) = match start_turn(app, caller, id, req).await {
         Ok(Started::Turn(handle, mode)) => (handle, mode),
         Ok(Started::Replayed(resp)) => {
@@ -434,14 +418,10 @@ async fn turn_task(
         }
     }
     if let Some(reply) = reply {
-        let _ = reply.send(Err(ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal_error",
-            format!(
-                "turn {} ended with nothing in the event log: it could not be written (a full disk?) or the session was deleted; see the server log",
-                handle.turn_id
-            ),
-        )));
+        let _ = reply.send(Err(ApiError::internal(format!(
+            "turn {} ended with nothing in the event log: it could not be written (a full disk?) or the session was deleted; see the server log",
+            handle.turn_id
+        ))));
     }
 }
 
@@ -491,8 +471,8 @@ async fn start_turn(
 ) -> Result<Started, ApiError> {
     let session = app.engine.session(caller.owner.as_deref(), id).await?;
     let key = idempotency::key_of(req.headers())?;
-    let bytes = body::read_limited(req.into_body(), limit(app)).await?;
-    let body: wire::TurnRequest = body::parse_json(&bytes)?;
+    let bytes = body::read_limited(req.into_body(), app.max_body()).await?;
+    let body: request::StartTurn = body::parse_json(&bytes)?;
     let mode = body.stream;
     let mut ticket = None;
     if let Some(key) = key {
@@ -582,11 +562,9 @@ async fn replay(
                 return Ok(json_response(StatusCode::OK, &resp));
             }
         }
-        return Err(ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal_error",
-            format!("turn {turn_id} has no end in the event log; see the server log"),
-        ));
+        return Err(ApiError::internal(format!(
+            "turn {turn_id} has no end in the event log; see the server log"
+        )));
     }
     let mut frames = vec![sse::format_event("turn_start", "{}", None)];
     for ev in events {
