@@ -125,6 +125,13 @@ fn hist(buckets: &'static [f64]) -> Histogram {
     Histogram::new(buckets.iter().copied())
 }
 
+/// Register each `name, help => metric;` (a clone of it: metrics are shared handles).
+macro_rules! register {
+    ($registry:expr, $($name:literal, $help:literal => $metric:expr;)*) => {
+        $($registry.register($name, $help, $metric.clone());)*
+    };
+}
+
 impl Metrics {
     fn new() -> Metrics {
         let mut m = Metrics {
@@ -150,94 +157,27 @@ impl Metrics {
             by_tool: Handles::default(),
             by_server: Handles::default(),
         };
-        let r = &mut m.registry;
         // Counter names get `_total` from the encoder.
-        r.register(
-            "turnstile_turns_started",
-            "Turns accepted (run at once or queued)",
-            (*TURNS_STARTED).clone(),
-        );
-        r.register(
-            "turnstile_turns",
-            "Turns ended, by agent and outcome (completed, failed, cancelled)",
-            m.turns.clone(),
-        );
-        r.register(
-            "turnstile_turn_duration_seconds",
-            "Wall time of a turn, from its start to its terminal event",
-            m.turn_seconds.clone(),
-        );
-        r.register(
-            "turnstile_upstream_calls",
-            "Upstream model calls (each retry is one), by provider, model and outcome (ok, error)",
-            m.upstream_calls.clone(),
-        );
-        r.register("turnstile_upstream_first_token_seconds", "Time from sending a model request to its first streamed fragment (the whole call when nothing streamed)", m.first_token_seconds.clone());
-        r.register(
-            "turnstile_upstream_call_duration_seconds",
-            "Wall time of one upstream model call",
-            m.upstream_seconds.clone(),
-        );
-        r.register(
-            "turnstile_upstream_input_tokens",
-            "Input tokens the upstream reported, by provider and model",
-            m.input_tokens.clone(),
-        );
-        r.register(
-            "turnstile_upstream_output_tokens",
-            "Output tokens the upstream reported, by provider and model",
-            m.output_tokens.clone(),
-        );
-        r.register("turnstile_tool_calls", "Server tool calls, by MCP server, tool, the operator's verdict (trust, ask, deny) and outcome (ok, error, cancelled; denied, refused, expired when not run)", m.tool_calls.clone());
-        r.register(
-            "turnstile_tool_call_duration_seconds",
-            "Wall time of a server tool call that ran",
-            m.tool_seconds.clone(),
-        );
-        r.register(
-            "turnstile_pending_approvals",
-            "Tool calls waiting for a client's permission (sessions in memory)",
-            m.pending_approvals.clone(),
-        );
-        r.register(
-            "turnstile_sessions_active",
-            "Sessions held in memory",
-            m.sessions.clone(),
-        );
-        r.register(
-            "turnstile_streams_open",
-            "Open event streams (SSE responses)",
-            m.streams.clone(),
-        );
-        r.register(
-            "turnstile_connections_open",
-            "Open HTTP connections",
-            m.connections.clone(),
-        );
-        r.register(
-            "turnstile_connections_refused",
-            "Connections closed at once because [server] max_connections were open",
-            (*CONNECTIONS_REFUSED).clone(),
-        );
-        r.register(
-            "turnstile_connections_timed_out",
-            "Connections closed for [server] header_timeout_s or idle_timeout_s",
-            (*CONNECTIONS_TIMED_OUT).clone(),
-        );
-        r.register(
-            "turnstile_mcp_servers_up",
-            "MCP server instances connected and listed, by server",
-            m.mcp_up.clone(),
-        );
-        r.register(
-            "turnstile_mcp_restarts",
-            "MCP server instances restarted after they exited or failed to start, by server",
-            m.mcp_restarts.clone(),
-        );
-        r.register(
-            "turnstile_store_commit_duration_seconds",
-            "Time to write one group commit of the event log",
-            m.store_commit_seconds.clone(),
+        register!(m.registry,
+            "turnstile_turns_started", "Turns accepted (run at once or queued)" => (*TURNS_STARTED);
+            "turnstile_turns", "Turns ended, by agent and outcome (completed, failed, cancelled)" => m.turns;
+            "turnstile_turn_duration_seconds", "Wall time of a turn, from its start to its terminal event" => m.turn_seconds;
+            "turnstile_upstream_calls", "Upstream model calls (each retry is one), by provider, model and outcome (ok, error)" => m.upstream_calls;
+            "turnstile_upstream_first_token_seconds", "Time from sending a model request to its first streamed fragment (the whole call when nothing streamed)" => m.first_token_seconds;
+            "turnstile_upstream_call_duration_seconds", "Wall time of one upstream model call" => m.upstream_seconds;
+            "turnstile_upstream_input_tokens", "Input tokens the upstream reported, by provider and model" => m.input_tokens;
+            "turnstile_upstream_output_tokens", "Output tokens the upstream reported, by provider and model" => m.output_tokens;
+            "turnstile_tool_calls", "Server tool calls, by MCP server, tool, the operator's verdict (trust, ask, deny) and outcome (ok, error, cancelled; denied, refused, expired when not run)" => m.tool_calls;
+            "turnstile_tool_call_duration_seconds", "Wall time of a server tool call that ran" => m.tool_seconds;
+            "turnstile_pending_approvals", "Tool calls waiting for a client's permission (sessions in memory)" => m.pending_approvals;
+            "turnstile_sessions_active", "Sessions held in memory" => m.sessions;
+            "turnstile_streams_open", "Open event streams (SSE responses)" => m.streams;
+            "turnstile_connections_open", "Open HTTP connections" => m.connections;
+            "turnstile_connections_refused", "Connections closed at once because [server] max_connections were open" => (*CONNECTIONS_REFUSED);
+            "turnstile_connections_timed_out", "Connections closed for [server] header_timeout_s or idle_timeout_s" => (*CONNECTIONS_TIMED_OUT);
+            "turnstile_mcp_servers_up", "MCP server instances connected and listed, by server" => m.mcp_up;
+            "turnstile_mcp_restarts", "MCP server instances restarted after they exited or failed to start, by server" => m.mcp_restarts;
+            "turnstile_store_commit_duration_seconds", "Time to write one group commit of the event log" => m.store_commit_seconds;
         );
         m
     }
