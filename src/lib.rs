@@ -4,11 +4,15 @@
 //! Data flows one way:
 //!
 //! ```text
-//! HTTP request → api (route table) → protocol adapter (protocol::aap | runs | events) → engine (turn loop)
+//! HTTP request → http (server, bodies, auth) → api (route table, dispatch)
+//!     → protocol adapter (protocol::aap | runs | events | files | operator) → engine (turn loop)
 //!                                                  ├→ upstream provider (openai | anthropic | echo)
 //!                                                  └→ tool host (mcp | deliver_file | client)
 //! engine → event log (durable, ordered, the single source of truth) → renderers → SSE / JSON
 //! ```
+//!
+//! Imports run one way too: `api` → `protocol::*` → `engine`; `api` and `protocol::*` → `http`;
+//! `http` imports no protocol and no route (it serves the handler `startup` gives it).
 
 pub mod api;
 pub mod clock;
