@@ -4,13 +4,17 @@
 //! Data flows one way:
 //!
 //! ```text
-//! HTTP request → protocol adapter (protocol::aap | runs | events) → engine (turn loop)
+//! HTTP request → http (server, bodies, auth) → api (route table, dispatch)
+//!     → protocol adapter (protocol::aap | runs | events | files | operator) → engine (turn loop)
 //!                                                  ├→ upstream provider (openai | anthropic | echo)
 //!                                                  └→ tool host (mcp | deliver_file | client)
 //! engine → event log (durable, ordered, the single source of truth) → renderers → SSE / JSON
 //! ```
+//!
+//! Imports run one way too: `api` → `protocol::*` → `engine`; `api` and `protocol::*` → `http`;
+//! `http` imports no protocol and no route (it serves the handler `startup` gives it).
 
-pub mod app;
+pub mod api;
 pub mod clock;
 pub mod config;
 pub mod engine;
@@ -23,6 +27,7 @@ pub mod message;
 pub mod metrics;
 pub mod net;
 pub mod protocol;
+pub mod startup;
 mod sync;
 pub mod telemetry;
 #[cfg(any(test, feature = "testkit"))]

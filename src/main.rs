@@ -6,8 +6,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use turnstile::app::{self, StartOptions};
 use turnstile::config::{self, Config};
+use turnstile::startup::{self, StartOptions};
 
 /// mimalloc rather than glibc's malloc: a turn makes many small, short-lived allocations
 /// (events, JSON, headers) across two or more worker threads. Measured with the bench on 2
@@ -117,7 +117,7 @@ async fn serve(
     insecure: bool,
 ) -> Result<ExitCode, String> {
     let addr = listen.unwrap_or(config.server.listen);
-    let running = app::start(config, addr, StartOptions { insecure })
+    let running = startup::start(config, addr, StartOptions { insecure })
         .await
         .map_err(|e| e.to_string())?;
     tracing::info!(addr = %running.addr, "turnstile listening on http://{}", running.addr);
@@ -180,7 +180,7 @@ async fn check(path: PathBuf, json: bool) -> Result<ExitCode, String> {
     if !json {
         print_check_header(&path, &config);
     }
-    if let Err(e) = app::provider(&config) {
+    if let Err(e) = startup::provider(&config) {
         return fail(e.to_string());
     }
     let config = std::sync::Arc::new(config);

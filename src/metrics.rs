@@ -22,8 +22,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use crate::tools::ToolHost;
-
 /// Turns accepted (started or queued).
 pub static TURNS_STARTED: LazyLock<Counter> = LazyLock::new(Counter::default);
 /// Connections closed at once because `[server] max_connections` were open.
@@ -80,7 +78,7 @@ struct CallLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ToolLabels {
+struct ServerToolLabels {
     server: String,
     tool: String,
 }
@@ -109,7 +107,7 @@ struct Metrics {
     input_tokens: Family<ModelLabels, Counter>,
     output_tokens: Family<ModelLabels, Counter>,
     tool_calls: Family<ToolCallLabels, Counter>,
-    tool_seconds: Family<ToolLabels, Histogram, Hist>,
+    tool_seconds: Family<ServerToolLabels, Histogram, Hist>,
     mcp_up: Family<ServerLabels, Gauge>,
     mcp_restarts: Family<ServerLabels, Counter>,
     store_commit_seconds: Histogram,
@@ -125,6 +123,13 @@ struct Metrics {
 
 fn hist(buckets: &'static [f64]) -> Histogram {
     Histogram::new(buckets.iter().copied())
+}
+
+/// Register each `name, help => metric;` (a clone of it: metrics are shared handles).
+macro_rules! register {
+    ($registry:expr, $($name:literal, $help:literal => $metric:expr;)*) => {
+        $($registry.register($name, $help, $metric.clone());)*
+    };
 }
 
 impl Metrics {
@@ -152,94 +157,27 @@ impl Metrics {
             by_tool: Handles::default(),
             by_server: Handles::default(),
         };
-        let r = &mut m.registry;
         // Counter names get `_total` from the encoder.
-        r.register(
-            "turnstile_turns_started",
-            "Turns accepted (run at once or queued)",
-            (*TURNS_STARTED).clone(),
-        );
-        r.register(
-            "turnstile_turns",
-            "Turns ended, by agent and outcome (completed, failed, cancelled)",
-            m.turns.clone(),
-        );
-        r.register(
-            "turnstile_turn_duration_seconds",
-            "Wall time of a turn, from its start to its terminal event",
-            m.turn_seconds.clone(),
-        );
-        r.register(
-            "turnstile_upstream_calls",
-            "Upstream model calls (each retry is one), by provider, model and outcome (ok, error)",
-            m.upstream_calls.clone(),
-        );
-        r.register("turnstile_upstream_first_token_seconds", "Time from sending a model request to its first streamed fragment (the whole call when nothing streamed)", m.first_token_seconds.clone());
-        r.register(
-            "turnstile_upstream_call_duration_seconds",
-            "Wall time of one upstream model call",
-            m.upstream_seconds.clone(),
-        );
-        r.register(
-            "turnstile_upstream_input_tokens",
-            "Input tokens the upstream reported, by provider and model",
-            m.input_tokens.clone(),
-        );
-        r.register(
-            "turnstile_upstream_output_tokens",
-            "Output tokens the upstream reported, by provider and model",
-            m.output_tokens.clone(),
-        );
-        r.register("turnstile_tool_calls", "Server tool calls, by MCP server, tool, the operator's verdict (trust, ask, deny) and outcome (ok, error, cancelled; denied, refused, expired when not run)", m.tool_calls.clone());
-        r.register(
-            "turnstile_tool_call_duration_seconds",
-            "Wall time of a server tool call that ran",
-            m.tool_seconds.clone(),
-        );
-        r.register(
-            "turnstile_pending_approvals",
-            "Tool calls waiting for a client's permission (sessions in memory)",
-            m.pending_approvals.clone(),
-        );
-        r.register(
-            "turnstile_sessions_active",
-            "Sessions held in memory",
-            m.sessions.clone(),
-        );
-        r.register(
-            "turnstile_streams_open",
-            "Open event streams (SSE responses)",
-            m.streams.clone(),
-        );
-        r.register(
-            "turnstile_connections_open",
-            "Open HTTP connections",
-            m.connections.clone(),
-        );
-        r.register(
-            "turnstile_connections_refused",
-            "Connections closed at once because [server] max_connections were open",
-            (*CONNECTIONS_REFUSED).clone(),
-        );
-        r.register(
-            "turnstile_connections_timed_out",
-            "Connections closed for [server] header_timeout_s or idle_timeout_s",
-            (*CONNECTIONS_TIMED_OUT).clone(),
-        );
-        r.register(
-            "turnstile_mcp_servers_up",
-            "MCP server instances connected and listed, by server",
-            m.mcp_up.clone(),
-        );
-        r.register(
-            "turnstile_mcp_restarts",
-            "MCP server instances restarted after they exited or failed to start, by server",
-            m.mcp_restarts.clone(),
-        );
-        r.register(
-            "turnstile_store_commit_duration_seconds",
-            "Time to write one group commit of the event log",
-            m.store_commit_seconds.clone(),
+        register!(m.registry,
+            "turnstile_turns_started", "Turns accepted (run at once or queued)" => (*TURNS_STARTED);
+            "turnstile_turns", "Turns ended, by agent and outcome (completed, failed, cancelled)" => m.turns;
+            "turnstile_turn_duration_seconds", "Wall time of a turn, from its start to its terminal event" => m.turn_seconds;
+            "turnstile_upstream_calls", "Upstream model calls (each retry is one), by provider, model and outcome (ok, error)" => m.upstream_calls;
+            "turnstile_upstream_first_token_seconds", "Time from sending a model request to its first streamed fragment (the whole call when nothing streamed)" => m.first_token_seconds;
+            "turnstile_upstream_call_duration_seconds", "Wall time of one upstream model call" => m.upstream_seconds;
+            "turnstile_upstream_input_tokens", "Input tokens the upstream reported, by provider and model" => m.input_tokens;
+            "turnstile_upstream_output_tokens", "Output tokens the upstream reported, by provider and model" => m.output_tokens;
+            "turnstile_tool_calls", "Server tool calls, by MCP server, tool, the operator's verdict (trust, ask, deny) and outcome (ok, error, cancelled; denied, refused, expired when not run)" => m.tool_calls;
+            "turnstile_tool_call_duration_seconds", "Wall time of a server tool call that ran" => m.tool_seconds;
+            "turnstile_pending_approvals", "Tool calls waiting for a client's permission (sessions in memory)" => m.pending_approvals;
+            "turnstile_sessions_active", "Sessions held in memory" => m.sessions;
+            "turnstile_streams_open", "Open event streams (SSE responses)" => m.streams;
+            "turnstile_connections_open", "Open HTTP connections" => m.connections;
+            "turnstile_connections_refused", "Connections closed at once because [server] max_connections were open" => (*CONNECTIONS_REFUSED);
+            "turnstile_connections_timed_out", "Connections closed for [server] header_timeout_s or idle_timeout_s" => (*CONNECTIONS_TIMED_OUT);
+            "turnstile_mcp_servers_up", "MCP server instances connected and listed, by server" => m.mcp_up;
+            "turnstile_mcp_restarts", "MCP server instances restarted after they exited or failed to start, by server" => m.mcp_restarts;
+            "turnstile_store_commit_duration_seconds", "Time to write one group commit of the event log" => m.store_commit_seconds;
         );
         m
     }
@@ -412,9 +350,26 @@ pub enum NotRun {
     Expired,
 }
 
+/// What the tool metrics need to know of a tool host (implemented in the tools module, so that
+/// this module imports none): where a federated tool name comes from.
+pub trait ToolDirectory {
+    /// The labels of the tool federated as `name`; `None` for a name the host does not list.
+    fn labels_of(&self, name: &str) -> Option<ToolLabels>;
+}
+
+/// The labels of one server tool's metrics.
+pub struct ToolLabels {
+    /// The MCP server's name (`builtin` for built-in tools).
+    pub server: String,
+    /// The tool's own name on its server.
+    pub tool: String,
+    /// The operator's verdict: `trust`, `ask` or `deny`.
+    pub verdict: &'static str,
+}
+
 /// The handle of the metrics of the server tool federated as `name`. A name the host does not
 /// list is counted as server `unknown`, tool `unknown` (a model may make names up).
-pub fn tool(host: &dyn ToolHost, name: &str) -> Arc<ToolMetrics> {
+pub fn tool<H: ToolDirectory + ?Sized>(host: &H, name: &str) -> Arc<ToolMetrics> {
     let m = &*METRICS;
     let make = |server: &str, tool: &str, verdict: &'static str| {
         let c = |outcome| {
@@ -432,7 +387,7 @@ pub fn tool(host: &dyn ToolHost, name: &str) -> Arc<ToolMetrics> {
             denied: c("denied"),
             refused: c("refused"),
             expired: c("expired"),
-            seconds: m.tool_seconds.get_or_create_owned(&ToolLabels {
+            seconds: m.tool_seconds.get_or_create_owned(&ServerToolLabels {
                 server: server.to_string(),
                 tool: tool.to_string(),
             }),
@@ -448,22 +403,13 @@ pub fn tool(host: &dyn ToolHost, name: &str) -> Arc<ToolMetrics> {
     {
         return known.clone();
     }
-    let listing = host.tools();
-    match listing.iter().find(|t| t.spec.name == name) {
+    match host.labels_of(name) {
         Some(t) => m
             .by_tool
-            .get("", name, || make(&t.server, &t.tool, verdict(t.verdict))),
+            .get("", name, || make(&t.server, &t.tool, t.verdict)),
         None => m
             .by_tool
             .get("unknown", "", || make("unknown", "unknown", "none")),
-    }
-}
-
-fn verdict(v: crate::config::Verdict) -> &'static str {
-    match v {
-        crate::config::Verdict::Trust => "trust",
-        crate::config::Verdict::Ask => "ask",
-        crate::config::Verdict::Deny => "deny",
     }
 }
 
@@ -585,12 +531,12 @@ pub fn store_commit<T>(commit: impl FnOnce() -> T) -> T {
     out
 }
 
-/// Every metric in the Prometheus text format, with the engine's gauges sampled now.
-pub fn render(engine: &crate::engine::Engine) -> String {
+/// Every metric in the Prometheus text format, with the engine's gauges as sampled now by the
+/// caller (sessions in memory, tool calls waiting for permission).
+pub fn render(sessions: usize, pending_approvals: usize) -> String {
     let m = &*METRICS;
-    let (sessions, pending) = engine.gauges();
     m.sessions.set(sessions as i64);
-    m.pending_approvals.set(pending as i64);
+    m.pending_approvals.set(pending_approvals as i64);
     let mut out = String::with_capacity(16 * 1024);
     if let Err(e) = prometheus_client::encoding::prometheus_text::encode(&mut out, &m.registry) {
         tracing::error!(error = %e, "metrics could not be rendered");
@@ -600,62 +546,6 @@ pub fn render(engine: &crate::engine::Engine) -> String {
 
 /// The `Content-Type` of [`render`]'s text.
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
-
-/// Serve `GET /metrics` alone, without API keys, on `[server] metrics_listen` (a port for the
-/// scraper, kept off the API's), until `shutdown`.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    engine: crate::engine::Engine,
-    shutdown: tokio_util::sync::CancellationToken,
-) {
-    use crate::http::error::ApiError;
-    use http::{Method, StatusCode};
-    loop {
-        let stream = tokio::select! {
-            r = listener.accept() => match r {
-                Ok((stream, _)) => stream,
-                Err(e) => {
-                    tracing::warn!(error = %e, "metrics listener: accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            _ = shutdown.cancelled() => break,
-        };
-        let _ = stream.set_nodelay(true);
-        let engine = engine.clone();
-        let service = hyper::service::service_fn(move |req: crate::http::Request| {
-            let resp = match (req.method(), req.uri().path()) {
-                (&Method::GET, "/metrics") => {
-                    crate::http::text_response(StatusCode::OK, CONTENT_TYPE, render(&engine))
-                }
-                (_, "/metrics") => ApiError::new(
-                    StatusCode::METHOD_NOT_ALLOWED,
-                    "method_not_allowed",
-                    "only GET is served on /metrics",
-                )
-                .into_response(),
-                (_, path) => ApiError::not_found(format!(
-                    "{path} is not served here: [server] metrics_listen serves only GET /metrics"
-                ))
-                .into_response(),
-            };
-            std::future::ready(Ok::<_, std::convert::Infallible>(resp))
-        });
-        let shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            let conn = hyper::server::conn::http1::Builder::new()
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
-            tokio::pin!(conn);
-            tokio::select! {
-                _ = conn.as_mut() => {}
-                _ = shutdown.cancelled() => conn.as_mut().graceful_shutdown(),
-            }
-            // A scrape under way finishes; an idle keep-alive connection closes at once.
-            let _ = tokio::time::timeout(Duration::from_secs(5), conn).await;
-        });
-    }
-}
 
 #[cfg(test)]
 mod tests {

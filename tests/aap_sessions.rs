@@ -387,7 +387,7 @@ async fn a_public_address_without_keys_is_refused() {
     let path = dir.path().join("tools.toml");
     std::fs::write(&path, config_text(&fake, "")).unwrap();
     let cfg = turnstile::config::load(&path).unwrap();
-    let err = turnstile::app::start(cfg, "0.0.0.0:0".parse().unwrap(), Default::default())
+    let err = turnstile::startup::start(cfg, "0.0.0.0:0".parse().unwrap(), Default::default())
         .await
         .err()
         .expect("refused");

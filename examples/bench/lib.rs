@@ -5,7 +5,7 @@
 //! with a keep-alive hyper client (`TCP_NODELAY`). Latencies are measured in interleaved rounds
 //! (direct and through turnstile alternate, the first round is a discarded warm-up) and reported
 //! as the median over rounds of each round's percentile. Turnstile runs in this process
-//! (`app::start`), except for the idle-stream RSS figure, which needs the server's memory alone:
+//! (`startup::start`), except for the idle-stream RSS figure, which needs the server's memory alone:
 //! there the bench re-executes itself with `--serve CONFIG` ([`serve_main`]).
 #![allow(dead_code)]
 
@@ -25,8 +25,8 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::task::JoinSet;
-use turnstile::app::{self, Running, StartOptions};
 use turnstile::message::{Block, Content, Message};
+use turnstile::startup::{self, Running, StartOptions};
 use turnstile::testkit::fake_openai::{FakeOpenAi, Reply, SendLog};
 use turnstile::upstream::{ModelRequest, NoDeltas, Provider as _, ToolDef};
 
@@ -427,7 +427,7 @@ impl Server {
         let text = config_text(upstream, fsync, extra);
         std::fs::write(&path, &text)?;
         let cfg = turnstile::config::load_str(&path, &text).map_err(|e| anyhow!("config: {e}"))?;
-        let running = app::start(cfg, "127.0.0.1:0".parse()?, StartOptions::default())
+        let running = startup::start(cfg, "127.0.0.1:0".parse()?, StartOptions::default())
             .await
             .map_err(|e| anyhow!("start: {e}"))?;
         Ok(Server {
@@ -994,7 +994,7 @@ async fn mcp(
     let host_path = host_dir.path().join("tools.toml");
     let cfg = turnstile::config::load_str(&host_path, &config_text(None, false, config_extra))
         .map_err(|e| anyhow!("config: {e}"))?;
-    let host = app::tool_host(&Arc::new(cfg), None)
+    let host = startup::tool_host(&Arc::new(cfg), None)
         .await
         .map_err(|e| anyhow!("tool host: {e}"))?;
     while !host.tools().iter().any(|t| t.spec.name == "mcp__ex__add") {
@@ -1223,7 +1223,7 @@ pub fn serve_main(config: &Path) -> Result<()> {
         .build()?;
     rt.block_on(async {
         let cfg = turnstile::config::load(config).map_err(|e| anyhow!("config: {e}"))?;
-        let running = app::start(cfg, "127.0.0.1:0".parse()?, StartOptions::default())
+        let running = startup::start(cfg, "127.0.0.1:0".parse()?, StartOptions::default())
             .await
             .map_err(|e| anyhow!("start: {e}"))?;
         {
@@ -1359,7 +1359,7 @@ async fn rss(opts: &Options, client: &Client, streams: usize) -> Result<Rss> {
         }
         RssMode::InProcess => {
             let cfg = turnstile::config::load(&config).map_err(|e| anyhow!("config: {e}"))?;
-            let running = app::start(cfg, "127.0.0.1:0".parse()?, StartOptions::default())
+            let running = startup::start(cfg, "127.0.0.1:0".parse()?, StartOptions::default())
                 .await
                 .map_err(|e| anyhow!("start: {e}"))?;
             let addr = running.addr;

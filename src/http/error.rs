@@ -1,21 +1,28 @@
 //! API errors and their one mapping to HTTP: a status and
 //! `{"error": {"type": "<snake_case>", "message": "<what is wrong and how to fix it>"}}`.
+//! Every `From<ModuleError> for ApiError` lives here; no handler builds an error response.
 
 use http::StatusCode;
 use serde_json::json;
 
+use super::range::Unsatisfiable;
 use super::{json_response, Response};
 use crate::engine::EngineError;
+use crate::files::FileError;
 
 #[derive(Debug, Clone)]
 pub struct ApiError {
     pub status: StatusCode,
     pub kind: &'static str,
     pub message: String,
-    /// Extra fields for the error object (e.g. the running turn's id).
-    pub extra: Option<serde_json::Value>,
+    /// Extra fields for the error object (e.g. the running turn's id); boxed, as they are rare,
+    /// to keep errors (and every `Result` that may hold one) small.
+    pub extra: Option<Box<serde_json::Value>>,
     /// Seconds for the `Retry-After` header of a 429 or 503 (1 when not set).
     pub retry_after: Option<u16>,
+    /// Headers of the response besides `Content-Type` (e.g. a 416's `Content-Range`); boxed,
+    /// as they are rare, to keep errors small.
+    pub headers: Option<Box<http::HeaderMap>>,
 }
 
 impl ApiError {
@@ -26,7 +33,13 @@ impl ApiError {
             message: message.into(),
             extra: None,
             retry_after: None,
+            headers: None,
         }
+    }
+
+    /// A 500: `message` says what failed and points at the server log (where the cause is).
+    pub fn internal(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal_error", message)
     }
 
     pub fn bad_request(message: impl Into<String>) -> ApiError {
@@ -43,12 +56,15 @@ impl ApiError {
 
     pub fn into_response(self) -> Response {
         let mut error = json!({"type": self.kind, "message": self.message});
-        if let Some(serde_json::Value::Object(extra)) = self.extra {
+        if let Some(serde_json::Value::Object(extra)) = self.extra.map(|e| *e) {
             for (k, v) in extra {
                 error[k] = v;
             }
         }
         let mut resp = json_response(self.status, &json!({ "error": error }));
+        if let Some(headers) = self.headers {
+            resp.headers_mut().extend(*headers);
+        }
         if self.status == StatusCode::TOO_MANY_REQUESTS
             || self.status == StatusCode::SERVICE_UNAVAILABLE
         {
@@ -73,7 +89,7 @@ impl From<EngineError> for ApiError {
         match e {
             EngineError::NotFound { .. } => ApiError::not_found(message),
             EngineError::Busy { turn_id } => ApiError {
-                extra: Some(json!({ "turn_id": turn_id })),
+                extra: Some(Box::new(json!({ "turn_id": turn_id }))),
                 ..ApiError::new(StatusCode::CONFLICT, "session_busy", message)
             },
             EngineError::Conflict(_) => ApiError::conflict(message),
@@ -99,12 +115,48 @@ impl From<EngineError> for ApiError {
             }
             EngineError::Store(err) => {
                 tracing::error!(error = %err, "store error while serving a request");
-                ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal_error",
-                    "the server could not read or write its store; see its log",
-                )
+                ApiError::internal("the server could not read or write its store; see its log")
             }
+        }
+    }
+}
+
+impl From<FileError> for ApiError {
+    fn from(e: FileError) -> ApiError {
+        match e {
+            FileError::NotFound(_) => ApiError::not_found(e.to_string()),
+            FileError::TooLarge { .. } => ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "file_too_large",
+                format!("{e}; send a smaller file"),
+            ),
+            FileError::QuotaExceeded { .. } => ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "disk_quota_exceeded",
+                e.to_string(),
+            ),
+            FileError::Io(_) | FileError::Store(_) => {
+                tracing::error!(error = %e, "file store error");
+                ApiError::internal("the file store failed; see the server log")
+            }
+        }
+    }
+}
+
+/// A 416 with the `Content-Range: bytes */{size}` that says why.
+impl From<Unsatisfiable> for ApiError {
+    fn from(Unsatisfiable { size }: Unsatisfiable) -> ApiError {
+        let range = http::HeaderValue::from_str(&format!("bytes */{size}"))
+            .unwrap_or(http::HeaderValue::from_static("bytes */0"));
+        let mut headers = http::HeaderMap::new();
+        headers.insert(http::header::CONTENT_RANGE, range);
+        ApiError {
+            headers: Some(Box::new(headers)),
+            ..ApiError::new(
+                StatusCode::RANGE_NOT_SATISFIABLE,
+                "range_not_satisfiable",
+                format!("the requested range is outside the file's {size} bytes"),
+            )
         }
     }
 }

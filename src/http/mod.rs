@@ -1,11 +1,12 @@
-//! The HTTP edge: the accept loop, the route table, auth, bodies, errors and SSE.
-//! Protocol modules (`crate::protocol::*`) hold the handlers; this module knows no protocol.
+//! The HTTP edge: the accept loop, auth, bodies, ranges, errors and SSE. It serves whatever
+//! handler it is given (the api module's `handle`) and imports no protocol and no route.
 
 pub mod auth;
 pub mod body;
 pub mod conn;
+pub mod detached;
 pub mod error;
-pub mod routes;
+pub mod range;
 pub mod server;
 pub mod sse;
 

@@ -2,6 +2,7 @@
 //! `[server] max_connections` open at once, each watched for its timeouts (see [`super::conn`]),
 //! graceful shutdown.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,21 +14,26 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use super::conn::{watchdog, Activity, Tracked, Watched};
-use super::routes::{handle, App};
+use super::{Request, Response};
+use crate::config::ServerConfig;
 use crate::metrics;
 
 /// At most one WARN line about refused connections this often.
 const REFUSED_WARN_EVERY: Duration = Duration::from_secs(10);
 
-/// Serve until `shutdown` is cancelled, then stop accepting and give open connections `grace`
-/// to finish (streams of running turns end when their turns end).
-pub async fn serve(
+/// Serve every request with `handle` until `shutdown` is cancelled, then stop accepting and
+/// give open connections `grace` to finish (streams of running turns end when their turns end).
+/// `server` gives the connection limits and timeouts.
+pub async fn serve<H, F>(
     listener: TcpListener,
-    app: Arc<App>,
+    server: ServerConfig,
+    handle: H,
     shutdown: CancellationToken,
     grace: Duration,
-) {
-    let server = app.engine.config().server.clone();
+) where
+    H: Fn(Request) -> F + Clone + Send + 'static,
+    F: Future<Output = Response> + Send + 'static,
+{
     let (header_timeout, idle_timeout) = (server.header_timeout, server.idle_timeout);
     super::body::set_stall_timeout(idle_timeout);
     let slots = Arc::new(Semaphore::new(server.max_connections));
@@ -56,13 +62,13 @@ pub async fn serve(
             tracing::debug!(error = %e, "could not set TCP_NODELAY");
         }
         let activity = Activity::new();
-        let app = app.clone();
+        let handle = handle.clone();
         let on_request = activity.clone();
         let service = service_fn(move |req| {
             let busy = on_request.begin();
-            let app = app.clone();
+            let resp = handle(req);
             async move {
-                let resp = handle(app, req).await;
+                let resp = resp.await;
                 Ok::<_, std::convert::Infallible>(resp.map(|body| Tracked::new(body, busy)))
             }
         });

@@ -9,9 +9,9 @@ use serde_json::{json, Value};
 
 use crate::engine::follow::Follow;
 use crate::engine::{Feed, TurnInput, TurnRequest};
-use crate::http::routes::{App, Caller};
 use crate::http::{body, json_response, query_param, sse, ApiError, Request, Response};
 use crate::message::Content;
+use crate::protocol::context::{App, Caller};
 
 /// Events per page of `events/history` by default, and at most.
 const DEFAULT_LIMIT: usize = 100;
@@ -41,7 +41,7 @@ pub async fn send_message(
     req: Request,
 ) -> Result<Response, ApiError> {
     let session = app.engine.session(caller.owner.as_deref(), id).await?;
-    let limit = app.engine.config().server.max_body_bytes;
+    let limit = app.max_body();
     let msg: SendMessage = body::json(req.into_body(), limit).await?;
     if msg.content.is_empty() {
         return Err(ApiError::bad_request(
@@ -212,7 +212,7 @@ pub async fn cancel(
     req: Request,
 ) -> Result<Response, ApiError> {
     let session = app.engine.session(caller.owner.as_deref(), id).await?;
-    let limit = app.engine.config().server.max_body_bytes;
+    let limit = app.max_body();
     let c: Cancel = body::json(req.into_body(), limit).await?;
     let cancelled = app.engine.cancel(&session, c.turn_id.as_deref());
     Ok(json_response(

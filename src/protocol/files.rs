@@ -16,34 +16,9 @@ use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio_util::io::{ReaderStream, StreamReader};
 
 use crate::files::{clean_name, to_ref, FileError};
-use crate::http::routes::{App, Caller};
+use crate::http::range::parse_range;
 use crate::http::{json_response, query_param, ApiError, Request, Response};
-
-impl From<FileError> for ApiError {
-    fn from(e: FileError) -> ApiError {
-        match e {
-            FileError::NotFound(_) => ApiError::not_found(e.to_string()),
-            FileError::TooLarge { .. } => ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "file_too_large",
-                format!("{e}; send a smaller file"),
-            ),
-            FileError::QuotaExceeded { .. } => ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "disk_quota_exceeded",
-                e.to_string(),
-            ),
-            FileError::Io(_) | FileError::Store(_) => {
-                tracing::error!(error = %e, "file store error");
-                ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal_error",
-                    "the file store failed; see the server log",
-                )
-            }
-        }
-    }
-}
+use crate::protocol::context::{App, Caller};
 
 /// The request body could not be read to its end (the client went away, or it was cut off).
 #[derive(Debug, thiserror::Error)]
@@ -293,48 +268,6 @@ pub fn content_disposition(name: &str) -> String {
     format!("attachment; filename=\"{ascii}\"; filename*=UTF-8''{encoded}")
 }
 
-/// A `Range` that cannot be satisfied (416).
-#[derive(Debug, PartialEq, Eq)]
-pub struct Unsatisfiable;
-
-/// A single `bytes=` range against `size`: `Ok(None)` for no (or an ignorable) Range header,
-/// `Err(Unsatisfiable)` when it cannot be satisfied.
-pub fn parse_range(header: Option<&str>, size: u64) -> Result<Option<(u64, u64)>, Unsatisfiable> {
-    let Some(spec) = header.and_then(|h| h.trim().strip_prefix("bytes=")) else {
-        return Ok(None);
-    };
-    if spec.contains(',') {
-        return Ok(None); // multiple ranges: answer with the whole file
-    }
-    let (a, b) = spec.split_once('-').ok_or(Unsatisfiable)?;
-    let (start, end) = match (a.trim(), b.trim()) {
-        ("", "") => return Err(Unsatisfiable),
-        ("", n) => {
-            let n: u64 = n.parse().map_err(|_| Unsatisfiable)?;
-            if n == 0 {
-                return Err(Unsatisfiable);
-            }
-            (
-                size.saturating_sub(n),
-                size.checked_sub(1).ok_or(Unsatisfiable)?,
-            )
-        }
-        (s, "") => (
-            s.parse().map_err(|_| Unsatisfiable)?,
-            size.checked_sub(1).ok_or(Unsatisfiable)?,
-        ),
-        (s, e) => {
-            let s: u64 = s.parse().map_err(|_| Unsatisfiable)?;
-            let e: u64 = e.parse().map_err(|_| Unsatisfiable)?;
-            (s, e.min(size.saturating_sub(1)))
-        }
-    };
-    if start >= size || start > end {
-        return Err(Unsatisfiable);
-    }
-    Ok(Some((start, end)))
-}
-
 /// `GET /files/{id}/content`.
 pub async fn content(
     app: &App,
@@ -348,23 +281,7 @@ pub async fn content(
         .headers()
         .get(header::RANGE)
         .and_then(|v| v.to_str().ok());
-    let range = match parse_range(range, size) {
-        Ok(r) => r,
-        Err(Unsatisfiable) => {
-            let mut resp = ApiError::new(
-                StatusCode::RANGE_NOT_SATISFIABLE,
-                "range_not_satisfiable",
-                format!("the requested range is outside the file's {size} bytes"),
-            )
-            .into_response();
-            resp.headers_mut().insert(
-                header::CONTENT_RANGE,
-                HeaderValue::from_str(&format!("bytes */{size}"))
-                    .unwrap_or(HeaderValue::from_static("bytes */0")),
-            );
-            return Ok(resp);
-        }
-    };
+    let range = parse_range(range, size)?;
     let mut file = app.files.open_blob(&row).await?;
     let (status, start, len) = match range {
         Some((s, e)) => (StatusCode::PARTIAL_CONTENT, s, e - s + 1),
@@ -417,19 +334,6 @@ pub async fn content(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ranges() {
-        assert_eq!(parse_range(None, 10), Ok(None));
-        assert_eq!(parse_range(Some("bytes=0-3"), 10), Ok(Some((0, 3))));
-        assert_eq!(parse_range(Some("bytes=5-"), 10), Ok(Some((5, 9))));
-        assert_eq!(parse_range(Some("bytes=-4"), 10), Ok(Some((6, 9))));
-        assert_eq!(parse_range(Some("bytes=8-100"), 10), Ok(Some((8, 9))));
-        assert_eq!(parse_range(Some("bytes=10-"), 10), Err(Unsatisfiable));
-        assert_eq!(parse_range(Some("bytes=4-2"), 10), Err(Unsatisfiable));
-        assert_eq!(parse_range(Some("bytes=0-1,4-5"), 10), Ok(None));
-        assert_eq!(parse_range(Some("bytes=-0"), 10), Err(Unsatisfiable));
-    }
 
     /// A multipart parser over `chunks` (an input that never waits), metered as uploads are;
     /// the bytes of file data read out, and how the parse ended.

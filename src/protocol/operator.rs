@@ -5,9 +5,9 @@
 use http::StatusCode;
 use serde_json::json;
 
-use crate::http::routes::App;
 use crate::http::{json_response, ApiError, Response};
 use crate::mcp::supervisor::ServerState;
+use crate::protocol::context::App;
 use crate::tools::ServerTool;
 
 /// One tool as `GET /tools` and `check` show it.
@@ -78,7 +78,7 @@ pub async fn readyz(app: &App) -> Result<Response, ApiError> {
         ));
     }
     Err(ApiError {
-        extra: Some(json!({"store": store_json, "servers": servers})),
+        extra: Some(Box::new(json!({"store": store_json, "servers": servers}))),
         retry_after: Some(READY_RETRY_AFTER),
         ..ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -12,6 +12,7 @@
 //! `error` event says why), `Cancelled`. Statuses: `finished`, `failed`, `cancelled`.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use http::StatusCode;
 use serde::Deserialize;
@@ -19,11 +20,14 @@ use serde_json::{json, Value};
 
 use crate::engine::follow::Follow;
 use crate::engine::history::Projector;
-use crate::engine::{DeltaKind, Feed, NewSession, PlanDecision, TurnInput, TurnRequest};
-use crate::http::routes::{App, Caller};
+use crate::engine::{
+    DeltaKind, Feed, NewSession, PlanDecision, TurnHandle, TurnInput, TurnRequest,
+};
+use crate::http::detached::detached;
 use crate::http::{body, json_response, sse, ApiError, Request, Response};
 use crate::log::{EventBody, StopReason};
 use crate::message::Message;
+use crate::protocol::context::{App, Caller};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -60,10 +64,6 @@ fn goal(text: String) -> TurnInput {
         files: vec![],
         skills: vec![],
     }
-}
-
-fn limit(app: &App) -> u64 {
-    app.engine.config().server.max_body_bytes
 }
 
 /// The finish reason and status of a terminal event.
@@ -123,94 +123,112 @@ impl RunRenderer {
                 self.enter_step();
                 vec![]
             }
-            Feed::Event(ev) => match &ev.body {
-                EventBody::UserMessage { content, .. } => match PlanDecision::of_content(content) {
-                    Some(decision) => {
-                        self.awaiting_plan = false;
-                        self.in_step = false;
-                        vec![(
-                            "message",
-                            json!({"role": "user", "content": [decision.block()]}),
-                        )]
-                    }
-                    None => {
-                        *self = RunRenderer::default();
-                        vec![]
-                    }
-                },
-                EventBody::AgentThinking { .. } => {
-                    self.enter_step();
+            Feed::Event(ev) => self.event(&ev.body),
+        }
+    }
+
+    /// The run-stream events of one logged event.
+    fn event(&mut self, body: &EventBody) -> Vec<(&'static str, Value)> {
+        match body {
+            EventBody::UserMessage { content, .. } => match PlanDecision::of_content(content) {
+                Some(decision) => {
+                    self.awaiting_plan = false;
+                    self.in_step = false;
+                    vec![(
+                        "message",
+                        json!({"role": "user", "content": [decision.block()]}),
+                    )]
+                }
+                None => {
+                    *self = RunRenderer::default();
                     vec![]
                 }
-                // A compaction's summary is not something the agent said: not shown.
-                EventBody::AgentMessage {
-                    compaction: true, ..
-                } => vec![],
-                EventBody::AgentMessage { content, plan, .. } => {
-                    self.enter_step();
-                    if *plan {
-                        // The next model call (after the decision) is a new step.
-                        self.in_step = false;
-                        self.awaiting_plan = true;
-                        vec![("plan_proposed", json!({ "plan": content }))]
-                    } else if content.is_empty() {
-                        vec![]
-                    } else {
-                        vec![(
-                            "message",
-                            json!({"role": "assistant", "content": [{"type": "text", "text": content}]}),
-                        )]
-                    }
-                }
-                EventBody::ToolUse {
-                    tool_use_id, name, ..
-                } => {
-                    self.enter_step();
-                    self.names.insert(tool_use_id.clone(), name.clone());
-                    vec![("tool_call", json!({"name": name, "step": self.step}))]
-                }
-                EventBody::ToolResult {
-                    tool_use_id,
-                    is_error,
-                    ..
-                } => {
-                    self.in_step = false;
-                    let name = self.names.get(tool_use_id).cloned().unwrap_or_default();
-                    vec![("tool_result", json!({"name": name, "success": !is_error}))]
-                }
-                EventBody::TurnCompleted { .. } if self.awaiting_plan => vec![],
-                body => {
-                    let (reason, _) = finish(body);
-                    let mut out = Vec::new();
-                    if let EventBody::TurnFailed {
-                        reason: why,
-                        message,
-                        ..
-                    } = body
-                    {
-                        let why = serde_json::to_value(why)
-                            .ok()
-                            .and_then(|v| v.as_str().map(String::from))
-                            .unwrap_or_default();
-                        out.push((
-                            "error",
-                            json!({"message": format!("{why}: {}", message.clone().unwrap_or_default())}),
-                        ));
-                    }
-                    out.push((
-                        "done",
-                        json!({"finish_reason": reason, "total_steps": self.step}),
-                    ));
-                    out
-                }
             },
+            EventBody::AgentThinking { .. } => {
+                self.enter_step();
+                vec![]
+            }
+            // A compaction's summary is not something the agent said: not shown.
+            EventBody::AgentMessage {
+                compaction: true, ..
+            } => vec![],
+            EventBody::AgentMessage { content, plan, .. } => {
+                self.enter_step();
+                if *plan {
+                    // The next model call (after the decision) is a new step.
+                    self.in_step = false;
+                    self.awaiting_plan = true;
+                    vec![("plan_proposed", json!({ "plan": content }))]
+                } else if content.is_empty() {
+                    vec![]
+                } else {
+                    vec![(
+                        "message",
+                        json!({"role": "assistant", "content": [{"type": "text", "text": content}]}),
+                    )]
+                }
+            }
+            EventBody::ToolUse {
+                tool_use_id, name, ..
+            } => {
+                self.enter_step();
+                self.names.insert(tool_use_id.clone(), name.clone());
+                vec![("tool_call", json!({"name": name, "step": self.step}))]
+            }
+            EventBody::ToolResult {
+                tool_use_id,
+                is_error,
+                ..
+            } => {
+                self.in_step = false;
+                let name = self.names.get(tool_use_id).cloned().unwrap_or_default();
+                vec![("tool_result", json!({"name": name, "success": !is_error}))]
+            }
+            EventBody::TurnCompleted { .. } if self.awaiting_plan => vec![],
+            body => self.end(body),
         }
+    }
+
+    /// The events of a run's end: `error` (when it failed), then `done`.
+    fn end(&self, body: &EventBody) -> Vec<(&'static str, Value)> {
+        let (reason, _) = finish(body);
+        let mut out = Vec::new();
+        if let EventBody::TurnFailed {
+            reason: why,
+            message,
+            ..
+        } = body
+        {
+            let why = serde_json::to_value(why)
+                .ok()
+                .and_then(|v| v.as_str().map(String::from))
+                .unwrap_or_default();
+            out.push((
+                "error",
+                json!({"message": format!("{why}: {}", message.clone().unwrap_or_default())}),
+            ));
+        }
+        out.push((
+            "done",
+            json!({"finish_reason": reason, "total_steps": self.step}),
+        ));
+        out
     }
 }
 
-/// `POST /run`: a one-off run in a session that is deleted afterwards.
-pub async fn run(app: &App, caller: &Caller, req: Request) -> Result<Response, ApiError> {
-    let body: StatelessRun = body::json(req.into_body(), limit(app)).await?;
+/// `POST /run`: a one-off run in a session that is deleted afterwards. On a task of its own,
+/// like a turn request: a client that goes away must not cut the run short of deleting its
+/// session.
+pub async fn run(app: Arc<App>, caller: Caller, req: Request) -> Result<Response, ApiError> {
+    detached("the run", move |reply| async move {
+        let _ = reply.send(run_detached(&app, &caller, req).await);
+    })
+    .await
+}
+
+/// A stateless run, from its request to its answer, its session deleted after it.
+async fn run_detached(app: &App, caller: &Caller, req: Request) -> Result<Response, ApiError> {
+    let body: StatelessRun = body::json(req.into_body(), app.max_body()).await?;
     if body.goal.trim().is_empty() {
         return Err(ApiError::bad_request(
             "goal is empty: say what the agent should do",
@@ -238,7 +256,7 @@ pub async fn run(app: &App, caller: &Caller, req: Request) -> Result<Response, A
         .engine
         .session(caller.owner.as_deref(), &view.id)
         .await?;
-    // Runs on the request's own task (see `routes::dispatch`), which reads it to its end.
+    // Runs on a task of its own (see `run`), which reads it to its end.
     let started = app.engine.start_turn(
         &session,
         TurnRequest {
@@ -247,53 +265,7 @@ pub async fn run(app: &App, caller: &Caller, req: Request) -> Result<Response, A
         },
     );
     let result = match started {
-        Ok(mut handle) => {
-            let mut renderer = RunRenderer::default();
-            let mut projector = Projector::default();
-            let mut outcome = None;
-            while let Some(item) = handle.recv().await {
-                renderer.render(&item);
-                if let Feed::Event(ev) = &item {
-                    if ev.body.is_terminal() {
-                        outcome = Some(ev.clone());
-                        break;
-                    }
-                    if !matches!(ev.body, EventBody::UserMessage { .. }) {
-                        projector.apply(&ev.body);
-                    }
-                }
-            }
-            match outcome {
-                Some(ev) => {
-                    let (reason, status) = finish(&ev.body);
-                    let usage = match &ev.body {
-                        EventBody::TurnCompleted { usage, .. }
-                        | EventBody::TurnFailed { usage, .. }
-                        | EventBody::TurnCancelled { usage } => *usage,
-                        _ => None,
-                    }
-                    .unwrap_or_default();
-                    let mut out = json!({
-                        "status": status,
-                        "finish_reason": reason,
-                        "messages": projector.into_messages(),
-                        "usage": {"total_steps": renderer.step, "total_tokens": usage.input_tokens + usage.output_tokens},
-                    });
-                    if let EventBody::TurnFailed {
-                        reason, message, ..
-                    } = &ev.body
-                    {
-                        out["error"] = json!({"reason": reason, "message": message});
-                    }
-                    Ok(json_response(StatusCode::OK, &out))
-                }
-                None => Err(ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal_error",
-                    "the run ended with nothing in the event log: it could not be written (a full disk?) or the session was deleted; see the server log",
-                )),
-            }
-        }
+        Ok(handle) => run_to_end(handle).await,
         Err(e) => Err(e.into()),
     };
     let _ = app
@@ -301,6 +273,53 @@ pub async fn run(app: &App, caller: &Caller, req: Request) -> Result<Response, A
         .delete_session(caller.owner.as_deref(), &view.id)
         .await;
     result
+}
+
+/// Read a run's turn to its end: the run's answer (its outcome, the messages it added, its
+/// usage).
+async fn run_to_end(mut handle: TurnHandle) -> Result<Response, ApiError> {
+    let mut renderer = RunRenderer::default();
+    let mut projector = Projector::default();
+    while let Some(item) = handle.recv().await {
+        renderer.render(&item);
+        if let Feed::Event(ev) = &item {
+            if ev.body.is_terminal() {
+                let out = run_result(&ev.body, projector, renderer.step);
+                return Ok(json_response(StatusCode::OK, &out));
+            }
+            if !matches!(ev.body, EventBody::UserMessage { .. }) {
+                projector.apply(&ev.body);
+            }
+        }
+    }
+    Err(ApiError::internal(
+        "the run ended with nothing in the event log: it could not be written (a full disk?) or the session was deleted; see the server log",
+    ))
+}
+
+/// A stateless run's answer, from its terminal event.
+fn run_result(end: &EventBody, projector: Projector, steps: u32) -> Value {
+    let (reason, status) = finish(end);
+    let usage = match end {
+        EventBody::TurnCompleted { usage, .. }
+        | EventBody::TurnFailed { usage, .. }
+        | EventBody::TurnCancelled { usage } => *usage,
+        _ => None,
+    }
+    .unwrap_or_default();
+    let mut out = json!({
+        "status": status,
+        "finish_reason": reason,
+        "messages": projector.into_messages(),
+        "usage": {"total_steps": steps, "total_tokens": usage.input_tokens + usage.output_tokens},
+    });
+    if let EventBody::TurnFailed {
+        reason, message, ..
+    } = end
+    {
+        out["error"] = json!({"reason": reason, "message": message});
+    }
+    out
 }
 
 /// `POST /sessions/{id}/run {"goal", "plan"?}`: `202 {"turn_id"}`; progress on `/events`.
@@ -311,7 +330,7 @@ pub async fn session_run(
     req: Request,
 ) -> Result<Response, ApiError> {
     let session = app.engine.session(caller.owner.as_deref(), id).await?;
-    let body: SessionRun = body::json(req.into_body(), limit(app)).await?;
+    let body: SessionRun = body::json(req.into_body(), app.max_body()).await?;
     if body.goal.trim().is_empty() {
         return Err(ApiError::bad_request(
             "goal is empty: say what the agent should do",
@@ -361,7 +380,7 @@ pub async fn confirm(
     req: Request,
 ) -> Result<Response, ApiError> {
     let session = app.engine.session(caller.owner.as_deref(), id).await?;
-    let body: Confirm = body::json(req.into_body(), limit(app)).await?;
+    let body: Confirm = body::json(req.into_body(), app.max_body()).await?;
     let turn_id = app
         .engine
         .decide_plan(&session, PlanDecision::Confirm { edits: body.edits })?;
@@ -379,7 +398,7 @@ pub async fn reject(
     req: Request,
 ) -> Result<Response, ApiError> {
     let session = app.engine.session(caller.owner.as_deref(), id).await?;
-    let body: Reject = body::json(req.into_body(), limit(app)).await?;
+    let body: Reject = body::json(req.into_body(), app.max_body()).await?;
     let turn_id = app.engine.decide_plan(
         &session,
         PlanDecision::Reject {

@@ -114,3 +114,20 @@ impl ToolHost for NoTools {
         Box::pin(async move { ToolOutput::error(format!("unknown tool {name}")) })
     }
 }
+
+/// Tool metrics are labelled by the server and tool a federated name comes from.
+impl crate::metrics::ToolDirectory for dyn ToolHost {
+    fn labels_of(&self, name: &str) -> Option<crate::metrics::ToolLabels> {
+        let listing = self.tools();
+        let t = listing.iter().find(|t| t.spec.name == name)?;
+        Some(crate::metrics::ToolLabels {
+            server: t.server.clone(),
+            tool: t.tool.clone(),
+            verdict: match t.verdict {
+                Verdict::Trust => "trust",
+                Verdict::Ask => "ask",
+                Verdict::Deny => "deny",
+            },
+        })
+    }
+}

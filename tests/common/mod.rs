@@ -15,7 +15,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
-use turnstile::app::{self, Running, StartOptions};
+use turnstile::startup::{self, Running, StartOptions};
 use turnstile::testkit::fake_openai::FakeOpenAi;
 
 /// A server, its data folder and the fake upstream it talks to.
@@ -58,7 +58,7 @@ impl TestServer {
         let path = dir.path().join("tools.toml");
         std::fs::write(&path, config).expect("write config");
         let cfg = turnstile::config::load(&path).unwrap_or_else(|e| panic!("config: {e}"));
-        let running = app::start(cfg, "127.0.0.1:0".parse().unwrap(), StartOptions::default())
+        let running = startup::start(cfg, "127.0.0.1:0".parse().unwrap(), StartOptions::default())
             .await
             .unwrap_or_else(|e| panic!("start: {e}"));
         let addr = running.addr;

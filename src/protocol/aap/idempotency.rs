@@ -163,7 +163,7 @@ pub async fn wait_started(mut rx: watch::Receiver<Progress>) -> Option<(String, 
 /// The 409 for a repeat of a streamed turn that still runs.
 pub fn in_progress(turn_id: &str) -> ApiError {
     ApiError {
-        extra: Some(json!({ "turn_id": turn_id })),
+        extra: Some(Box::new(json!({ "turn_id": turn_id }))),
         ..ApiError::new(
             StatusCode::CONFLICT,
             "idempotent_request_in_progress",

@@ -1,311 +1,33 @@
-//! AAP v3: `/meta`, sessions, history and turns (spec 000 and the AAP endpoint pages).
+//! AAP v3 (spec 000 and the AAP endpoint pages): turns here; `/meta`, sessions and history in
+//! [`sessions`].
 
 pub mod idempotency;
 pub mod render;
-pub mod wire;
+pub mod request;
+pub mod sessions;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use futures_util::{Stream, StreamExt};
 use http::StatusCode;
-use serde_json::{json, Value};
-use tokio::sync::oneshot;
+use serde_json::Value;
 
-use crate::config::{AgentConfig, Verdict};
 use crate::engine::{
-    AgentChoice, ClientResult, EngineError, Feed, NewSession, Permission, SessionUpdate,
-    SessionView, TurnHandle, TurnInput, TurnRequest,
+    ClientResult, EngineError, Feed, Permission, SessionUpdate, TurnHandle, TurnInput, TurnRequest,
 };
-use crate::http::routes::{App, Caller};
-use crate::http::{body, json_response, query_param, sse, ApiError, Request, Response};
-use crate::message::{Block, Content, Message};
+use crate::http::detached::{detached, Reply};
+use crate::http::{body, json_response, sse, ApiError, Request, Response};
+use crate::message::Content;
+use crate::protocol::context::{App, Caller};
 use render::TurnRenderer;
-use wire::StreamMode;
+use request::StreamMode;
 
 /// The AAP protocol version served.
 pub const VERSION: u32 = 3;
 
-/// `GET /meta`.
-pub fn meta(app: &App) -> Response {
-    let config = app.engine.config();
-    let agents: Vec<Value> = config.agents.iter().map(|a| agent_info(app, a)).collect();
-    json_response(
-        StatusCode::OK,
-        &json!({"version": VERSION, "agents": agents}),
-    )
-}
-
-fn agent_info(app: &App, agent: &AgentConfig) -> Value {
-    let tools: Vec<Value> = app
-        .engine
-        .exposed_tools(agent)
-        .into_iter()
-        .map(|t| serde_json::to_value(&t.spec).unwrap_or(Value::Null))
-        .collect();
-    let mut info = json!({
-        "name": agent.name,
-        "title": agent.title.clone().unwrap_or_else(|| agent.name.clone()),
-        "version": agent.version,
-        "tools": tools,
-        "options": agent_options(app, agent),
-        "capabilities": {
-            "history": {"full": {}, "compacted": {}},
-            "stream": {"delta": {}, "message": {}, "none": {}},
-            "application": {"tools": {}},
-            "image": {"http": {}, "data": {}}
-        }
-    });
-    if let Some(d) = &agent.description {
-        info["description"] = json!(d);
-    }
-    info
-}
-
-fn agent_options(app: &App, agent: &AgentConfig) -> Vec<Value> {
-    let mut options = vec![json!({
-        "name": "thinking",
-        "title": "Thinking",
-        "description": "Whether the model's reasoning is requested and shown (\"on\" or \"off\").",
-        "type": "select",
-        "options": ["on", "off"],
-        "default": if agent.thinking { "on" } else { "off" },
-    })];
-    if !agent.models.is_empty() {
-        let upstream_model = &app.engine.config().upstream.model;
-        let default = if agent.models.contains(upstream_model) {
-            upstream_model.clone()
-        } else {
-            agent.models[0].clone()
-        };
-        options.push(json!({
-            "name": "model",
-            "title": "Model",
-            "description": "The upstream model this agent uses.",
-            "type": "select",
-            "options": agent.models,
-            "default": default,
-        }));
-    }
-    options
-}
-
-/// The effective options of a session: the agent's defaults with the session's values over them.
-fn effective_options(app: &App, agent: &AgentConfig, set: &BTreeMap<String, String>) -> Value {
-    let mut out = serde_json::Map::new();
-    for opt in agent_options(app, agent) {
-        if let (Some(name), Some(default)) = (opt["name"].as_str(), opt["default"].as_str()) {
-            let v = set
-                .get(name)
-                .cloned()
-                .unwrap_or_else(|| default.to_string());
-            out.insert(name.to_string(), Value::String(v));
-        }
-    }
-    Value::Object(out)
-}
-
-/// AAP `SessionInfo` plus `status`, the pending calls and the running turn.
-fn session_info(app: &App, view: &SessionView) -> Value {
-    let config = app.engine.config();
-    let record = &view.record;
-    let (tools, options) = match config.agent(&record.agent) {
-        Some(agent) => {
-            let tools: Vec<Value> = match &record.tools {
-                Some(grants) => grants
-                    .iter()
-                    .map(|g| json!({"name": g.name, "trust": g.trust}))
-                    .collect(),
-                None => app
-                    .engine
-                    .exposed_tools(agent)
-                    .iter()
-                    .map(|t| json!({"name": t.spec.name, "trust": t.verdict == Verdict::Trust}))
-                    .collect(),
-            };
-            (tools, effective_options(app, agent, &record.options))
-        }
-        None => (vec![], json!(record.options)),
-    };
-    let mut info = json!({
-        "sessionId": view.id,
-        "id": view.id,
-        "created_at": view.created_at,
-        "agent": {"name": record.agent, "tools": tools, "options": options},
-        "tools": record.client_tools,
-        "status": view.status,
-        "pending": view.pending,
-    });
-    if let Some(turn) = &view.running_turn {
-        info["turn_id"] = json!(turn);
-    }
-    if !view.queued.is_empty() {
-        info["queued"] = json!(view.queued);
-    }
-    if let Some(plan) = &view.pending_plan {
-        info["pending_plan"] = json!(plan);
-    }
-    info
-}
-
-fn limit(app: &App) -> u64 {
-    app.engine.config().server.max_body_bytes
-}
-
-/// `POST /sessions`.
-pub async fn create_session(
-    app: &App,
-    caller: &Caller,
-    req: Request,
-) -> Result<Response, ApiError> {
-    let body: wire::CreateSession = body::json(req.into_body(), limit(app)).await?;
-    let agent = match body.agent {
-        None => None,
-        Some(a) => Some(AgentChoice {
-            name: a.name.ok_or_else(|| {
-                ApiError::bad_request("agent.name is required: name one of the agents GET /meta lists (or omit agent for the default)")
-            })?,
-            tools: a.tools,
-            options: a.options.unwrap_or_default(),
-        }),
-    };
-    for m in &body.messages {
-        check_seed(m)?;
-    }
-    let view = app
-        .engine
-        .create_session(
-            caller.owner.clone(),
-            NewSession {
-                agent,
-                seed: body.messages,
-                client_tools: body.tools,
-            },
-        )
-        .await?;
-    Ok(json_response(
-        StatusCode::CREATED,
-        &json!({"sessionId": view.id, "id": view.id, "created_at": view.created_at}),
-    ))
-}
-
-fn check_seed(m: &Message) -> Result<(), ApiError> {
-    if let Message::User {
-        content: Content::Blocks(blocks),
-    } = m
-    {
-        check_user_blocks(blocks)?;
-    }
-    Ok(())
-}
-
-fn check_user_blocks(blocks: &[Block]) -> Result<(), ApiError> {
-    for b in blocks {
-        match b {
-            Block::Text { .. } => {}
-            Block::Image { url } => {
-                if !(url.starts_with("https://")
-                    || url.starts_with("http://")
-                    || url.starts_with("data:"))
-                {
-                    return Err(ApiError::bad_request(format!(
-                        "an image block's url must be an https:// URL or a data: URI, not {:?}",
-                        url.chars().take(40).collect::<String>()
-                    )));
-                }
-            }
-            Block::Thinking { .. } | Block::ToolUse { .. } => {
-                return Err(ApiError::bad_request(
-                    "a user message may hold only text and image blocks",
-                ))
-            }
-        }
-    }
-    Ok(())
-}
-
-/// `GET /sessions?after=`.
-pub async fn list_sessions(
-    app: &App,
-    caller: &Caller,
-    req: &Request,
-) -> Result<Response, ApiError> {
-    let after = query_param(req, "after");
-    let (views, next) = app
-        .engine
-        .list_sessions(caller.owner.as_deref(), after.as_deref())
-        .await?;
-    // The pending calls are read from a session's log: GET /sessions/{id} shows them.
-    let sessions: Vec<Value> = views
-        .iter()
-        .map(|v| {
-            let mut info = session_info(app, v);
-            if let Some(info) = info.as_object_mut() {
-                info.remove("pending");
-            }
-            info
-        })
-        .collect();
-    let mut out = json!({ "sessions": sessions });
-    if let Some(next) = next {
-        out["next"] = json!(next);
-    }
-    Ok(json_response(StatusCode::OK, &out))
-}
-
-/// `GET /sessions/{id}`.
-pub async fn get_session(app: &App, caller: &Caller, id: &str) -> Result<Response, ApiError> {
-    let session = app.engine.session(caller.owner.as_deref(), id).await?;
-    let view = app.engine.view(&session);
-    Ok(json_response(StatusCode::OK, &session_info(app, &view)))
-}
-
-/// `DELETE /sessions/{id}`.
-pub async fn delete_session(app: &App, caller: &Caller, id: &str) -> Result<Response, ApiError> {
-    app.engine
-        .delete_session(caller.owner.as_deref(), id)
-        .await?;
-    Ok(crate::http::empty_response(StatusCode::NO_CONTENT))
-}
-
-/// `GET /sessions/{id}/history?type=full|compacted`.
-pub async fn history(
-    app: &App,
-    caller: &Caller,
-    id: &str,
-    req: &Request,
-) -> Result<Response, ApiError> {
-    let kind = match query_param(req, "type").as_deref() {
-        Some("full") => "full",
-        Some("compacted") => "compacted",
-        // AAP: a history type the agent does not declare in its capabilities is not found.
-        Some(other) => {
-            return Err(ApiError::not_found(format!(
-                "no history of type {other:?}: the capabilities declare \"full\" and \"compacted\""
-            )))
-        }
-        None => {
-            return Err(ApiError::bad_request(
-                "the query parameter type is required: ?type=full or ?type=compacted",
-            ))
-        }
-    };
-    let session = app.engine.session(caller.owner.as_deref(), id).await?;
-    // `compacted` is what the model is sent next: the last compaction's summary, then the
-    // messages after it (the full history until a session first compacts).
-    let messages = match kind {
-        "compacted" => session.compacted_history(),
-        _ => session.history(),
-    };
-    Ok(json_response(
-        StatusCode::OK,
-        &json!({"history": { kind: messages }}),
-    ))
-}
-
 /// Translate a turn request's messages into the engine's input.
-fn turn_input(messages: Vec<wire::TurnMessage>) -> Result<TurnInput, ApiError> {
-    use wire::TurnMessage as M;
+fn turn_input(messages: Vec<request::TurnMessage>) -> Result<TurnInput, ApiError> {
+    use request::TurnMessage as M;
     if messages.is_empty() {
         return Err(ApiError::bad_request(
             "messages is empty: send one user message, or the tool results and permissions the last turn stopped for",
@@ -329,7 +51,7 @@ fn turn_input(messages: Vec<wire::TurnMessage>) -> Result<TurnInput, ApiError> {
         match m {
             M::User { content } => {
                 if let Content::Blocks(blocks) = &content {
-                    check_user_blocks(blocks)?;
+                    sessions::check_user_blocks(blocks)?;
                 }
                 if content.is_empty() {
                     return Err(ApiError::bad_request("the user message is empty"));
@@ -378,16 +100,10 @@ pub async fn turns(
     id: String,
     req: Request,
 ) -> Result<Response, ApiError> {
-    let (reply, response) = oneshot::channel();
-    let task = async move { turn_task(&app, &caller, &id, req, reply).await };
-    tokio::spawn(tracing::Instrument::in_current_span(task));
-    response.await.unwrap_or_else(|_| {
-        Err(ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal_error",
-            "the turn's task ended before it answered; see the server log",
-        ))
+    detached("the turn", move |reply| async move {
+        turn_task(&app, &caller, &id, req, reply).await
     })
+    .await
 }
 
 /// A turn request, read and its turn started on a task of its own; the response handed to the
@@ -401,13 +117,7 @@ pub async fn turns(
 /// one task, with no hand-off between tasks per delta. A client that goes away drops the body,
 /// or one that stops reading stops the polling, and the turn runs on by itself (see
 /// [`TurnHandle`]).
-async fn turn_task(
-    app: &App,
-    caller: &Caller,
-    id: &str,
-    req: Request,
-    reply: oneshot::Sender<Result<Response, ApiError>>,
-) {
+async fn turn_task(app: &App, caller: &Caller, id: &str, req: Request, reply: Reply) {
     let (mut handle, mode) = match start_turn(app, caller, id, req).await {
         Ok(Started::Turn(handle, mode)) => (handle, mode),
         Ok(Started::Replayed(resp)) => {
@@ -434,14 +144,10 @@ async fn turn_task(
         }
     }
     if let Some(reply) = reply {
-        let _ = reply.send(Err(ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal_error",
-            format!(
-                "turn {} ended with nothing in the event log: it could not be written (a full disk?) or the session was deleted; see the server log",
-                handle.turn_id
-            ),
-        )));
+        let _ = reply.send(Err(ApiError::internal(format!(
+            "turn {} ended with nothing in the event log: it could not be written (a full disk?) or the session was deleted; see the server log",
+            handle.turn_id
+        ))));
     }
 }
 
@@ -491,8 +197,8 @@ async fn start_turn(
 ) -> Result<Started, ApiError> {
     let session = app.engine.session(caller.owner.as_deref(), id).await?;
     let key = idempotency::key_of(req.headers())?;
-    let bytes = body::read_limited(req.into_body(), limit(app)).await?;
-    let body: wire::TurnRequest = body::parse_json(&bytes)?;
+    let bytes = body::read_limited(req.into_body(), app.max_body()).await?;
+    let body: request::StartTurn = body::parse_json(&bytes)?;
     let mode = body.stream;
     let mut ticket = None;
     if let Some(key) = key {
@@ -582,11 +288,9 @@ async fn replay(
                 return Ok(json_response(StatusCode::OK, &resp));
             }
         }
-        return Err(ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal_error",
-            format!("turn {turn_id} has no end in the event log; see the server log"),
-        ));
+        return Err(ApiError::internal(format!(
+            "turn {turn_id} has no end in the event log; see the server log"
+        )));
     }
     let mut frames = vec![sse::format_event("turn_start", "{}", None)];
     for ev in events {

@@ -9,7 +9,7 @@ use std::collections::HashSet;
 
 use serde_json::{json, Value};
 
-use super::wire::StreamMode;
+use super::request::StreamMode;
 use crate::engine::history::Projector;
 use crate::engine::{DeltaKind, Feed};
 use crate::log::{Event, EventBody, StopReason};

@@ -13,9 +13,9 @@ use crate::config::{Config, ProviderKind};
 use crate::engine::Engine;
 use crate::files::FileStore;
 use crate::http::auth::Keys;
-use crate::http::routes::App;
 use crate::log::Store;
 use crate::mcp::McpHost;
+use crate::protocol::context::App;
 use crate::tools::ToolHost;
 use crate::upstream::{anthropic::Anthropic, echo::Echo, openai::OpenAi, Provider};
 
@@ -234,7 +234,7 @@ pub async fn start_with(
                 .local_addr()
                 .map_err(|source| StartError::Listen { addr: at, source })?;
             tracing::info!(addr = %bound, "metrics on http://{bound}/metrics (no API key)");
-            let task = crate::metrics::serve(l, engine.clone(), shutdown.clone());
+            let task = crate::api::metrics::serve(l, engine.clone(), shutdown.clone());
             (Some(bound), Some(tokio::spawn(task)))
         }
         None => (None, None),
@@ -249,7 +249,8 @@ pub async fn start_with(
     });
     let server = tokio::spawn(crate::http::server::serve(
         listener,
-        app,
+        engine.config().server.clone(),
+        move |req| crate::api::handle(app.clone(), req),
         shutdown.clone(),
         SHUTDOWN_GRACE,
     ));

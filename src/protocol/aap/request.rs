@@ -19,10 +19,10 @@ pub enum StreamMode {
     None,
 }
 
-/// AAP `AgentConfig` (`name` required at creation, forbidden to change later).
+/// AAP `AgentConfig`: the agent a session picks (`name` required at creation, forbidden to change later).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct AgentConfig {
+pub struct AgentSelection {
     pub name: Option<String>,
     pub tools: Option<Vec<ToolGrant>>,
     pub options: Option<BTreeMap<String, String>>,
@@ -32,7 +32,7 @@ pub struct AgentConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSession {
-    pub agent: Option<AgentConfig>,
+    pub agent: Option<AgentSelection>,
     #[serde(default)]
     pub messages: Vec<Message>,
     #[serde(default)]
@@ -79,8 +79,8 @@ pub enum TurnMessage {
 /// `POST /sessions/{id}/turns`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct TurnRequest {
-    pub agent: Option<AgentConfig>,
+pub struct StartTurn {
+    pub agent: Option<AgentSelection>,
     #[serde(default)]
     pub stream: StreamMode,
     pub messages: Vec<TurnMessage>,
