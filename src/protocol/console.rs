@@ -1,0 +1,166 @@
+//! `GET /console`: the web console, a single-page app whose assets (the top-level `console/`
+//! folder) are embedded in the binary and served under a strict Content-Security-Policy.
+//!
+//! The assets are public (they hold no data; the app signs in with a key kept in the browser's
+//! `sessionStorage` and calls the API from the same origin with it).
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, StatusCode};
+use http_body_util::{BodyExt, Empty, Full};
+
+use crate::http::{ApiError, Request, Response};
+
+/// No inline script or style, nothing from another origin, no framing, no form posts.
+pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
+     img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'none'; \
+     frame-ancestors 'none'";
+
+/// One embedded asset: its path under `/console/`, content type and bytes.
+struct Asset {
+    name: &'static str,
+    content_type: &'static str,
+    body: &'static [u8],
+}
+
+const ASSETS: &[Asset] = &[
+    Asset {
+        name: "index.html",
+        content_type: "text/html; charset=utf-8",
+        body: include_bytes!("../../console/index.html"),
+    },
+    Asset {
+        name: "app.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_bytes!("../../console/app.js"),
+    },
+    Asset {
+        name: "style.css",
+        content_type: "text/css; charset=utf-8",
+        body: include_bytes!("../../console/style.css"),
+    },
+    Asset {
+        name: "favicon.svg",
+        content_type: "image/svg+xml",
+        body: include_bytes!("../../console/favicon.svg"),
+    },
+];
+
+/// The names of the embedded assets (`index.html` is also served at `/console`).
+pub fn asset_names() -> impl Iterator<Item = &'static str> {
+    ASSETS.iter().map(|a| a.name)
+}
+
+/// `Some(response)` when the request is for the console (`/console`, `/console/…`), else
+/// `None` (the route table answers it).
+pub fn serve(req: &Request) -> Option<Response> {
+    let path = req.uri().path();
+    let rest = path.strip_prefix("/console")?;
+    let name = match rest {
+        "" | "/" | "/index.html" => "index.html",
+        r if r.starts_with('/') => &r[1..],
+        // `/consoles` and the like are not ours.
+        _ => return None,
+    };
+    if !matches!(*req.method(), Method::GET | Method::HEAD) {
+        return Some(
+            ApiError {
+                extra: Some(serde_json::json!({ "allow": "GET, HEAD" })),
+                ..ApiError::new(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "method_not_allowed",
+                    format!(
+                        "{} is not allowed on {path}; allowed: GET, HEAD",
+                        req.method()
+                    ),
+                )
+            }
+            .into_response(),
+        );
+    }
+    let Some(asset) = ASSETS.iter().find(|a| a.name == name) else {
+        return Some(
+            ApiError::not_found(format!(
+                "no console asset {path}; the console is at /console"
+            ))
+            .into_response(),
+        );
+    };
+    let etag = etag(asset.body);
+    let fresh = req
+        .headers()
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(',').any(|t| t.trim() == etag));
+    let (status, body) = if fresh {
+        (StatusCode::NOT_MODIFIED, Empty::new().boxed_unsync())
+    } else if *req.method() == Method::HEAD {
+        (StatusCode::OK, Empty::new().boxed_unsync())
+    } else {
+        (
+            StatusCode::OK,
+            Full::new(Bytes::from_static(asset.body)).boxed_unsync(),
+        )
+    };
+    let mut resp = http::Response::new(body);
+    *resp.status_mut() = status;
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(asset.content_type),
+    );
+    if !fresh {
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from(asset.body.len()));
+    }
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CSP),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    // Revalidated on every load (cheap: a 304 by ETag), so a new binary's console is seen at once.
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    if let Ok(v) = HeaderValue::from_str(&etag) {
+        h.insert(header::ETAG, v);
+    }
+    Some(resp)
+}
+
+/// A strong ETag from the asset's bytes (FNV-1a, 64 bits): stable for one build's assets.
+fn etag(body: &[u8]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in body {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("\"{h:016x}\"")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_asset_is_non_empty_and_the_page_loads_only_its_own_assets() {
+        for a in ASSETS {
+            assert!(!a.body.is_empty(), "{} is empty", a.name);
+        }
+        let html = std::str::from_utf8(ASSETS[0].body).unwrap();
+        assert!(html.contains("src=\"/console/app.js\""));
+        assert!(html.contains("href=\"/console/style.css\""));
+        assert!(!html.contains("<script>"), "no inline script under the CSP");
+        assert!(!html.contains("style=\""), "no inline style under the CSP");
+    }
+
+    #[test]
+    fn etags_differ_with_content() {
+        assert_ne!(etag(b"a"), etag(b"b"));
+        assert_eq!(etag(b"a"), etag(b"a"));
+    }
+}
