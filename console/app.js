@@ -532,8 +532,10 @@ class SessionView {
       }
       if (this.abort.signal.aborted) return;
       this.setConn("reconnecting", "reconnecting…");
-      // The draft's text will come again whole in its agent.message; deltas sent while we were
-      // away are not replayed.
+      // Deltas sent while we were away are not replayed (the whole text comes in the stored
+      // agent.message): the draft so far goes, and the next one starts with an ellipsis.
+      this.dropDrafts();
+      this.gap = true;
       await delay(backoff);
       backoff = Math.min(backoff * 2, 8000);
     }
@@ -561,9 +563,14 @@ class SessionView {
     }
     const type = ev.type || f.event;
     const stick = this.nearBottom();
+    if (f.id) this.gap = false;
     this.render(type, ev);
+    if (f.id) this.afterPlan = type === "agent.message" && !!ev.plan;
     if (stick) this.timeline.scrollTop = this.timeline.scrollHeight;
-    if (type === "user.message" || type === "agent.tool_use") this.setRunning(true);
+    if (type === "user.message" || type === "agent.tool_use") {
+      this.setRunning(true);
+      if (type === "user.message") this.showStatus("running");
+    }
     if (type === "turn.completed" || type === "turn.failed" || type === "turn.cancelled" || (type === "agent.message" && ev.plan)) {
       this.refresh();
       pollApprovals();
@@ -579,8 +586,9 @@ class SessionView {
     switch (type) {
       case "agent.message.delta": {
         if (!this.draft) {
-          this.draft = h("div", { class: "msg agent draft" }, h("div", { class: "who" }, "agent"), h("div", { class: "text" }));
+          this.draft = h("div", { class: "msg agent draft" }, h("div", { class: "who" }, "agent"), h("div", { class: "text" }, this.gap ? "… " : ""));
           this.timeline.append(this.draft);
+          this.gap = false;
         }
         this.draft.querySelector(".text").append(ev.content);
         return;
@@ -623,7 +631,7 @@ class SessionView {
       case "turn.completed": {
         this.dropDrafts();
         const u = ev.usage ? ` · ${ev.usage.input_tokens ?? "?"} in / ${ev.usage.output_tokens ?? "?"} out tokens` : "";
-        const why = { end_turn: "turn completed", tool_use: "waiting for decisions", max_tokens: "stopped: token limit", max_steps: "stopped: step budget spent", refusal: "the model refused" }[ev.stop_reason] || ev.stop_reason;
+        const why = this.afterPlan ? "plan proposed · waiting for your decision" : { end_turn: "turn completed", tool_use: "waiting for decisions", max_tokens: "stopped: token limit", max_steps: "stopped: step budget spent", refusal: "the model refused" }[ev.stop_reason] || ev.stop_reason;
         this.timeline.append(h("div", { class: `turn-end ${ev.stop_reason}`, dataset: { eventId: ev.id } }, `${why}${u}`));
         return;
       }
@@ -744,6 +752,11 @@ class SessionView {
 
   // -------- status, approvals, plan
 
+  showStatus(status) {
+    this.statusEl.replaceChildren(badge(status), h("span", { class: "muted small" }, ` ${this.info?.agent?.name || ""}`));
+    document.body.dataset.sessionStatus = status;
+  }
+
   setRunning(on) {
     this.cancelBtn.disabled = !on;
   }
@@ -757,8 +770,7 @@ class SessionView {
       return;
     }
     this.info = info;
-    this.statusEl.replaceChildren(badge(info.status), h("span", { class: "muted small" }, ` ${info.agent?.name || ""}`));
-    document.body.dataset.sessionStatus = info.status;
+    this.showStatus(info.status);
     this.setRunning(info.status === "running" || !!info.turn_id || !!info.queued?.length);
     this.renderApprovals(info.pending || []);
     this.renderPlan(info.status === "plan_pending_approval" ? info.pending_plan : null);

@@ -45,11 +45,6 @@ const ASSETS: &[Asset] = &[
     },
 ];
 
-/// The names of the embedded assets (`index.html` is also served at `/console`).
-pub fn asset_names() -> impl Iterator<Item = &'static str> {
-    ASSETS.iter().map(|a| a.name)
-}
-
 /// `Some(response)` when the request is for the console (`/console`, `/console/…`), else
 /// `None` (the route table answers it).
 pub fn serve(req: &Request) -> Option<Response> {

@@ -124,6 +124,12 @@ const scenarios = {
     await page.locator("#approvals-badge:not([hidden])", { hasText: "2" }).waitFor();
     await page.locator("[data-session-status=awaiting_client]").waitFor();
     await shot(page, "waiting");
+    // The approvals page lists both, across sessions, and leads back to the session.
+    await page.locator("[data-nav=approvals]").click();
+    await page.locator(".approval-row").nth(1).waitFor();
+    await shot(page, "approvals-page");
+    await page.locator(".approval-row").first().click();
+    await page.locator(".approval.open").nth(1).waitFor();
     // `a` approves the first waiting call (call_a).
     await page.locator("#timeline").click({ position: { x: 5, y: 5 } });
     await page.keyboard.press("a");
