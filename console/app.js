@@ -743,7 +743,7 @@ class SessionView {
       h(
         "div",
         { class: `result${ev.is_error ? " is-error" : ""}`, dataset: { eventId: ev.id } },
-        h("div", { class: "result-label" }, denied ? "denied" : ev.is_error ? "error" : "result"),
+        h("div", { class: "result-label" }, /^Tool call denied: approval expired$/.test(text) ? "expired: no decision in time" : denied ? "denied" : ev.is_error ? "error" : "result"),
         h("pre", {}, text),
         ev.files?.length ? h("div", { class: "files" }, ev.files.map(fileLink)) : null,
       ),

@@ -24,6 +24,10 @@ const KEY: &str = "console-key-7f3a";
 
 /// The example server (`echo` asks, `add` is trusted, its calls logged), `deliver_file` trusted.
 fn config(fake: &FakeOpenAi, dir: &Path, keys: bool) -> String {
+    config_ttl(fake, dir, keys, 3600)
+}
+
+fn config_ttl(fake: &FakeOpenAi, dir: &Path, keys: bool, ttl_s: u64) -> String {
     let server = example_server(
         "ex",
         &format!(
@@ -34,7 +38,10 @@ fn config(fake: &FakeOpenAi, dir: &Path, keys: bool) -> String {
     let extra = format!(
         "{server}\n[policy]\nask = [\"mcp__ex__echo\"]\ntrust = [\"mcp__ex__add\", \"deliver_file\"]\ndefault = \"ask\"\n"
     );
-    let text = config_text(fake, &extra);
+    let text = config_text(
+        fake,
+        &format!("[agents.assistant]\napproval_ttl_s = {ttl_s}\n\n{extra}"),
+    );
     if keys {
         text.replace(
             "[server]",
@@ -53,12 +60,13 @@ struct Served {
 }
 
 async fn serve(fake: &FakeOpenAi, keys: bool) -> Served {
+    serve_with(fake, keys, 3600).await
+}
+
+async fn serve_with(fake: &FakeOpenAi, keys: bool, ttl_s: u64) -> Served {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("tools.toml"),
-        config(fake, dir.path(), keys),
-    )
-    .unwrap();
+    let text = config_ttl(fake, dir.path(), keys, ttl_s);
+    std::fs::write(dir.path().join("tools.toml"), text).unwrap();
     if keys {
         std::env::set_var(KEY_VAR, KEY);
     }
@@ -236,6 +244,24 @@ async fn a_cut_stream_and_a_reload_mid_answer_lose_and_double_nothing() {
     assert!(
         !result["resumed"].as_array().unwrap().is_empty(),
         "{result}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancels_a_streaming_turn_and_shows_an_approval_that_expired() {
+    let fake = FakeOpenAi::start().await;
+    // A minute of streaming, cut short by Cancel.
+    fake.push(slow_text(&"la ".repeat(600), 100));
+    fake.push(Reply::tool_calls(&[(
+        "call_g",
+        "mcp__ex__echo",
+        json!({"text": "gamma"}),
+    )]));
+    let served = serve_with(&fake, false, 1).await;
+    drive(&served, "cancel_expiry", &[]).await;
+    assert!(
+        calls_logged(served.dir.path()).is_empty(),
+        "an expired call never runs"
     );
 }
 

@@ -250,6 +250,27 @@ const scenarios = {
   },
 };
 
+// Cancel a streaming turn; then an `ask` call left alone expires and shows as such.
+scenarios.cancel_expiry = async (page) => {
+  await createSession(page);
+  await send(page, "Talk for a long time.");
+  await page.locator(".msg.agent.draft").waitFor();
+  await page.locator("#cancel:not([disabled])").click();
+  await page.locator(".turn-end.cancelled").waitFor();
+  await page.locator("[data-session-status=idle]").waitFor();
+  await shot(page, "cancelled");
+  await send(page, "Echo gamma.");
+  await page.locator(".tool[data-call-id=call_g] .approval.open").waitFor();
+  // approval_ttl_s = 1: the server denies it ("approval expired"); the call shows as expired,
+  // with no Approve button left, and the badge does not count it.
+  await page.locator(".tool.denied[data-call-id=call_g] .result-label", { hasText: "expired" }).waitFor();
+  check((await page.locator(".tool[data-call-id=call_g] .result pre").innerText()) === "Tool call denied: approval expired", "the expiry's denial");
+  check(!(await page.locator(".tool[data-call-id=call_g] button.approve").count()), "no Approve on an expired call");
+  await page.locator("#approvals-badge[hidden]").waitFor({ state: "attached" });
+  await shot(page, "expired");
+  return {};
+};
+
 async function main() {
   const profile = mkdtempSync(join(tmpdir(), "turnstile-console-chromium-"));
   const context = await chromium.launchPersistentContext(profile, {
