@@ -356,6 +356,7 @@ class SessionsView {
     } else {
       this.list.replaceChildren(...shown.map((s) => this.row(s)));
     }
+    this.pager.hidden = pages === 1;
     this.pager.replaceChildren(
       h("button", { type: "button", class: "ghost", disabled: state.sessionsPage === 0, onclick: () => { state.sessionsPage--; this.render(); } }, "← Newer"),
       h("span", { class: "muted" }, `Page ${state.sessionsPage + 1} of ${pages} · ${this.sessions.length} sessions`),
@@ -675,6 +676,10 @@ class SessionView {
     } else if (content && typeof content === "object") {
       parts.push(pretty(content));
     }
+    const edited = decisions.find((d) => d.plan?.decision === "confirmed" && d.plan.edits);
+    if (edited) {
+      return h("div", { class: "plan-card edited", dataset: { eventId: ev.id } }, h("div", { class: "who" }, "you confirmed the plan, edited"), h("div", { class: "text" }, edited.plan.edits));
+    }
     if (!parts.length && !ev.files?.length) {
       return h(
         "div",
@@ -961,6 +966,7 @@ class SessionView {
           try {
             await this.send(content, plan.checked);
             text.value = "";
+            plan.checked = false;
             this.files = [];
             drawChips();
           } catch (e) {

@@ -181,7 +181,7 @@ const scenarios = {
     await page.locator("#plan-text").fill(process.env.EDITED);
     await shot(page, "editing");
     await page.locator("#plan-confirm", { hasText: "Confirm edited plan" }).click();
-    await page.locator(".decision.granted", { hasText: "plan confirmed with edits" }).waitFor();
+    await page.locator(".plan-card.edited", { hasText: process.env.EDITED }).waitFor();
     await page.locator(".msg.agent:not(.draft)", { hasText: process.env.ANSWER }).waitFor();
     await page.locator("#plan-text").waitFor({ state: "detached" });
     await shot(page, "confirmed");
