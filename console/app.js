@@ -206,6 +206,7 @@ function signedOut(message) {
 
 function showSignin(message) {
   unmount();
+  document.body.dataset.signedOut = "";
   $("#signout").hidden = true;
   const input = h("input", {
     type: "password",
@@ -821,7 +822,9 @@ class SessionView {
     if (decided) {
       return h("div", { class: "approval decided", dataset: { callId: p.toolCallId } }, head, h("p", { class: "muted small" }, decided.reason ? `Reason: ${decided.reason}. ` : "", "Sent when every waiting call has a decision."));
     }
-    const reason = h("input", { type: "text", class: "reason", placeholder: "Reason (optional, sent with a denial)", "aria-label": "Reason", dataset: { reasonFor: p.toolCallId } });
+    const reason = h("input", { type: "text", class: "reason", placeholder: "Reason (optional, sent with a denial)", "aria-label": "Reason", dataset: { reasonFor: p.toolCallId }, onkeydown: (e) => {
+      if (e.key === "Enter") this.decide(p.toolCallId, false, e.target.value);
+    } });
     return h(
       "div",
       { class: "approval open", dataset: { callId: p.toolCallId } },
@@ -873,9 +876,6 @@ class SessionView {
     else if (ev.key === "d") this.decide(p.toolCallId, false, reason?.value || "");
     else if (ev.key === "r" && reason) {
       reason.focus();
-      reason.addEventListener("keydown", (e) => {
-        if (e.key === "Enter") this.decide(p.toolCallId, false, reason.value);
-      });
     } else return false;
     return true;
   }
@@ -1182,6 +1182,7 @@ async function boot() {
     return;
   }
   $("#signout").hidden = !state.key;
+  delete document.body.dataset.signedOut;
   try {
     state.meta = await api("GET", "/meta");
   } catch (e) {
