@@ -22,11 +22,8 @@ static BROWSER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 const KEY_VAR: &str = "TURNSTILE_CONSOLE_TEST_KEYS";
 const KEY: &str = "console-key-7f3a";
 
-/// The example server (`echo` asks, `add` is trusted, its calls logged), `deliver_file` trusted.
-fn config(fake: &FakeOpenAi, dir: &Path, keys: bool) -> String {
-    config_ttl(fake, dir, keys, 3600)
-}
-
+/// The example server (`echo` asks, `add` is trusted, its calls logged), `deliver_file` trusted;
+/// a permission expires after `ttl_s`; with `keys`, the API needs [`KEY`].
 fn config_ttl(fake: &FakeOpenAi, dir: &Path, keys: bool, ttl_s: u64) -> String {
     let server = example_server(
         "ex",
