@@ -10,7 +10,7 @@ const state = {
   meta: null,
   tools: new Map(), // federated name -> GET /tools entry
   view: null, // the mounted view (has unmount())
-  pendingAll: [], // [{session, pending}] across sessions
+  pendingAll: [], // GET /console/pending: the permissions waited for, across sessions
   sessionsPage: 0,
 };
 
@@ -283,23 +283,9 @@ function route() {
 async function pollApprovals() {
   if (!state.meta) return;
   try {
-    const sessions = await allSessions();
-    const waiting = sessions.filter((s) => s.status === "awaiting_client").slice(0, 100);
-    const found = [];
-    await Promise.all(
-      waiting.map(async (s) => {
-        try {
-          const full = await api("GET", `/sessions/${encodeURIComponent(s.id)}`);
-          for (const p of full.pending || []) {
-            if (p.kind === "permission") found.push({ session: full, pending: p });
-          }
-        } catch {
-          /* deleted meanwhile */
-        }
-      }),
-    );
+    const found = (await api("GET", "/console/pending")).pending;
     state.pendingAll = found;
-    const open = found.filter((f) => !f.pending.expired).length;
+    const open = found.filter((p) => !p.expired).length;
     const b = $("#approvals-badge");
     b.textContent = String(open);
     b.hidden = open === 0;
@@ -366,7 +352,7 @@ class SessionsView {
   }
 
   row(s) {
-    const waiting = state.pendingAll.filter((p) => p.session.id === s.id && !p.pending.expired).length;
+    const waiting = state.pendingAll.filter((p) => p.session === s.id && !p.expired).length;
     let armed = false;
     const del = h("button", {
       type: "button",
@@ -770,7 +756,12 @@ class SessionView {
   async refresh() {
     let info;
     try {
-      info = await api("GET", this.path);
+      const [i, asked] = await Promise.all([
+        api("GET", this.path),
+        api("GET", `/console/pending?session=${encodeURIComponent(this.id)}`).catch(() => ({ pending: [] })),
+      ]);
+      info = i;
+      this.asked = new Map(asked.pending.map((p) => [p.toolCallId, p]));
     } catch (e) {
       if (e.status === 404) this.statusEl.replaceChildren(h("span", { class: "error" }, "deleted"));
       return;
@@ -807,7 +798,8 @@ class SessionView {
   }
 
   approvalPanel(p) {
-    const info = state.tools.get(p.name);
+    // The verdict and rule that asked, as recorded when the call paused; else today's policy.
+    const info = this.asked?.get(p.toolCallId)?.rule ? this.asked.get(p.toolCallId) : state.tools.get(p.name);
     const decided = this.decisions.get(p.toolCallId);
     const head = h(
       "div",
@@ -1070,14 +1062,13 @@ class ApprovalsView {
       return;
     }
     this.list.replaceChildren(
-      ...found.map(({ session, pending: p }) => {
-        const info = state.tools.get(p.name);
+      ...found.map((p) => {
         return h(
           "a",
-          { class: `approval-row${p.expired ? " expired" : ""}`, href: `#/s/${encodeURIComponent(session.id)}` },
+          { class: `approval-row${p.expired ? " expired" : ""}`, href: `#/s/${encodeURIComponent(p.session)}` },
           h("span", { class: "mono strong" }, p.name),
-          info ? h("span", { class: "muted small" }, `rule ${info.rule}`) : null,
-          h("span", { class: "mono small muted" }, session.id),
+          p.rule ? h("span", { class: "muted small" }, `${p.verdict} by rule ${p.rule} · server ${p.server}`) : h("span", {}),
+          h("span", { class: "mono small muted" }, p.session),
           p.expired ? h("span", { class: "badge expired" }, "expired") : h("span", { class: "muted small" }, `expires in ${timeLeft(p.expires_at)}`),
           h("pre", { class: "args small" }, pretty(p.input)),
         );

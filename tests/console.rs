@@ -21,6 +21,8 @@ static BROWSER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 const KEY_VAR: &str = "TURNSTILE_CONSOLE_TEST_KEYS";
 const KEY: &str = "console-key-7f3a";
+/// A second key: it sees none of [`KEY`]'s sessions.
+const OTHER_KEY: &str = "console-key-other";
 
 /// The example server (`echo` asks, `add` is trusted, its calls logged), `deliver_file` trusted;
 /// a permission expires after `ttl_s`; with `keys`, the API needs [`KEY`].
@@ -65,7 +67,7 @@ async fn serve_with(fake: &FakeOpenAi, keys: bool, ttl_s: u64) -> Served {
     let text = config_ttl(fake, dir.path(), keys, ttl_s);
     std::fs::write(dir.path().join("tools.toml"), text).unwrap();
     if keys {
-        std::env::set_var(KEY_VAR, KEY);
+        std::env::set_var(KEY_VAR, format!("{KEY},{OTHER_KEY}"));
     }
     let (child, addr) = common::binary::serve(&dir.path().join("tools.toml")).await;
     Served {
@@ -260,6 +262,68 @@ async fn cancels_a_streaming_turn_and_shows_an_approval_that_expired() {
         calls_logged(served.dir.path()).is_empty(),
         "an expired call never runs"
     );
+}
+
+#[tokio::test]
+async fn console_pending_lists_the_callers_waiting_permissions_with_the_rule_that_asked() {
+    let fake = FakeOpenAi::start().await;
+    let served = serve(&fake, true).await;
+    let http = common::Http::new(served.addr).with_key(KEY);
+    let (status, created) = http.post("/sessions", &json!({})).await;
+    assert_eq!(status, 201, "{created}");
+    let sid = created["sessionId"].as_str().unwrap().to_string();
+    let (_, idle) = http.post("/sessions", &json!({})).await;
+    fake.push(Reply::tool_calls(&[(
+        "call_p",
+        "mcp__ex__echo",
+        json!({"text": "pi"}),
+    )]));
+    let (status, turn) = http
+        .post(
+            &format!("/sessions/{sid}/turns"),
+            &json!({"messages": [{"role": "user", "content": "echo pi"}]}),
+        )
+        .await;
+    assert_eq!(
+        (status, turn["stopReason"].as_str()),
+        (200, Some("tool_use")),
+        "{turn}"
+    );
+    let (status, all) = http.get("/console/pending").await;
+    assert_eq!(status, 200, "{all}");
+    let pending = all["pending"].as_array().unwrap();
+    assert_eq!(pending.len(), 1, "{all}");
+    let p = &pending[0];
+    assert_eq!(p["session"], sid.as_str());
+    assert_eq!(p["toolCallId"], "call_p");
+    assert_eq!(p["name"], "mcp__ex__echo");
+    assert_eq!(p["input"], json!({"text": "pi"}));
+    assert_eq!(
+        (&p["server"], &p["tool"], &p["verdict"], &p["rule"]),
+        (
+            &json!("ex"),
+            &json!("echo"),
+            &json!("ask"),
+            &json!("mcp__ex__echo")
+        ),
+        "{p}"
+    );
+    assert!(p["expires_at"].is_string(), "{p}");
+    // One session's, an idle one's (none), another key's (none), no key (401).
+    let (_, one) = http.get(&format!("/console/pending?session={sid}")).await;
+    assert_eq!(one["pending"], all["pending"]);
+    let idle_id = idle["sessionId"].as_str().unwrap();
+    let (_, none) = http
+        .get(&format!("/console/pending?session={idle_id}"))
+        .await;
+    assert_eq!(none["pending"], json!([]));
+    let other = common::Http::new(served.addr).with_key(OTHER_KEY);
+    let (status, theirs) = other.get("/console/pending").await;
+    assert_eq!((status, &theirs["pending"]), (200, &json!([])));
+    let (status, _) = other.get(&format!("/console/pending?session={sid}")).await;
+    assert_eq!(status, 200, "another key's session is simply not listed");
+    let (status, _, _) = get(served.addr, "/console/pending", "").await;
+    assert_eq!(status, 401);
 }
 
 // ------------------------------------------------------------------ the assets, over plain HTTP

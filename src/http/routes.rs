@@ -230,7 +230,7 @@ pub fn resolve(method: &Method, path: &str) -> Result<Route, ApiError> {
 /// Serve one request, in a span of its own (see [`crate::telemetry::request_span`]) that ends
 /// with one log line.
 pub async fn handle(app: Arc<App>, req: Request) -> Response {
-    if let Some(resp) = crate::protocol::console::serve(&req) {
+    if let Some(resp) = crate::protocol::console::serve(&app, &req).await {
         return resp;
     }
     let started = std::time::Instant::now();

@@ -2,13 +2,19 @@
 //! folder) are embedded in the binary and served under a strict Content-Security-Policy.
 //!
 //! The assets are public (they hold no data; the app signs in with a key kept in the browser's
-//! `sessionStorage` and calls the API from the same origin with it).
+//! `sessionStorage` and calls the API from the same origin with it). One data route of its own,
+//! `GET /console/pending`, needs the key like the API: the calls waiting for a person's
+//! permission across the caller's sessions, each with the policy verdict and rule that asked
+//! (one request for the console's approvals badge instead of one per session).
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, StatusCode};
 use http_body_util::{BodyExt, Empty, Full};
 
-use crate::http::{ApiError, Request, Response};
+use serde_json::{json, Value};
+
+use crate::http::routes::App;
+use crate::http::{json_response, query_param, ApiError, Request, Response};
 
 /// No inline script or style, nothing from another origin, no framing, no form posts.
 pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
@@ -47,9 +53,16 @@ const ASSETS: &[Asset] = &[
 
 /// `Some(response)` when the request is for the console (`/console`, `/console/…`), else
 /// `None` (the route table answers it).
-pub fn serve(req: &Request) -> Option<Response> {
+pub async fn serve(app: &App, req: &Request) -> Option<Response> {
     let path = req.uri().path();
     let rest = path.strip_prefix("/console")?;
+    if rest == "/pending" && *req.method() == Method::GET {
+        return Some(
+            pending(app, req)
+                .await
+                .unwrap_or_else(ApiError::into_response),
+        );
+    }
     let name = match rest {
         "" | "/" | "/index.html" => "index.html",
         r if r.starts_with('/') => &r[1..],
@@ -125,6 +138,58 @@ pub fn serve(req: &Request) -> Option<Response> {
         h.insert(header::ETAG, v);
     }
     Some(resp)
+}
+
+/// `GET /console/pending[?session=ID]`: `{"pending": [{"session", "agent", "toolCallId", "name",
+/// "input", "expires_at", "expired"?, "server", "tool", "verdict", "rule"}]}`, the permissions
+/// that the caller's sessions (or that one) wait for, newest session first.
+async fn pending(app: &App, req: &Request) -> Result<Response, ApiError> {
+    let owner = app.keys.owner(req)?;
+    let owner = owner.as_deref();
+    let mut ids = Vec::new();
+    if let Some(id) = query_param(req, "session") {
+        ids.push(id);
+    } else {
+        let mut after: Option<String> = None;
+        loop {
+            let (views, next) = app.engine.list_sessions(owner, after.as_deref()).await?;
+            ids.extend(
+                views
+                    .iter()
+                    .filter(|v| json!(v.status) == json!("awaiting_client"))
+                    .map(|v| v.id.clone()),
+            );
+            match next {
+                Some(n) => after = Some(n),
+                None => break,
+            }
+        }
+        ids.reverse();
+    }
+    let mut out = Vec::new();
+    for id in ids {
+        // Deleted meanwhile (or another key's, for `?session=`): nothing waits there.
+        let Ok(session) = app.engine.session(owner, &id).await else {
+            continue;
+        };
+        let view = app.engine.view(&session);
+        for p in &view.pending {
+            let mut item = serde_json::to_value(p).unwrap_or(Value::Null);
+            if item["kind"] != "permission" {
+                continue;
+            }
+            item["session"] = json!(view.id);
+            item["agent"] = json!(view.record.agent);
+            if let Some(asked) = view.record.asked.iter().find(|a| a.call_id == p.call_id) {
+                item["server"] = json!(asked.server);
+                item["tool"] = json!(asked.tool);
+                item["verdict"] = json!(asked.verdict);
+                item["rule"] = json!(asked.rule);
+            }
+            out.push(item);
+        }
+    }
+    Ok(json_response(StatusCode::OK, &json!({ "pending": out })))
 }
 
 /// A strong ETag from the asset's bytes (FNV-1a, 64 bits): stable for one build's assets.
