@@ -93,6 +93,11 @@ pub async fn serve(app: &App, req: &Request) -> Option<Response> {
             .into_response(),
         );
     };
+    Some(asset_response(asset, req))
+}
+
+/// An asset (or a 304 when the client's copy is current), with the console's security headers.
+fn asset_response(asset: &Asset, req: &Request) -> Response {
     let etag = etag(asset.body);
     let fresh = req
         .headers()
@@ -137,7 +142,7 @@ pub async fn serve(app: &App, req: &Request) -> Option<Response> {
     if let Ok(v) = HeaderValue::from_str(&etag) {
         h.insert(header::ETAG, v);
     }
-    Some(resp)
+    resp
 }
 
 /// `GET /console/pending[?session=ID]`: `{"pending": [{"session", "agent", "toolCallId", "name",
