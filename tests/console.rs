@@ -139,7 +139,7 @@ fn calls_logged(dir: &Path) -> Vec<String> {
 async fn signs_in_creates_a_session_streams_the_answer_lists_and_deletes_sessions() {
     let fake = FakeOpenAi::start().await;
     let answer = "Turnstiles let one person through at a time, after a decision.";
-    fake.push(slow_text(answer, 40));
+    fake.push(slow_text(answer, 60));
     let served = serve(&fake, true).await;
     let result = drive(
         &served,
@@ -236,8 +236,8 @@ async fn a_cut_stream_and_a_reload_mid_answer_lose_and_double_nothing() {
                   stream to go on after it, so a dropped connection costs nothing. A reload starts \
                   over from the log, and the stored answer replaces whatever was streamed before. \
                   That is why this sentence appears exactly once.";
-    // About 100 deltas 60 ms apart: six seconds of streaming to cut and reload in.
-    fake.push(slow_text(answer, 60));
+    // About 100 deltas 80 ms apart: eight seconds of streaming to cut and reload in.
+    fake.push(slow_text(answer, 80));
     let served = serve(&fake, false).await;
     let result = drive(&served, "reload", &[("ANSWER", answer)]).await;
     assert!(
