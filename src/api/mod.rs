@@ -12,7 +12,7 @@ use tracing::Instrument;
 
 use crate::http::{json_response, ApiError, Request, Response};
 use crate::protocol::context::{App, Caller};
-use crate::protocol::{aap, events, files, operator, runs};
+use crate::protocol::{aap, console, events, files, operator, runs};
 use routes::{resolve, Endpoint};
 
 /// Serve one request, in a span of its own (see [`crate::telemetry::request_span`]) that ends
@@ -28,7 +28,7 @@ pub async fn handle(app: Arc<App>, req: Request) -> Response {
     let span = crate::telemetry::request_span(method.as_str(), template, session);
     let quiet = matches!(
         route,
-        Ok(Endpoint::Healthz | Endpoint::Readyz | Endpoint::Metrics)
+        Ok(Endpoint::Healthz | Endpoint::Readyz | Endpoint::Metrics | Endpoint::Console(_))
     );
     let result = async {
         let route = route?;
@@ -94,5 +94,7 @@ async fn dispatch(
         Endpoint::File(id) => files::metadata(app, &caller, &id).await,
         Endpoint::DeleteFile(id) => files::delete(app, &caller, &id).await,
         Endpoint::FileContent(id) => files::content(app, &caller, &id, &req).await,
+        Endpoint::Console(asset) => console::asset(&asset, &req),
+        Endpoint::ConsolePending => console::pending(app, &caller, &req).await,
     }
 }

@@ -34,13 +34,16 @@ pub enum Endpoint {
     File(String),
     DeleteFile(String),
     FileContent(String),
+    /// A web console asset (`index.html` for `/console`).
+    Console(String),
+    ConsolePending,
 }
 
 impl Endpoint {
     /// Endpoints that answer without a key.
     pub fn is_public(&self, public_meta: bool) -> bool {
         match self {
-            Endpoint::Healthz | Endpoint::Readyz => true,
+            Endpoint::Healthz | Endpoint::Readyz | Endpoint::Console(_) => true,
             Endpoint::Meta => public_meta,
             _ => false,
         }
@@ -73,6 +76,8 @@ impl Endpoint {
             Endpoint::Upload => "/files",
             Endpoint::File(_) | Endpoint::DeleteFile(_) => "/files/{id}",
             Endpoint::FileContent(_) => "/files/{id}/content",
+            Endpoint::Console(_) => "/console/{asset}",
+            Endpoint::ConsolePending => "/console/pending",
         }
     }
 
@@ -160,6 +165,9 @@ fn top_level(m: &Method, segs: &[&str]) -> Found {
             "GET, DELETE",
         ),
         ["files", id, "content"] => get(m, Endpoint::FileContent(id.to_string())),
+        ["console"] => probe(m, Endpoint::Console("index.html".into())),
+        ["console", "pending"] => get(m, Endpoint::ConsolePending),
+        ["console", asset] => probe(m, Endpoint::Console(asset.to_string())),
         _ => return None,
     })
 }

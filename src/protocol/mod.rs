@@ -2,6 +2,7 @@
 //! its own wire format. A protocol module never imports another protocol's module.
 
 pub mod aap;
+pub mod console;
 pub mod context;
 pub mod events;
 pub mod files;

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod binary;
+pub mod console;
 pub mod logcheck;
 pub mod mcp;
 pub mod provision;

@@ -114,13 +114,13 @@ pub fn node_script(name: &str) -> PathBuf {
     dest
 }
 
-fn manifest_dir() -> PathBuf {
+pub fn manifest_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
 /// `<target dir>/test-deps`: the target dir is `$CARGO_TARGET_DIR` when set (relative to the
 /// manifest folder, where cargo runs tests), else `<manifest>/target`.
-fn deps_dir() -> PathBuf {
+pub fn deps_dir() -> PathBuf {
     let target = match std::env::var_os("CARGO_TARGET_DIR") {
         Some(dir) if !dir.is_empty() => manifest_dir().join(dir),
         _ => manifest_dir().join("target"),
@@ -130,7 +130,7 @@ fn deps_dir() -> PathBuf {
 
 /// Under the lock: when `dir`'s marker says `key` and `ready` exists, nothing; else a fresh `dir`,
 /// `install(dir)`, then the marker (written last, so an interrupted install is redone).
-fn ensure(dir: &Path, key: &str, ready: &Path, install: impl FnOnce(&Path)) {
+pub fn ensure(dir: &Path, key: &str, ready: &Path, install: impl FnOnce(&Path)) {
     let deps = deps_dir();
     fs::create_dir_all(&deps).unwrap_or_else(|e| panic!("create {}: {e}", deps.display()));
     let _lock = lock(&deps.join(".lock"));
@@ -177,7 +177,7 @@ fn lock(path: &Path) -> File {
 
 /// Run an installer step; panic naming `what` and `needs` when it cannot start or fails, with the
 /// tail of its output.
-fn run(mut cmd: Command, what: &str, needs: &str) {
+pub fn run(mut cmd: Command, what: &str, needs: &str) {
     let line = format!("{cmd:?}");
     let out = match cmd.stdin(std::process::Stdio::null()).output() {
         Ok(out) => out,
