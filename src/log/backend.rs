@@ -51,16 +51,35 @@
 //!   `turn.cancelled`): turns a previous process left running. At start the engine closes each
 //!   with `turn.failed` `worker_lost` (answering orphan tool uses `Cancelled.`) and flushes.
 //!
+//! # Tickets are local; subscribers are the engine's
+//!
+//! Tickets and the watermark belong to one process's handle: they are never stored, and
+//! restart from 0 when the store is opened. Subscribers (the engine's per-session watchers)
+//! live in the engine, which publishes after `flush` returns, in ticket order; the store only
+//! says what is durable. A backend shared by several processes (PostgreSQL) tells *other*
+//! processes the same way: it notifies inside the commit's transaction (`pg_notify` is
+//! delivered only at `COMMIT`, so never before the rows are durable) with the session and its
+//! last committed `seq`, and the listening process reads the rows by cursor
+//! ([`events`](StoreBackend::events) after the last `seq` it published), so a lost or repeated
+//! notification loses or repeats nothing. The batch holds what that needs: each
+//! [`WriteOp::Event`] names its session and `seq`.
+//!
 //! # Which calls block
 //!
 //! | call | may block the thread | may wait |
 //! |---|---|---|
 //! | `append`, `put_session`, `delete_session`, `put_file`, `delete_file` | no (a short lock) | no |
-//! | `committed`, `failed`, `commits` | no | no |
+//! | `committed`, `failed` | no | no |
 //! | `flush` | no | yes (async: for the commit of its writes) |
 //! | `commit` | **yes**, for a whole commit (called under the session lock, rarely) | - |
 //! | `probe_writable` | **yes** (call it on a blocking thread: `/readyz` does) | - |
 //! | reads (`events`, `session`, `file`, ...) | no | yes (async) |
+//!
+//! # Test hooks
+//!
+//! Not part of the trait: `Store::fail_commits`, `Store::cap_size` and `Store::commits` exist
+//! only with `cfg(test)` or the `testkit` feature (`sqlite/testing.rs`, one match arm per
+//! backend); a production build carries neither the hooks nor their counters.
 //!
 //! # Errors
 //!
@@ -173,8 +192,6 @@ pub(crate) trait StoreBackend: Clone + Send + Sync + 'static {
     /// Whether the commit that took this ticket failed (its write is not in the log). Known
     /// for recent failed commits (SQLite: the last 64).
     fn failed(&self, ticket: u64) -> bool;
-    /// Commits that wrote something since the store was opened (tests assert one per turn).
-    fn commits(&self) -> u64;
     /// Whether the store can be written now (`/readyz`): the last commit did not fail and the
     /// store would take a write. Blocking.
     fn probe_writable(&self) -> Result<(), StoreError>;

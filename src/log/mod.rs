@@ -3,7 +3,7 @@
 //!
 //! - `event.rs`: the events and how they are stored (JSON).
 //! - `store.rs`: [`Store`], the handle the crate holds, dispatching to a backend.
-//! - `backend.rs`: [`backend::StoreBackend`], the seam a backend implements (group commit,
+//! - `backend.rs`: `StoreBackend`, the seam a backend implements (group commit,
 //!   durability watermark, invariants), and the rows and errors all backends share.
 //! - `sqlite/`: the embedded backend (schema, group commit, reads, file records, test hooks).
 

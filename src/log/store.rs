@@ -1,6 +1,6 @@
 //! [`Store`]: the handle to the event log, the session table and file records that the rest of
 //! the crate holds. It names no backend in its methods; it dispatches each call to the backend
-//! it was opened with ([`StoreBackend`], documented in `backend.rs`: the model, the
+//! it was opened with (`StoreBackend`, documented in `backend.rs`: the model, the
 //! invariants, which calls block, the errors).
 //!
 //! Dispatch is by enum, not `Box<dyn>`: the write path (`append`, then `flush`) runs a few
@@ -55,27 +55,32 @@ impl Store {
     }
 
     /// Queue an event for the next commit; its ticket (see [`Store::committed`]).
+    #[inline]
     pub fn append(&self, session_id: &Arc<str>, ev: &Event) -> u64 {
         on_backend!(self, b => b.append(session_id, ev))
     }
 
     /// Queue an insert or replacement of a session row; returns its ticket (see
     /// [`Store::committed`]).
+    #[inline]
     pub fn put_session(&self, row: SessionRow) -> u64 {
         on_backend!(self, b => b.put_session(row))
     }
 
     /// Queue the removal of a session and all its events.
+    #[inline]
     pub fn delete_session(&self, id: &str) {
         on_backend!(self, b => b.delete_session(id));
     }
 
     /// Queue a file's metadata.
+    #[inline]
     pub fn put_file(&self, row: FileRow) {
         on_backend!(self, b => b.put_file(row));
     }
 
     /// Queue the removal of a file's metadata.
+    #[inline]
     pub fn delete_file(&self, id: &str) {
         on_backend!(self, b => b.delete_file(id));
     }
@@ -87,25 +92,22 @@ impl Store {
     }
 
     /// [`Store::flush`] on the calling thread: blocks it for a whole commit.
+    #[inline]
     pub fn commit(&self) -> Result<(), StoreError> {
         on_backend!(self, b => b.commit())
     }
 
     /// Every write whose ticket is at most this has been through a commit.
+    #[inline]
     pub fn committed(&self) -> u64 {
         on_backend!(self, b => b.committed())
     }
 
     /// Whether the commit that took this ticket failed: the write is not in the log, though
     /// [`Store::committed`] has passed it. Known for the last 64 failed commits.
+    #[inline]
     pub fn failed(&self, ticket: u64) -> bool {
         on_backend!(self, b => b.failed(ticket))
-    }
-
-    /// How many commits have written something since the store was opened (each a SQLite
-    /// transaction, and with `fsync` one sync of the disk).
-    pub fn commits(&self) -> u64 {
-        on_backend!(self, b => b.commits())
     }
 
     /// Whether the store can be written now (`/readyz`). Blocks while a commit is under way;

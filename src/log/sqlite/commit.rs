@@ -1,13 +1,13 @@
 //! The SQLite backend's group commit, done by the callers themselves (leader/follower).
 //!
-//! A caller that needs its writes durable calls [`SqliteStore::flush`], which commits on the
+//! A caller that needs its writes durable calls `flush`, which commits on the
 //! caller's own thread (no hand-off to a writer thread, whose wake-ups cost more than the
 //! commit on a small machine): the first caller to take the write connection commits
 //! everything queued so far in one transaction, and callers whose writes that transaction held
 //! return without committing again. With `fsync`, one flush at a time commits on a blocking
 //! thread and the others wait for it asleep.
 
-use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::atomic::Ordering::SeqCst;
 use std::sync::{Arc, MutexGuard};
 
 use rusqlite::{params, Connection};
@@ -102,7 +102,7 @@ impl SqliteStore {
             match written {
                 Ok(()) => {
                     w.commits += 1;
-                    self.shared.commits.fetch_add(1, Relaxed);
+                    self.shared.faults.committed();
                 }
                 Err(e) => self.shared.record_failure(first, last, &e),
             }

@@ -54,9 +54,7 @@ struct Shared {
     failures: Mutex<VecDeque<(u64, u64, String)>>,
     /// Whether any commit has ever failed: when none has, `failed` takes no lock.
     any_failed: AtomicBool,
-    /// Commits that wrote something (`commits`).
-    commits: AtomicU64,
-    /// Testing only (`testing.rs`): faults to inject; empty in a production build.
+    /// Testing only (`testing.rs`): faults to inject, commits counted; empty in production.
     faults: testing::Faults,
     writer: Mutex<Writer>,
     reader: Mutex<Connection>,
@@ -133,7 +131,6 @@ impl SqliteStore {
                 fsync_leading: Default::default(),
                 failures: Default::default(),
                 any_failed: Default::default(),
-                commits: Default::default(),
                 faults: Default::default(),
                 writer: Mutex::new(writer),
                 reader: Mutex::new(reader),
@@ -196,10 +193,6 @@ impl StoreBackend for SqliteStore {
 
     fn failed(&self, ticket: u64) -> bool {
         self.shared.failure(ticket).is_some()
-    }
-
-    fn commits(&self) -> u64 {
-        self.shared.commits.load(Ordering::Relaxed)
     }
 
     fn probe_writable(&self) -> Result<(), StoreError> {

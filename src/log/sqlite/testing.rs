@@ -1,17 +1,19 @@
-//! Failure injection for tests: commits that fail as on an I/O error, a database capped as on
-//! a full disk. Compiled only for the crate's own tests and with the `testkit` feature (the
-//! integration tests and the bench); a production build has no hooks, and [`Faults`] is an
-//! empty type whose check the compiler removes from the commit path.
+//! Test hooks: commits that fail as on an I/O error, a database capped as on a full disk, and a
+//! count of the commits that wrote something. Compiled only for the crate's own tests and with
+//! the `testkit` feature (the integration tests and the bench); a production build has no hooks,
+//! and [`Faults`] is an empty type whose calls the compiler removes from the commit path.
 
 #[cfg(any(test, feature = "testkit"))]
-use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
-/// Faults to inject into the next commits.
+/// Faults to inject into the next commits, and what the commits did.
 #[cfg(any(test, feature = "testkit"))]
 #[derive(Default)]
 pub(super) struct Faults {
     /// How many of the next commits fail ([`Store::fail_commits`]).
     fail_next: AtomicU32,
+    /// Commits that wrote something ([`Store::commits`]).
+    commits: AtomicU64,
 }
 
 #[cfg(any(test, feature = "testkit"))]
@@ -27,6 +29,11 @@ impl Faults {
                     Some("injected by Store::fail_commits".into()),
                 )
             })
+    }
+
+    /// A commit wrote something.
+    pub(super) fn committed(&self) {
+        self.commits.fetch_add(1, Relaxed);
     }
 }
 
@@ -63,6 +70,14 @@ mod hooks {
     }
 
     impl Store {
+        /// Testing: how many commits have written something since the store was opened (each a
+        /// SQLite transaction, and with `fsync` one sync of the disk).
+        pub fn commits(&self) -> u64 {
+            match &self.backend {
+                Backend::Sqlite(s) => s.shared.faults.commits.load(Relaxed),
+            }
+        }
+
         /// Testing: the next `n` commits fail (as on an I/O error), writing nothing.
         pub fn fail_commits(&self, n: u32) {
             match &self.backend {
@@ -91,4 +106,7 @@ impl Faults {
     pub(super) fn inject(&self) -> Option<rusqlite::Error> {
         None
     }
+
+    #[inline(always)]
+    pub(super) fn committed(&self) {}
 }
