@@ -5,10 +5,13 @@
 //! - `store.rs`: [`Store`], the handle the crate holds, dispatching to a backend.
 //! - `backend.rs`: `StoreBackend`, the seam a backend implements (group commit,
 //!   durability watermark, invariants), and the rows and errors all backends share.
+//! - `group.rs`: the backend-neutral half of group commit (queue, tickets, watermark, failed
+//!   commits, waking the flushes that wait on another's commit).
 //! - `sqlite/`: the embedded backend (schema, group commit, reads, file records, test hooks).
 
 pub(crate) mod backend;
 pub mod event;
+pub(crate) mod group;
 pub(crate) mod sqlite;
 pub mod store;
 

@@ -14,11 +14,9 @@ use rusqlite::{params, Connection};
 
 use super::{Shared, SqliteStore, Writer};
 use crate::log::backend::WriteOp;
+use crate::log::group::Waiting;
 use crate::log::StoreError;
 use crate::sync::lock;
-
-/// Failed commits remembered, so that the callers whose writes they held learn of it.
-const MAX_FAILURES: usize = 64;
 
 /// Commits between checkpoint requests (about 1,000 pages of WAL at the default page size
 /// for small events), and the longest time between them.
@@ -34,12 +32,13 @@ impl SqliteStore {
     /// A/B on 2 cores at c=32, 9,300–9,700 → 12,800–13,400 turns/s, added p50 −37 %; at c=1,
     /// where nobody waits, the same as before: no waiter is registered, none woken).
     pub(super) async fn flush_queued(&self) -> Result<(), StoreError> {
-        let target = lock(&self.shared.queue).last;
-        let mut done = std::pin::pin!(self.shared.commit_done.notified());
-        let mut waiting: Option<Waiting> = None;
+        let group = &self.shared.group;
+        let target = group.last_queued();
+        let mut done = std::pin::pin!(group.commit_done());
+        let mut waiting: Option<Waiting<'_>> = None;
         loop {
-            if self.shared.committed.load(SeqCst) >= target {
-                return self.outcome(target);
+            if group.committed() >= target {
+                return group.outcome(target);
             }
             // Lead a commit, or wait for the one under way without blocking this thread (other
             // tasks run meanwhile); it may have taken its batch before our writes.
@@ -67,20 +66,20 @@ impl SqliteStore {
             if waiting.is_none() {
                 // Counted, then registered, then the loop looks again: a commit that ended
                 // meanwhile is seen, one that ends later wakes us (see `commit_locked`).
-                waiting = Some(Waiting::count(&self.shared));
+                waiting = Some(group.waiting());
                 done.as_mut().enable();
                 std::sync::atomic::fence(SeqCst);
                 continue;
             }
             done.as_mut().await;
-            done.set(self.shared.commit_done.notified());
+            done.set(group.commit_done());
             done.as_mut().enable();
         }
     }
 
     /// [`SqliteStore::flush_queued`] on the calling thread.
     pub(super) fn commit_queued(&self) -> Result<(), StoreError> {
-        let target = lock(&self.shared.queue).last;
+        let target = self.shared.group.last_queued();
         self.commit_locked(target, lock(&self.shared.writer))
     }
 
@@ -89,25 +88,20 @@ impl SqliteStore {
     fn commit_locked(&self, target: u64, mut w: MutexGuard<'_, Writer>) -> Result<(), StoreError> {
         if w.done < target {
             // Leader: commit everything queued, ours and whatever came after it.
-            let (ops, last) = {
-                let mut q = lock(&self.shared.queue);
-                (std::mem::take(&mut q.ops), q.last)
-            };
+            let group = &self.shared.group;
+            let (ops, last) = group.take();
             let first = w.done + 1;
             let written = if let Some(injected) = self.shared.faults.inject() {
                 Err(injected)
             } else {
                 crate::metrics::store_commit(|| write_batch(&mut w.conn, &ops))
             };
-            match written {
-                Ok(()) => {
-                    w.commits += 1;
-                    self.shared.faults.committed();
-                }
-                Err(e) => self.shared.record_failure(first, last, &e),
+            if written.is_ok() {
+                w.commits += 1;
+                self.shared.faults.committed();
             }
+            group.settle(first, last, written.err().map(|e| e.to_string()));
             w.done = last;
-            self.shared.committed.store(last, SeqCst);
             if w.commits >= CHECKPOINT_EVERY || w.last_checkpoint.elapsed() >= CHECKPOINT_AFTER {
                 // A request already pending is enough: never block a commit on it.
                 let _ = w.checkpoint.try_send(());
@@ -118,25 +112,17 @@ impl SqliteStore {
         drop(w);
         // Whether or not this committed (another may have, ours included): the lock is free
         // now, and a flush that found it taken waits to hear so.
-        self.shared.wake_waiting();
-        self.outcome(target)
-    }
-
-    /// Whether the commit that took `target` succeeded.
-    fn outcome(&self, target: u64) -> Result<(), StoreError> {
-        match self.shared.failure(target) {
-            Some(e) => Err(StoreError::WriteFailed(e)),
-            None => Ok(()),
-        }
+        self.shared.group.wake_waiting();
+        self.shared.group.outcome(target)
     }
 
     /// Whether the store can be written now (`/readyz`): the last commit did not fail, and the
     /// writer can take SQLite's write lock (`BEGIN IMMEDIATE`, rolled back: nothing is
     /// written). Blocks while a commit is under way; call it off the async threads.
     pub(super) fn probe(&self) -> Result<(), StoreError> {
-        let last = self.shared.committed.load(SeqCst);
+        let last = self.shared.group.committed();
         if last > 0 {
-            if let Some(e) = self.shared.failure(last) {
+            if let Some(e) = self.shared.group.failure(last) {
                 return Err(StoreError::WriteFailed(format!(
                     "the last commit failed: {e}"
                 )));
@@ -145,56 +131,6 @@ impl SqliteStore {
         let w = lock(&self.shared.writer);
         w.conn.execute_batch("BEGIN IMMEDIATE; ROLLBACK;")?;
         Ok(())
-    }
-}
-
-impl Shared {
-    fn record_failure(&self, first: u64, last: u64, e: &rusqlite::Error) {
-        tracing::error!(error = %e, "store: a group commit failed");
-        let mut failures = lock(&self.failures);
-        if failures.len() == MAX_FAILURES {
-            failures.pop_front();
-        }
-        failures.push_back((first, last, e.to_string()));
-        self.any_failed
-            .store(true, std::sync::atomic::Ordering::Release);
-    }
-
-    /// The error of the commit that took this ticket, if it failed (the last 64 failures).
-    pub(super) fn failure(&self, ticket: u64) -> Option<String> {
-        if !self.any_failed.load(std::sync::atomic::Ordering::Acquire) {
-            return None;
-        }
-        lock(&self.failures)
-            .iter()
-            .find(|(lo, hi, _)| (*lo..=*hi).contains(&ticket))
-            .map(|(_, _, e)| e.clone())
-    }
-
-    /// Wakes the flushes waiting on a commit, if any: called once `committed`, the writer's lock
-    /// or `fsync_leading` has changed. With the fences on both sides, a flush either is counted
-    /// here or sees the change when it looks again.
-    pub(super) fn wake_waiting(&self) {
-        std::sync::atomic::fence(SeqCst);
-        if self.waiting.load(SeqCst) > 0 {
-            self.commit_done.notify_waiters();
-        }
-    }
-}
-
-/// A flush counted among those waiting on a commit, until it returns or is dropped.
-struct Waiting(Arc<Shared>);
-
-impl Waiting {
-    fn count(shared: &Arc<Shared>) -> Waiting {
-        shared.waiting.fetch_add(1, SeqCst);
-        Waiting(shared.clone())
-    }
-}
-
-impl Drop for Waiting {
-    fn drop(&mut self) {
-        self.0.waiting.fetch_sub(1, SeqCst);
     }
 }
 
@@ -216,7 +152,7 @@ impl FsyncLead {
 impl Drop for FsyncLead {
     fn drop(&mut self) {
         self.0.fsync_leading.store(false, SeqCst);
-        self.0.wake_waiting();
+        self.0.group.wake_waiting();
     }
 }
 

@@ -23,15 +23,16 @@ mod testing;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::HashSet;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 use rusqlite::Connection;
 
 use super::backend::{FileRow, SessionRow, StoreBackend, StoreError, WriteOp};
 use super::event::Event;
+use super::group::GroupCommit;
 use crate::sync::lock;
 
 /// The SQLite backend; cheap to clone.
@@ -41,33 +42,16 @@ pub(crate) struct SqliteStore {
 }
 
 struct Shared {
-    queue: Mutex<Queue>,
-    /// Every ticket up to this one has been through a commit.
-    committed: AtomicU64,
-    /// Woken after every commit, for flushes waiting on another's...
-    commit_done: tokio::sync::Notify,
-    /// ...when there are any: how many.
-    waiting: AtomicUsize,
+    /// The queue, its tickets, the watermark and the failed commits (`log/group.rs`).
+    group: GroupCommit,
     /// With `fsync`: a flush has a commit under way on a blocking thread (`FsyncLead`).
     fsync_leading: AtomicBool,
-    /// Recent failed commits: their ticket ranges and errors (see `Shared::failure`).
-    failures: Mutex<VecDeque<(u64, u64, String)>>,
-    /// Whether any commit has ever failed: when none has, `failed` takes no lock.
-    any_failed: AtomicBool,
     /// Testing only (`testing.rs`): faults to inject, commits counted; empty in production.
     faults: testing::Faults,
     writer: Mutex<Writer>,
     reader: Mutex<Connection>,
     /// Commits run on a blocking thread (each waits for an fsync).
     fsync: bool,
-}
-
-/// Writes not yet committed. Every write gets a ticket, counting from 1.
-#[derive(Default)]
-struct Queue {
-    ops: Vec<WriteOp>,
-    /// The ticket of the last write queued.
-    last: u64,
 }
 
 struct Writer {
@@ -124,26 +108,14 @@ impl SqliteStore {
         };
         Ok(SqliteStore {
             shared: Arc::new(Shared {
-                queue: Mutex::new(Queue::default()),
-                committed: Default::default(),
-                commit_done: tokio::sync::Notify::new(),
-                waiting: Default::default(),
+                group: GroupCommit::default(),
                 fsync_leading: Default::default(),
-                failures: Default::default(),
-                any_failed: Default::default(),
                 faults: Default::default(),
                 writer: Mutex::new(writer),
                 reader: Mutex::new(reader),
                 fsync,
             }),
         })
-    }
-
-    fn queue(&self, op: WriteOp) -> u64 {
-        let mut q = lock(&self.shared.queue);
-        q.ops.push(op);
-        q.last += 1;
-        q.last
     }
 
     /// Runs `f` on the reader connection, on a blocking thread.
@@ -160,23 +132,25 @@ impl SqliteStore {
 
 impl StoreBackend for SqliteStore {
     fn append(&self, session_id: &Arc<str>, ev: &Event) -> u64 {
-        self.queue(WriteOp::event(session_id, ev))
+        self.shared.group.push(WriteOp::event(session_id, ev))
     }
 
     fn put_session(&self, row: SessionRow) -> u64 {
-        self.queue(WriteOp::PutSession(row))
+        self.shared.group.push(WriteOp::PutSession(row))
     }
 
     fn delete_session(&self, id: &str) -> u64 {
-        self.queue(WriteOp::DeleteSession(id.to_string()))
+        self.shared
+            .group
+            .push(WriteOp::DeleteSession(id.to_string()))
     }
 
     fn put_file(&self, row: FileRow) -> u64 {
-        self.queue(WriteOp::PutFile(row))
+        self.shared.group.push(WriteOp::PutFile(row))
     }
 
     fn delete_file(&self, id: &str) -> u64 {
-        self.queue(WriteOp::DeleteFile(id.to_string()))
+        self.shared.group.push(WriteOp::DeleteFile(id.to_string()))
     }
 
     async fn flush(&self) -> Result<(), StoreError> {
@@ -188,11 +162,11 @@ impl StoreBackend for SqliteStore {
     }
 
     fn committed(&self) -> u64 {
-        self.shared.committed.load(Ordering::SeqCst)
+        self.shared.group.committed()
     }
 
     fn failed(&self, ticket: u64) -> bool {
-        self.shared.failure(ticket).is_some()
+        self.shared.group.failure(ticket).is_some()
     }
 
     fn probe_writable(&self) -> Result<(), StoreError> {

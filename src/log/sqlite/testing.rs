@@ -64,7 +64,7 @@ mod hooks {
             w.conn
                 .query_row(&format!("PRAGMA max_page_count = {max}"), [], |_| Ok(()))?;
             drop(w);
-            self.shared.wake_waiting();
+            self.shared.group.wake_waiting();
             Ok(())
         }
     }
