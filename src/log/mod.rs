@@ -1,8 +1,20 @@
 //! The event log: every turn's events, durable and ordered (spec 003). The single source of
 //! truth: AAP history, the turns stream, the run stream and the event stream all render it.
+//!
+//! - `event.rs`: the events and how they are stored (JSON).
+//! - `store.rs`: [`Store`], the handle the crate holds, dispatching to a backend.
+//! - `backend.rs`: `StoreBackend`, the seam a backend implements (group commit,
+//!   durability watermark, invariants), and the rows and errors all backends share.
+//! - `group.rs`: the backend-neutral half of group commit (queue, tickets, watermark, failed
+//!   commits, waking the flushes that wait on another's commit).
+//! - `sqlite/`: the embedded backend (schema, group commit, reads, file records, test hooks).
 
+pub(crate) mod backend;
 pub mod event;
+pub(crate) mod group;
+pub(crate) mod sqlite;
 pub mod store;
 
+pub use backend::{FileRow, SessionRow, StoreError};
 pub use event::{Event, EventBody, FailReason, FileRef, StopReason};
-pub use store::{FileRow, SessionRow, Store, StoreError};
+pub use store::Store;

@@ -1,0 +1,265 @@
+//! The seam between the engine and where its log lives: [`StoreBackend`], what a store backend
+//! implements, and the rows and errors every backend shares. The rest of the crate holds a
+//! [`Store`](super::Store) and never names a backend; the SQLite backend
+//! ([`SqliteStore`](super::sqlite::SqliteStore)) is the first implementation.
+//!
+//! # The model: queued writes, tickets and one durability watermark
+//!
+//! Writes are *queued*, not written: [`append`](StoreBackend::append),
+//! [`put_session`](StoreBackend::put_session) and the other write calls push the write on an
+//! in-memory queue and return at once with its **ticket**, a number counting from 1 in the
+//! order the writes were queued (one counter per store, across sessions). They never block and
+//! never fail; they may be called under the engine's session lock, and are (that lock is what
+//! orders a session's events: see below).
+//!
+//! A caller that needs its writes durable calls [`flush`](StoreBackend::flush) (async) or
+//! [`commit`](StoreBackend::commit) (the same, blocking the calling thread). Both return once
+//! every write queued *before the call* has been through a commit, and whether the commit that
+//! held the caller's writes succeeded. **Group commit:** whoever commits takes *everything*
+//! queued so far, from every session, into one transaction (SQLite: one transaction, with
+//! `fsync` one sync; PostgreSQL: one transaction in one round trip); callers whose writes were
+//! in it return without committing again. A turn therefore costs one commit when its calls
+//! answer at once and a few at most, never one per event: the engine flushes before it waits on
+//! the client and, during a model or tool call, once its oldest unwritten event is 1 ms old.
+//!
+//! [`committed`](StoreBackend::committed) is the watermark: every write whose ticket is at most
+//! this has been through a commit. A commit can *fail* (I/O error, full disk, lost connection):
+//! then its whole batch is not in the log, the watermark passes it all the same, and
+//! [`failed`](StoreBackend::failed)`(ticket)` says so for the tickets it held. A failed batch
+//! is never retried by the store: the engine reads the session back and goes on from what the
+//! log holds (`Session::read_back`).
+//!
+//! # Invariants a backend keeps
+//!
+//! - **Order.** A session's events are appended with consecutive `seq`s (1, 2, ...) and ids that
+//!   sort as their seqs do (both assigned by the engine under the session's lock, in the order
+//!   of the `append` calls). A backend commits the writes of one batch in queue order, and
+//!   batches in ticket order; [`events`](StoreBackend::events) returns them by `seq`. A failed
+//!   commit may leave a hole in a session's seqs; reads must cope (see `seq_of`).
+//! - **Visible once durable.** The engine publishes an event to subscribers (streams, runs, AAP
+//!   watchers) only once `committed() >= ticket && !failed(ticket)`. The durability signal is
+//!   the watermark: a backend advances [`committed`](StoreBackend::committed) only after the
+//!   transaction is durable (SQLite: `COMMIT` returned; PostgreSQL: `COMMIT` acknowledged, with
+//!   `synchronous_commit` as configured), and wakes the flushes waiting on it. Subscribers then
+//!   read stored events by cursor ([`events`](StoreBackend::events) with `after_seq`), so a
+//!   subscriber that missed a notification loses nothing.
+//! - **Rows.** A session row written with [`put_session`](StoreBackend::put_session) replaces
+//!   the record of an existing one (owner and creation time are kept). Deleting a session
+//!   deletes its events in the same commit.
+//! - **Restart recovery.** [`unfinished_sessions`](StoreBackend::unfinished_sessions) lists the
+//!   sessions whose last stored event is not terminal (`turn.completed`, `turn.failed`,
+//!   `turn.cancelled`): turns a previous process left running. At start the engine closes each
+//!   with `turn.failed` `worker_lost` (answering orphan tool uses `Cancelled.`) and flushes.
+//!
+//! # Tickets are local; subscribers are the engine's
+//!
+//! Tickets and the watermark belong to one process's handle: they are never stored, and
+//! restart from 0 when the store is opened. Subscribers (the engine's per-session watchers)
+//! live in the engine, which publishes after `flush` returns, in ticket order; the store only
+//! says what is durable. A backend shared by several processes (PostgreSQL) tells *other*
+//! processes the same way: it notifies inside the commit's transaction (`pg_notify` is
+//! delivered only at `COMMIT`, so never before the rows are durable) with the session and its
+//! last committed `seq`, and the listening process reads the rows by cursor
+//! ([`events`](StoreBackend::events) after the last `seq` it published), so a lost or repeated
+//! notification loses or repeats nothing. The batch holds what that needs: each
+//! [`WriteOp::Event`] names its session and `seq`.
+//!
+//! # Which calls block
+//!
+//! | call | may block the thread | may wait |
+//! |---|---|---|
+//! | `append`, `put_session`, `delete_session`, `put_file`, `delete_file` | no (a short lock) | no |
+//! | `committed`, `failed` | no | no |
+//! | `flush` | no | yes (async: for the commit of its writes) |
+//! | `commit` | **yes**, for a whole commit (called under the session lock, rarely) | - |
+//! | `probe_writable` | **yes** (call it on a blocking thread: `/readyz` does) | - |
+//! | reads (`events`, `session`, `file`, ...) | no | yes (async) |
+//!
+//! # Test hooks
+//!
+//! Not part of the trait: `Store::fail_commits`, `Store::cap_size` and `Store::commits` exist
+//! only with `cfg(test)` or the `testkit` feature (`sqlite/testing.rs`, one match arm per
+//! backend); a production build carries neither the hooks nor their counters.
+//!
+//! # Errors
+//!
+//! Every fallible call returns [`StoreError`]: `Open` (cannot open or migrate; at start only),
+//! `Sql` (a backend error on a read), `WriteFailed` (the commit that held the caller's writes
+//! failed, or a blocking task died), `Corrupt` (a stored row does not parse).
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::event::Event;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot open the store at {path}: {source}")]
+    Open {
+        path: PathBuf,
+        source: rusqlite::Error,
+    },
+    #[error("store error: {0}")]
+    Sql(#[from] rusqlite::Error),
+    #[error("a write to the store failed: {0}")]
+    WriteFailed(String),
+    #[error("a stored event is corrupt: {0}")]
+    Corrupt(String),
+}
+
+/// A session row: its id, owner, creation time and its record (JSON, owned by the engine).
+#[derive(Debug, Clone)]
+pub struct SessionRow {
+    pub id: String,
+    pub owner: Option<String>,
+    pub created_at: String,
+    pub record: String,
+}
+
+/// A stored file's metadata (the bytes are a blob named by `sha256`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileRow {
+    pub id: String,
+    pub owner: Option<String>,
+    pub filename: String,
+    pub mime_type: String,
+    pub size_bytes: u64,
+    pub sha256: String,
+    pub created_at: String,
+}
+
+/// A write waiting in a backend's queue for the next commit.
+pub(crate) enum WriteOp {
+    Event {
+        session_id: Arc<str>,
+        seq: u64,
+        id: String,
+        turn_id: String,
+        /// The event's type as stored (`user.message`, `turn.completed`, ...): the reads that
+        /// filter on it (`unfinished_sessions`, `awaiting_client`, the file scans) use these.
+        kind: &'static str,
+        json: Arc<str>,
+    },
+    PutSession(SessionRow),
+    DeleteSession(String),
+    PutFile(FileRow),
+    DeleteFile(String),
+}
+
+impl WriteOp {
+    pub(crate) fn event(session_id: &Arc<str>, ev: &Event) -> WriteOp {
+        WriteOp::Event {
+            session_id: session_id.clone(),
+            seq: ev.seq,
+            id: ev.id.clone(),
+            turn_id: ev.turn_id.clone(),
+            kind: ev.body.type_name(),
+            json: ev.json.clone(),
+        }
+    }
+}
+
+/// What a store backend implements: the event log, the session table and file records, with
+/// group commit. See the [module documentation](self) for the model and the invariants.
+///
+/// Reads and `flush` return `Send` futures (the engine awaits them in spawned tasks); a
+/// network backend does its I/O there. `commit` and `probe_writable` are blocking by contract.
+pub(crate) trait StoreBackend: Clone + Send + Sync + 'static {
+    // --- Writes: queued, never blocking, never failing; each returns its ticket. ---
+
+    /// Queue an event of `session_id` for the next commit.
+    fn append(&self, session_id: &Arc<str>, ev: &Event) -> u64;
+    /// Queue an insert, or a replacement of the record, of a session row.
+    fn put_session(&self, row: SessionRow) -> u64;
+    /// Queue the removal of a session and all its events.
+    fn delete_session(&self, id: &str) -> u64;
+    /// Queue a file's metadata.
+    fn put_file(&self, row: FileRow) -> u64;
+    /// Queue the removal of a file's metadata.
+    fn delete_file(&self, id: &str) -> u64;
+
+    // --- Durability. ---
+
+    /// Returns once everything queued before the call has been through a commit (leading one,
+    /// or waiting asleep for the one under way); `WriteFailed` if the commit that held this
+    /// caller's writes failed.
+    fn flush(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// [`flush`](StoreBackend::flush), blocking the calling thread.
+    fn commit(&self) -> Result<(), StoreError>;
+    /// The watermark: every write whose ticket is at most this has been through a commit.
+    fn committed(&self) -> u64;
+    /// Whether the commit that took this ticket failed (its write is not in the log). Known
+    /// for recent failed commits (SQLite: the last 64).
+    fn failed(&self, ticket: u64) -> bool;
+    /// Whether the store can be written now (`/readyz`): the last commit did not fail and the
+    /// store would take a write. Blocking.
+    fn probe_writable(&self) -> Result<(), StoreError>;
+
+    // --- The log, by session with a cursor. ---
+
+    /// A session's events with `seq > after_seq`, at most `limit`, in `seq` order.
+    fn events(
+        &self,
+        session_id: &str,
+        after_seq: u64,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<Event>, StoreError>> + Send;
+    /// The `seq` of the event with this id in this session (`Last-Event-ID` resume).
+    fn seq_of(
+        &self,
+        session_id: &str,
+        event_id: &str,
+    ) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send;
+    /// Sessions whose last event is not terminal: turns a previous process left running.
+    fn unfinished_sessions(&self) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send;
+    /// For each session, whether its last event is a `turn.completed` with
+    /// `stop_reason: tool_use` (the turn stopped for the client).
+    fn awaiting_client(
+        &self,
+        ids: Vec<String>,
+    ) -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send;
+
+    // --- The session table. ---
+
+    /// One session row.
+    fn session(
+        &self,
+        id: &str,
+    ) -> impl Future<Output = Result<Option<SessionRow>, StoreError>> + Send;
+    /// An owner's sessions in id order after `after` (exclusive), at most `limit`.
+    fn list_sessions(
+        &self,
+        owner: Option<String>,
+        after: Option<String>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<SessionRow>, StoreError>> + Send;
+    /// How many sessions an owner has (`None`: sessions made without an API key).
+    fn count_sessions(
+        &self,
+        owner: Option<String>,
+    ) -> impl Future<Output = Result<usize, StoreError>> + Send;
+
+    // --- File records. ---
+
+    /// A file's metadata.
+    fn file(&self, id: &str) -> impl Future<Output = Result<Option<FileRow>, StoreError>> + Send;
+    /// Bytes of the stored files of this owner.
+    fn file_bytes_of(
+        &self,
+        owner: Option<String>,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+    /// Whether a file record names the blob with this SHA-256.
+    fn blob_in_use(&self, sha256: &str) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    /// The ids of the files a session's log references (user-message attachments, tool-result
+    /// deliveries), in order of first mention.
+    fn session_file_ids(
+        &self,
+        session_id: &str,
+    ) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send;
+    /// Which of these file ids a stored user message or tool result (of any session) names.
+    fn files_referenced(
+        &self,
+        ids: Vec<String>,
+    ) -> impl Future<Output = Result<std::collections::HashSet<String>, StoreError>> + Send;
+}

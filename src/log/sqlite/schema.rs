@@ -1,0 +1,91 @@
+//! The SQLite schema, its migrations and how a connection is opened.
+
+use std::path::Path;
+
+use rusqlite::{Connection, OptionalExtension};
+
+use crate::log::StoreError;
+
+/// Schema version 2 (`PRAGMA user_version`). Events sit in a rowid table in the order they were
+/// written, so a commit appends to its last page; `(session_id, seq)` is a small index beside it.
+/// Version 1 kept events in a `WITHOUT ROWID` table keyed by `(session_id, seq)`, whose large
+/// rows split pages on most commits (several pages written per commit); it is migrated on open.
+const SCHEMA_VERSION: i64 = 2;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS sessions (
+    id TEXT PRIMARY KEY,
+    owner TEXT,
+    created_at TEXT NOT NULL,
+    record TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS events (
+    n INTEGER PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    id TEXT NOT NULL,
+    turn_id TEXT NOT NULL,
+    type TEXT NOT NULL,
+    json TEXT NOT NULL
+);
+-- No index on (session_id, id): ids sort like seqs within a session, so `seq_of` finds an id by
+-- bisection on this one, and every commit writes one page less.
+CREATE UNIQUE INDEX IF NOT EXISTS events_by_seq ON events (session_id, seq);
+CREATE TABLE IF NOT EXISTS files (
+    id TEXT PRIMARY KEY,
+    owner TEXT,
+    filename TEXT NOT NULL,
+    mime_type TEXT NOT NULL,
+    size_bytes INTEGER NOT NULL,
+    sha256 TEXT NOT NULL,
+    created_at TEXT NOT NULL
+);
+";
+
+/// Bring a store of an older schema to [`SCHEMA_VERSION`], in one transaction.
+pub(super) fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    if version >= SCHEMA_VERSION {
+        return Ok(());
+    }
+    let tx = conn.transaction()?;
+    let old_events: Option<String> = tx
+        .query_row(
+            "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'events'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()?;
+    if old_events.is_some_and(|sql| sql.contains("WITHOUT ROWID")) {
+        tx.execute_batch(
+            "ALTER TABLE events RENAME TO events_v1;
+             DROP INDEX IF EXISTS events_by_id;",
+        )?;
+        tx.execute_batch(SCHEMA)?;
+        tx.execute_batch(
+            "INSERT INTO events (session_id, seq, id, turn_id, type, json)
+                 SELECT session_id, seq, id, turn_id, type, json FROM events_v1
+                 ORDER BY session_id, seq;
+             DROP TABLE events_v1;",
+        )?;
+    } else {
+        tx.execute_batch(SCHEMA)?;
+    }
+    tx.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))?;
+    tx.commit()
+}
+
+pub(super) fn open_conn(path: &Path, fsync: bool) -> Result<Connection, StoreError> {
+    let open_err = |source| StoreError::Open {
+        path: path.to_path_buf(),
+        source,
+    };
+    let conn = Connection::open(path).map_err(open_err)?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))
+        .map_err(open_err)?;
+    conn.pragma_update(None, "journal_mode", "WAL")
+        .map_err(open_err)?;
+    conn.pragma_update(None, "synchronous", if fsync { "FULL" } else { "NORMAL" })
+        .map_err(open_err)?;
+    Ok(conn)
+}
