@@ -40,7 +40,7 @@ use rmcp::transport::streamable_http_client::{
 };
 use rmcp::transport::StreamableHttpClientTransport;
 
-use crate::upstream::wire::{https_client, HttpsClient};
+use crate::net::{https_client, HttpsClient};
 
 const JSON: &str = "application/json";
 const EVENT_STREAM: &str = "text/event-stream";

@@ -1,7 +1,7 @@
 //! The Anthropic Messages provider: `POST {base_url}/messages` with `stream: true`.
 //!
 //! The response is read frame by frame through the shared
-//! [`SseParser`](super::sse::SseParser) (the HTTP side is in [`wire`](super::wire)); text and
+//! [`SseParser`](super::sse::SseParser) (the HTTP side is in [`transport`](super::transport)); text and
 //! thinking fragments go to the [`DeltaSink`] as soon as their event is parsed. Events are
 //! dispatched on their data's `type` (the `event:` line repeats it); unknown event, block and
 //! delta types are ignored, as the API's versioning policy asks.
@@ -59,14 +59,16 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
 use futures_util::future::BoxFuture;
 use http::HeaderName;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 #[cfg(test)]
-use super::wire::parse_retry_after;
-use super::wire::{
+use super::transport::parse_retry_after;
+use super::transport::{
     body_message, call_id, error_text, parse_event, preview, protocol, tool_input, Accumulate,
     Collected, Endpoint,
 };
@@ -424,7 +426,7 @@ fn image_block(url: &str) -> Value {
                     .filter(|c| !c.is_ascii_whitespace())
                     .collect()
             } else {
-                base64_encode(&percent_decode(payload))
+                STANDARD.encode(crate::net::percent_decode(payload))
             };
             let media_type = if media_type.is_empty() {
                 sniff_media_type(&data).to_string()
@@ -449,43 +451,6 @@ fn sniff_media_type(b64: &str) -> &'static str {
     } else {
         "image/png"
     }
-}
-
-fn percent_decode(s: &str) -> Vec<u8> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            let hex = |b: u8| (b as char).to_digit(16);
-            if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    out
-}
-
-fn base64_encode(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let n = (u32::from(chunk[0]) << 16)
-            | (u32::from(*chunk.get(1).unwrap_or(&0)) << 8)
-            | u32::from(*chunk.get(2).unwrap_or(&0));
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
 }
 
 /// A tool's `input_schema`: an object schema (`type: object` added when missing).
@@ -911,7 +876,7 @@ fn stream_error(err: Option<&Value>) -> UpstreamError {
         .unwrap_or("");
     let message = err.map_or_else(|| "(no details)".to_string(), error_text);
     let (code, retryable) = error_status(kind);
-    let short = err.and_then(super::wire::error_type_of);
+    let short = err.and_then(super::transport::error_type_of);
     let mut e = UpstreamError::new(
         UpstreamErrorKind::Status(code),
         match short {
@@ -1998,13 +1963,11 @@ mod tests {
             img("data:image/svg+xml,%3Csvg%2F%3E"),
             json!({"type": "base64", "media_type": "image/svg+xml", "data": "PHN2Zy8+"})
         );
-        assert_eq!(base64_encode(b""), "");
-        assert_eq!(base64_encode(b"f"), "Zg==");
-        assert_eq!(base64_encode(b"fo"), "Zm8=");
-        assert_eq!(base64_encode(b"foo"), "Zm9v");
-        assert_eq!(base64_encode(b"foobar"), "Zm9vYmFy");
-        assert_eq!(percent_decode("a%2"), b"a%2");
-        assert_eq!(percent_decode("%zz%41"), b"%zzA");
+        assert_eq!(
+            img("data:image/png,f%6F%6")["data"],
+            "Zm8lNg==",
+            "a cut escape is kept as it is"
+        );
         assert_eq!(img("http://example.com/x.png")["type"], "url");
     }
 
