@@ -197,7 +197,7 @@ async fn check(path: PathBuf, json: bool) -> Result<ExitCode, String> {
     }
     // A line per server as its first attempt ends: `check` is otherwise silent for up to
     // startup_timeout_s.
-    let progress = |p: turnstile::mcp::ServerProgress| match &p.result {
+    let progress = |p: turnstile::tools::mcp::ServerProgress| match &p.result {
         Ok(n) => eprintln!(
             "  {}: up, {n} tool{} ({:.1} s)",
             p.server,
@@ -210,7 +210,8 @@ async fn check(path: PathBuf, json: bool) -> Result<ExitCode, String> {
             p.elapsed.as_secs_f64()
         ),
     };
-    let started = turnstile::mcp::McpHost::start_reporting(config.clone(), None, &progress).await;
+    let started =
+        turnstile::tools::toolbox::Toolbox::start_reporting(config.clone(), None, &progress).await;
     let (host, report) = match started {
         Ok(r) => r,
         Err(e) if json => return Ok(check_failed_json(&path, e.to_string())),
@@ -218,7 +219,7 @@ async fn check(path: PathBuf, json: bool) -> Result<ExitCode, String> {
     };
     let tools = host.listing();
     let names: Vec<&str> = tools.iter().map(|t| t.spec.name.as_str()).collect();
-    let unused = turnstile::mcp::policy::unmatched(&config.policy, &names);
+    let unused = turnstile::tools::mcp::policy::unmatched(&config.policy, &names);
     let failed = !report.failed.is_empty();
     if json {
         let doc = serde_json::json!({
