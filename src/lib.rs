@@ -22,7 +22,6 @@ pub mod files;
 pub mod http;
 pub mod ids;
 pub mod log;
-pub mod mcp;
 pub mod message;
 pub mod metrics;
 pub mod net;

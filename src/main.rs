@@ -186,7 +186,8 @@ async fn check(path: PathBuf, json: bool) -> Result<ExitCode, String> {
     let config = std::sync::Arc::new(config);
     announce_servers(&config.mcp_servers);
     let started =
-        turnstile::mcp::McpHost::start_reporting(config.clone(), None, &print_progress).await;
+        turnstile::tools::toolbox::Toolbox::start_reporting(config.clone(), None, &print_progress)
+            .await;
     let (host, report) = match started {
         Ok(r) => r,
         Err(e) => return fail(e.to_string()),
@@ -197,7 +198,7 @@ async fn check(path: PathBuf, json: bool) -> Result<ExitCode, String> {
         path: &path,
         config: &config,
         tools: &tools,
-        unused: turnstile::mcp::policy::unmatched(&config.policy, &names),
+        unused: turnstile::tools::mcp::policy::unmatched(&config.policy, &names),
         failed: &report.failed,
     };
     if json {
@@ -245,7 +246,7 @@ fn announce_servers(servers: &[config::McpServerConfig]) {
 
 /// A line per server as its first attempt ends: `check` is otherwise silent for up to
 /// startup_timeout_s.
-fn print_progress(p: turnstile::mcp::ServerProgress) {
+fn print_progress(p: turnstile::tools::mcp::ServerProgress) {
     match &p.result {
         Ok(n) => eprintln!(
             "  {}: up, {n} tool{} ({:.1} s)",

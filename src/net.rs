@@ -18,10 +18,13 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use base64::Engine as _;
+use bytes::Bytes;
 use http::{HeaderValue, Uri};
+use http_body_util::Full;
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
-use hyper_util::rt::TokioIo;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tower_service::Service;
@@ -83,18 +86,18 @@ impl Proxy {
     }
 }
 
-/// `%XX` decoding of a proxy URL's user info.
-fn percent_decode(s: &str) -> Vec<u8> {
+/// `%XX` decoding (RFC 3986): each `%` followed by two hex digits becomes that byte, anything
+/// else is kept as it is (`+` included: form decoding is the caller's). The one decoder of the
+/// crate: proxy credentials, `data:` URIs, query parameters.
+pub(crate) fn percent_decode(s: &str) -> Vec<u8> {
     let b = s.as_bytes();
+    let hex = |c: u8| (c as char).to_digit(16);
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'%' {
-            if let Some(n) = s
-                .get(i + 1..i + 3)
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-            {
-                out.push(n);
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
+                out.push((h * 16 + l) as u8);
                 i += 3;
                 continue;
             }
@@ -447,6 +450,17 @@ async fn tunnel(mut tcp: TcpStream, uri: &Uri, proxy: &Proxy) -> Result<TcpStrea
     Ok(tcp)
 }
 
+/// The pooled HTTP/1 client (http and https) the MCP HTTP client and the OTLP exporter hold:
+/// what [`https_client`] builds.
+pub(crate) type HttpsClient = Client<HttpsConnector<Connector>, Full<Bytes>>;
+
+/// A pooled client (hyper-util's, a task per connection) over [`connector`].
+pub(crate) fn https_client(connect_timeout: Option<Duration>) -> HttpsClient {
+    Client::builder(TokioExecutor::new())
+        .pool_timer(TokioTimer::new())
+        .build(connector(connect_timeout))
+}
+
 /// Connects to `http://` and `https://` URLs, through the environment's proxy where it
 /// applies: TLS (webpki and system roots), HTTP/1, `TCP_NODELAY`. `connect_timeout` bounds
 /// the TCP connect (`None`: no bound of its own).
@@ -541,6 +555,14 @@ mod tests {
             format!("Basic {expected}")
         );
         assert_eq!(Proxy::parse("proxy").unwrap().authority(), "proxy:80");
+    }
+
+    #[test]
+    fn percent_decoding_keeps_what_is_not_an_escape() {
+        assert_eq!(percent_decode("a%2"), b"a%2");
+        assert_eq!(percent_decode("%zz%41"), b"%zzA");
+        assert_eq!(percent_decode("%+1%2b+"), b"%+1++");
+        assert_eq!(percent_decode("%e4%b8%ad"), "中".as_bytes());
     }
 
     #[test]

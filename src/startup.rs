@@ -14,8 +14,8 @@ use crate::engine::Engine;
 use crate::files::FileStore;
 use crate::http::auth::Keys;
 use crate::log::Store;
-use crate::mcp::McpHost;
 use crate::protocol::context::App;
+use crate::tools::toolbox::Toolbox;
 use crate::tools::ToolHost;
 use crate::upstream::{anthropic::Anthropic, echo::Echo, openai::OpenAi, Provider};
 
@@ -36,7 +36,7 @@ pub enum StartError {
     #[error(transparent)]
     Engine(#[from] crate::engine::EngineError),
     #[error(transparent)]
-    Federation(#[from] crate::mcp::FederationError),
+    Federation(#[from] crate::tools::mcp::FederationError),
 }
 
 /// Options that are not in the config file.
@@ -177,8 +177,8 @@ pub async fn start(
 pub async fn tool_host(
     config: &Arc<Config>,
     files: Option<FileStore>,
-) -> Result<Arc<McpHost>, StartError> {
-    let (host, report) = McpHost::start(config.clone(), files).await?;
+) -> Result<Arc<Toolbox>, StartError> {
+    let (host, report) = Toolbox::start(config.clone(), files).await?;
     for (server, why) in &report.failed {
         tracing::warn!(%server, error = %why, "MCP server is not available yet; retrying in the background");
     }

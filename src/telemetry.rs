@@ -367,7 +367,7 @@ pub mod otlp {
         S: tracing::Subscriber + for<'a> LookupSpan<'a> + Send + Sync,
     {
         let client = Client {
-            inner: crate::upstream::wire::https_client(Some(Duration::from_secs(5))),
+            inner: crate::net::https_client(Some(Duration::from_secs(5))),
             runtime,
         };
         let mut builder = opentelemetry_otlp::SpanExporter::builder()
@@ -400,7 +400,7 @@ pub mod otlp {
     /// Sends an export on the server's runtime (the exporter calls from a thread of its own).
     #[derive(Debug)]
     struct Client {
-        inner: crate::upstream::wire::HttpsClient,
+        inner: crate::net::HttpsClient,
         runtime: tokio::runtime::Handle,
     }
 

@@ -473,7 +473,7 @@ async fn a_landlocked_session_server_reads_and_writes_only_its_workspace() {
     let db = server.data_dir().join("turnstile.db");
     assert!(db.is_file());
 
-    if !turnstile::mcp::sandbox::available() {
+    if !turnstile::tools::mcp::sandbox::available() {
         landlock_is_refused(&config_text(&fake, &extra)).await;
         return;
     }
@@ -549,7 +549,7 @@ async fn a_landlocked_server_connects_over_tcp_only_with_network_true() {
         test_server("shut", &[], "sandbox = \"landlock\""),
         test_server("net", &[], "sandbox = \"landlock\"\nnetwork = true"),
     ]);
-    if !turnstile::mcp::sandbox::available() {
+    if !turnstile::tools::mcp::sandbox::available() {
         landlock_is_refused(&config_text(&fake, &extra)).await;
         return;
     }
@@ -567,7 +567,7 @@ async fn a_landlocked_server_connects_over_tcp_only_with_network_true() {
     .await;
     let open = call_tool(&server.http, &fake, &sid, "mcp__net__connect", addr).await;
     assert_eq!(open, "connected");
-    if turnstile::mcp::sandbox::kernel_abi() >= 4 {
+    if turnstile::tools::mcp::sandbox::kernel_abi() >= 4 {
         assert!(shut.contains("Permission denied"), "{shut}");
     } else {
         // The kernel cannot restrict TCP; the start-up log says so (see McpHost::start).
@@ -781,7 +781,7 @@ async fn python_and_node_servers_run_confined_and_cannot_read_the_data_folder() 
         table("py", "python3", "server.py"),
         table("js", "node", "server.js"),
     ]);
-    if !turnstile::mcp::sandbox::available() {
+    if !turnstile::tools::mcp::sandbox::available() {
         landlock_is_refused(&config_text(&fake, &extra)).await;
         return;
     }

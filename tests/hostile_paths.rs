@@ -22,10 +22,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 
 use serde_json::json;
-use turnstile::files::deliver;
 use turnstile::files::safe_open::{open_in_workspace, OpenError};
 use turnstile::files::FileStore;
 use turnstile::log::Store;
+use turnstile::tools::deliver;
 use turnstile::tools::CallContext;
 
 const MARKER: &str = "MARKER-hostile-paths-5f0c1e9a";

@@ -762,7 +762,7 @@ async fn write_inside_and_outside(
 #[tokio::test]
 async fn landlock_confines_a_session_server_to_its_workspace() {
     assert!(
-        turnstile::mcp::sandbox::available(),
+        turnstile::tools::mcp::sandbox::available(),
         "this machine's kernel must enforce Landlock (CI runs on the same kind of machine)"
     );
     let (results, inside, outside, _dir) = write_inside_and_outside("landlock").await;

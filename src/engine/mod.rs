@@ -501,7 +501,7 @@ impl Engine {
     }
 
     /// Every MCP server's state (`GET /status`, `/readyz`).
-    pub fn host_servers(&self) -> Vec<crate::mcp::ServerReport> {
+    pub fn host_servers(&self) -> Vec<crate::tools::mcp::ServerReport> {
         self.inner.tools.servers()
     }
 

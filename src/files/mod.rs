@@ -2,7 +2,6 @@
 //! `data_dir/files/` (named by their SHA-256, written once, then renamed into place); metadata
 //! lives in the embedded store. Files belong to the API key that made them.
 
-pub mod deliver;
 pub mod mime;
 pub mod safe_open;
 

@@ -6,8 +6,8 @@ use http::StatusCode;
 use serde_json::json;
 
 use crate::http::{json_response, ApiError, Response};
-use crate::mcp::supervisor::ServerState;
 use crate::protocol::context::App;
+use crate::tools::mcp::supervisor::ServerState;
 use crate::tools::ServerTool;
 
 /// One tool as `GET /tools` and `check` show it.
@@ -32,7 +32,7 @@ pub fn tools(app: &App) -> Response {
 const READY_RETRY_AFTER: u16 = 5;
 
 /// `GET /readyz`: 200 when the store is writable and every shared MCP server is up (or
-/// restarting within its budget, see [`crate::mcp::supervisor::RESTART_BUDGET`]); else 503
+/// restarting within its budget, see [`crate::tools::mcp::supervisor::RESTART_BUDGET`]); else 503
 /// naming what is not ready. No key needed, like `/healthz`.
 pub async fn readyz(app: &App) -> Result<Response, ApiError> {
     let store = app.engine.store().clone();

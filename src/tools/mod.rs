@@ -1,8 +1,13 @@
 //! The tool host: the server-side tools the engine may offer and run.
 //!
 //! The engine sees server tools only through [`ToolHost`]: a snapshot of what exists (with the
-//! operator's verdict for each) and a way to call one. MCP federation and `deliver_file` plug in
-//! behind it; client tools never come here (the client runs them).
+//! operator's verdict for each) and a way to call one. The [`toolbox::Toolbox`] the server runs
+//! puts MCP federation ([`mcp`]) and the built-in tools ([`deliver`]) behind it; client tools
+//! never come here (the client runs them).
+
+pub mod deliver;
+pub mod mcp;
+pub mod toolbox;
 
 use std::sync::Arc;
 
@@ -87,7 +92,7 @@ pub trait ToolHost: Send + Sync + 'static {
     }
 
     /// Every MCP server's state, for `GET /status` and `/readyz` (none by default).
-    fn servers(&self) -> Vec<crate::mcp::ServerReport> {
+    fn servers(&self) -> Vec<mcp::ServerReport> {
         Vec::new()
     }
 

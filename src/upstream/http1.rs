@@ -45,7 +45,7 @@ pub(crate) enum CallError {
     Send(BoxError),
 }
 
-/// Connections to an upstream (made by [`super::wire::connector`]), kept for reuse.
+/// Connections to an upstream (made by [`crate::net::connector`]), kept for reuse.
 pub(crate) struct Pool {
     connector: HttpsConnector<crate::net::Connector>,
     idle: Mutex<Vec<Idle>>,
@@ -62,7 +62,7 @@ struct Idle {
 impl Pool {
     pub(crate) fn new() -> Arc<Pool> {
         Arc::new(Pool {
-            connector: super::wire::connector(None),
+            connector: crate::net::connector(None),
             idle: Mutex::new(Vec::new()),
         })
     }

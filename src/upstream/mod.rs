@@ -9,7 +9,7 @@ pub mod echo;
 mod http1;
 pub mod openai;
 pub mod sse;
-pub mod wire;
+pub mod transport;
 
 use std::time::Duration;
 

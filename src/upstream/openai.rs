@@ -2,7 +2,7 @@
 //!
 //! Works with OpenAI and the servers that copy its API (Ollama, vLLM, llama.cpp, LM Studio,
 //! OpenRouter, ...). The response is read frame by frame through the shared
-//! [`SseParser`](super::sse::SseParser) (the HTTP side is in [`wire`](super::wire)); text and
+//! [`SseParser`](super::sse::SseParser) (the HTTP side is in [`transport`](super::transport)); text and
 //! reasoning fragments go to the [`DeltaSink`] as soon as their chunk is parsed.
 //!
 //! Mapping of the history ([`Message`]) to the wire:
@@ -39,8 +39,8 @@ use serde::{Deserialize, Serialize, Serializer};
 use serde_json::{json, Map, Value};
 
 #[cfg(test)]
-use super::wire::parse_retry_after;
-use super::wire::{
+use super::transport::parse_retry_after;
+use super::transport::{
     body_message, call_id, error_text, parse_event, preview, protocol, tool_input, Accumulate,
     Collected, Endpoint,
 };
@@ -564,7 +564,7 @@ fn stream_error(err: &Value) -> UpstreamError {
         .filter_map(|k| err.get(k).and_then(Value::as_u64))
         .find(|c| (400..=599).contains(c))
         .unwrap_or(500) as u16;
-    let message = match super::wire::error_type_of(err) {
+    let message = match super::transport::error_type_of(err) {
         Some(kind) => format!("the upstream reported an error mid-stream, error type {kind}"),
         None => "the upstream reported an error mid-stream".to_string(),
     };

@@ -8,24 +8,24 @@
 //! shutdown and restart, so `npx`-style launchers leave no orphans), `kill_on_drop`, and stderr
 //! drained until EOF and logged with bounds (see [`super::stderr`]).
 
-use std::collections::BTreeMap;
+use std::ops::ControlFlow;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rmcp::model::{
     CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation, ProtocolVersion,
 };
-use rmcp::service::{MaybeSendFuture, NotificationContext, Peer, RoleClient, ServiceExt};
-use rmcp::transport::TokioChildProcess;
+use rmcp::service::{MaybeSendFuture, NotificationContext, Peer, RoleClient};
 use rmcp::ClientHandler;
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::content::to_output;
-use crate::config::{McpServerConfig, McpTransport};
+
+mod launch;
+use crate::config::McpServerConfig;
 use crate::tools::ToolOutput;
 
 /// A tool as its server lists it.
@@ -208,9 +208,20 @@ impl Supervisor {
             pgid: pgid.clone(),
             tracker: tracker.clone(),
         });
-        let task = tokio::spawn(run(
-            cfg, placement, link_tx, tools_tx, shutdown, pgid, tracker,
-        ));
+        let run = Run {
+            stderr_log: Arc::new(std::sync::Mutex::new(super::stderr::StderrLog::new(
+                cfg.name.clone(),
+            ))),
+            metrics: crate::metrics::mcp(&cfg.name),
+            cfg,
+            placement,
+            link: link_tx,
+            tools: tools_tx,
+            shutdown,
+            pgid,
+            tracker,
+        };
+        let task = tokio::spawn(run.run());
         if let Ok(mut done) = sup.done.try_lock() {
             *done = Some(task);
         }
@@ -341,7 +352,8 @@ fn kill_group(pgid: &std::sync::atomic::AtomicI32) {
     }
 }
 
-async fn run(
+/// What the task supervising one instance holds.
+struct Run {
     cfg: McpServerConfig,
     placement: Placement,
     link: watch::Sender<Link>,
@@ -349,107 +361,141 @@ async fn run(
     shutdown: CancellationToken,
     pgid: Arc<std::sync::atomic::AtomicI32>,
     tracker: Arc<std::sync::Mutex<Tracker>>,
-) {
-    let track = |f: &dyn Fn(&mut Tracker)| f(&mut crate::sync::lock(&tracker));
-    let stderr_log = Arc::new(std::sync::Mutex::new(super::stderr::StderrLog::new(
-        cfg.name.clone(),
-    )));
-    let mut backoff = BACKOFF_START;
-    let metrics = crate::metrics::mcp(&cfg.name);
-    let mut attempts: u64 = 0;
-    while !shutdown.is_cancelled() {
-        if attempts > 0 {
-            track(&|t| t.restarts += 1);
+    stderr_log: Arc<std::sync::Mutex<super::stderr::StderrLog>>,
+    metrics: Arc<crate::metrics::McpMetrics>,
+}
+
+impl Run {
+    fn track(&self, f: impl FnOnce(&mut Tracker)) {
+        f(&mut crate::sync::lock(&self.tracker));
+    }
+
+    fn down(&self, why: String, attempt_failed: bool) {
+        self.track(|t| t.down(&why, attempt_failed));
+        self.link.send_replace(Link::Down(why));
+    }
+
+    /// Connect, serve, and restart with backoff until shut down.
+    async fn run(self) {
+        let mut backoff = BACKOFF_START;
+        let mut attempts: u64 = 0;
+        while !self.shutdown.is_cancelled() {
+            if attempts > 0 {
+                self.track(|t| t.restarts += 1);
+            }
+            attempts += 1;
+            let started = Instant::now();
+            let mut drain = None;
+            if self.life(&mut drain).await.is_break() {
+                break;
+            }
+            kill_group(&self.pgid);
+            if let Some(drain) = drain {
+                // The child's group is gone: its stderr ends, and what it wrote last is logged
+                // and counted. A descendant that left the group may hold the pipe open; then
+                // the reader goes on by itself.
+                let _ = tokio::time::timeout(DRAIN_AFTER_EXIT, drain).await;
+            }
+            if self.shutdown.is_cancelled() {
+                break;
+            }
+            if !matches!(&*self.link.borrow(), Link::Down(_)) {
+                self.track(|t| t.down("the server exited", false));
+                self.link
+                    .send_replace(Link::Down("the server exited; restarting".into()));
+                tracing::warn!(server = %self.cfg.name, "MCP server exited; restarting");
+            }
+            if started.elapsed() >= SUSTAINED_UPTIME {
+                backoff = BACKOFF_START;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = self.shutdown.cancelled() => break,
+            }
+            backoff = (backoff * 2).min(BACKOFF_MAX);
+            self.metrics.restarted();
         }
-        attempts += 1;
-        let started = Instant::now();
-        let (changed_tx, mut changed_rx) = mpsc::unbounded_channel();
-        let mut drain = None;
+        self.track(|t| t.state = ServerState::Stopped);
+        self.link.send_replace(Link::Stopped);
+    }
+
+    /// One life of the instance: connect (bounded by `startup_timeout_s`) and serve until the
+    /// connection ends. `Break` when shut down while connecting.
+    async fn life(&self, drain: &mut Option<tokio::task::JoinHandle<()>>) -> ControlFlow<()> {
+        let cfg = &self.cfg;
+        let (changed_tx, changed_rx) = mpsc::unbounded_channel();
+        let handler = Handler {
+            changed: changed_tx,
+        };
+        let connecting = launch::connect(
+            cfg,
+            &self.placement,
+            handler,
+            &self.pgid,
+            &self.stderr_log,
+            drain,
+        );
         let connected = tokio::select! {
-            r = tokio::time::timeout(cfg.startup_timeout, connect(&cfg, &placement, Handler { changed: changed_tx }, &pgid, &stderr_log, &mut drain)) => match r {
-                Ok(r) => r,
-                Err(_) => Err(format!("no handshake within {} s (startup_timeout_s)", cfg.startup_timeout.as_secs())),
-            },
-            _ = shutdown.cancelled() => break,
+            r = tokio::time::timeout(cfg.startup_timeout, connecting) => r.unwrap_or_else(|_| {
+                Err(format!("no handshake within {} s (startup_timeout_s)", cfg.startup_timeout.as_secs()))
+            }),
+            _ = self.shutdown.cancelled() => return ControlFlow::Break(()),
         };
         match connected {
-            Ok(service) => {
-                let peer = service.peer().clone();
-                match tokio::time::timeout(cfg.startup_timeout, list(&peer)).await {
-                    Ok(Ok(listed)) => {
-                        tools.send_replace(Arc::new(listed));
-                        link.send_replace(Link::Ready(peer.clone()));
-                        let _up = metrics.up();
-                        track(&|t| t.up());
-                        tracing::info!(server = %cfg.name, tools = tools.borrow().len(), "MCP server ready");
-                        let mut cancel = Some(service.cancellation_token());
-                        let waiting = service.waiting();
-                        tokio::pin!(waiting);
-                        loop {
-                            tokio::select! {
-                                _ = shutdown.cancelled() => {
-                                    if let Some(c) = cancel.take() { c.cancel(); }
-                                    let _ = waiting.as_mut().await;
-                                    break;
-                                }
-                                _ = waiting.as_mut() => break,
-                                Some(()) = changed_rx.recv() => {
-                                    while changed_rx.try_recv().is_ok() {}
-                                    match list(&peer).await {
-                                        Ok(listed) => {
-                                            tracing::info!(server = %cfg.name, tools = listed.len(), "MCP server changed its tools");
-                                            tools.send_replace(Arc::new(listed));
-                                        }
-                                        Err(e) => tracing::warn!(server = %cfg.name, error = %e, "re-listing tools failed"),
-                                    }
-                                }
-                            }
-                        }
-                    }
-                    Ok(Err(e)) => {
-                        let why = format!("listing tools failed: {e}");
-                        track(&|t| t.down(&why, true));
-                        link.send_replace(Link::Down(why));
-                    }
-                    Err(_) => {
-                        track(&|t| t.down("listing tools timed out", true));
-                        link.send_replace(Link::Down("listing tools timed out".into()));
-                    }
-                }
-            }
+            Ok(service) => self.serve(service, changed_rx).await,
             Err(e) => {
                 tracing::warn!(server = %cfg.name, error = %e, "MCP server failed to start");
-                track(&|t| t.down(&e, true));
-                link.send_replace(Link::Down(e));
+                self.down(e, true);
             }
         }
-        kill_group(&pgid);
-        if let Some(drain) = drain {
-            // The child's group is gone: its stderr ends, and what it wrote last is logged and
-            // counted. A descendant that left the group may hold the pipe open; then the
-            // reader goes on by itself.
-            let _ = tokio::time::timeout(DRAIN_AFTER_EXIT, drain).await;
-        }
-        if shutdown.is_cancelled() {
-            break;
-        }
-        if !matches!(&*link.borrow(), Link::Down(_)) {
-            track(&|t| t.down("the server exited", false));
-            link.send_replace(Link::Down("the server exited; restarting".into()));
-            tracing::warn!(server = %cfg.name, "MCP server exited; restarting");
-        }
-        if started.elapsed() >= SUSTAINED_UPTIME {
-            backoff = BACKOFF_START;
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(backoff) => {}
-            _ = shutdown.cancelled() => break,
-        }
-        backoff = (backoff * 2).min(BACKOFF_MAX);
-        metrics.restarted();
+        ControlFlow::Continue(())
     }
-    track(&|t| t.state = ServerState::Stopped);
-    link.send_replace(Link::Stopped);
+
+    /// List the tools, then serve calls (they use the peer directly) and re-list on
+    /// `list_changed` until the connection ends or the instance is shut down.
+    async fn serve(&self, service: launch::Service, mut changed: mpsc::UnboundedReceiver<()>) {
+        let peer = service.peer().clone();
+        match tokio::time::timeout(self.cfg.startup_timeout, list(&peer)).await {
+            Ok(Ok(listed)) => {
+                self.tools.send_replace(Arc::new(listed));
+                self.link.send_replace(Link::Ready(peer.clone()));
+            }
+            Ok(Err(e)) => return self.down(format!("listing tools failed: {e}"), true),
+            Err(_) => return self.down("listing tools timed out".into(), true),
+        }
+        let _up = self.metrics.up();
+        self.track(|t| t.up());
+        tracing::info!(server = %self.cfg.name, tools = self.tools.borrow().len(), "MCP server ready");
+        let mut cancel = Some(service.cancellation_token());
+        let waiting = service.waiting();
+        tokio::pin!(waiting);
+        loop {
+            tokio::select! {
+                _ = self.shutdown.cancelled() => {
+                    if let Some(c) = cancel.take() { c.cancel(); }
+                    let _ = waiting.as_mut().await;
+                    break;
+                }
+                _ = waiting.as_mut() => break,
+                Some(()) = changed.recv() => {
+                    while changed.try_recv().is_ok() {}
+                    self.relist(&peer).await;
+                }
+            }
+        }
+    }
+
+    async fn relist(&self, peer: &Peer<RoleClient>) {
+        match list(peer).await {
+            Ok(listed) => {
+                tracing::info!(server = %self.cfg.name, tools = listed.len(), "MCP server changed its tools");
+                self.tools.send_replace(Arc::new(listed));
+            }
+            Err(e) => {
+                tracing::warn!(server = %self.cfg.name, error = %e, "re-listing tools failed")
+            }
+        }
+    }
 }
 
 async fn list(peer: &Peer<RoleClient>) -> Result<Vec<McpTool>, String> {
@@ -462,156 +508,4 @@ async fn list(peer: &Peer<RoleClient>) -> Result<Vec<McpTool>, String> {
             input_schema: std::sync::Arc::new(Value::Object((*t.input_schema).clone())),
         })
         .collect())
-}
-
-type Service = rmcp::service::RunningService<RoleClient, Handler>;
-
-async fn connect(
-    cfg: &McpServerConfig,
-    placement: &Placement,
-    handler: Handler,
-    pgid: &std::sync::atomic::AtomicI32,
-    stderr_log: &Arc<std::sync::Mutex<super::stderr::StderrLog>>,
-    drain: &mut Option<tokio::task::JoinHandle<()>>,
-) -> Result<Service, String> {
-    match &cfg.transport {
-        McpTransport::Stdio {
-            command,
-            args,
-            env,
-            cwd,
-        } => {
-            let mut cmd = tokio::process::Command::new(command);
-            let workspace = placement
-                .workspace
-                .as_ref()
-                .map(|w| w.display().to_string());
-            // `${VAR}` first (checked at load; a variable unset since is an error naming it),
-            // then `{workspace}`.
-            let unset = |what: &str, var: String| {
-                format!("{what} uses ${{{var}}}, which is not set in turnstile's environment")
-            };
-            let mut child_args = Vec::with_capacity(args.len());
-            for a in args {
-                let a = expand(a).map_err(|var| unset("an argument", var))?;
-                child_args.push(match &workspace {
-                    Some(w) => a.replace("{workspace}", w),
-                    None => a,
-                });
-            }
-            let mut env_expanded = BTreeMap::new();
-            for (k, v) in env {
-                let v = expand(v).map_err(|var| unset(&format!("env {k}"), var))?;
-                env_expanded.insert(k.clone(), v);
-            }
-            let env = &env_expanded;
-            cmd.args(&child_args);
-            cmd.env_clear();
-            for k in KEPT_ENV {
-                if let Ok(v) = std::env::var(k) {
-                    cmd.env(k, v);
-                }
-            }
-            cmd.envs(env);
-            if let Some(dir) = placement.cwd.as_ref().or(cwd.as_ref()) {
-                cmd.current_dir(dir);
-            }
-            cmd.kill_on_drop(true);
-            #[cfg(unix)]
-            cmd.process_group(0);
-            if cfg.sandbox == crate::config::SandboxKind::Landlock {
-                if !super::sandbox::available() {
-                    return Err("sandbox = \"landlock\" but this kernel does not enforce Landlock; the server is not started unconfined".into());
-                }
-                let child_env = |k: &str| {
-                    env.get(k)
-                        .map(std::ffi::OsString::from)
-                        .or_else(|| std::env::var_os(k))
-                };
-                let request = super::sandbox::Request {
-                    command: command.clone(),
-                    args: child_args.clone(),
-                    path_var: child_env("PATH"),
-                    home: child_env("HOME").map(PathBuf::from),
-                    workspace: placement.workspace.clone(),
-                    read_write: placement
-                        .cwd
-                        .as_ref()
-                        .or(cwd.as_ref())
-                        .cloned()
-                        .into_iter()
-                        .collect(),
-                    private: placement.private.clone(),
-                    network: cfg.network,
-                };
-                let plan = super::sandbox::plan(&request);
-                tracing::debug!(server = %cfg.name, rules = ?plan.rules, network = cfg.network, "Landlock rules");
-                super::sandbox::confine(&mut cmd, super::sandbox::ruleset(&plan)?);
-            }
-            let (proc, stderr) = TokioChildProcess::builder(cmd)
-                .stderr(Stdio::piped())
-                .spawn()
-                .map_err(|e| format!("cannot start {command:?}: {e}"))?;
-            if let Some(pid) = proc.id() {
-                pgid.store(pid as i32, std::sync::atomic::Ordering::SeqCst);
-            }
-            if let Some(stderr) = stderr {
-                *drain = Some(tokio::spawn(super::stderr::drain(
-                    stderr,
-                    stderr_log.clone(),
-                )));
-            }
-            handler
-                .serve(proc)
-                .await
-                .map_err(|e| format!("handshake failed: {e}"))
-        }
-        McpTransport::Http { url, headers } => {
-            let headers = expand_headers(headers)?;
-            handler
-                .serve(super::http_client::transport(url, headers))
-                .await
-                .map_err(|e| format!("cannot connect to {url}: {e}"))
-        }
-    }
-}
-
-/// Header values with `${VAR}` replaced from the environment; a missing variable is an error.
-fn expand_headers(
-    headers: &BTreeMap<String, String>,
-) -> Result<std::collections::HashMap<http::HeaderName, http::HeaderValue>, String> {
-    let mut out = std::collections::HashMap::new();
-    for (k, v) in headers {
-        let value = expand(v).map_err(|var| {
-            format!("header {k} uses ${{{var}}}, which is not set in turnstile's environment")
-        })?;
-        let name =
-            http::HeaderName::try_from(k.as_str()).map_err(|e| format!("header {k}: {e}"))?;
-        let value = http::HeaderValue::try_from(value).map_err(|e| format!("header {k}: {e}"))?;
-        out.insert(name, value);
-    }
-    Ok(out)
-}
-
-/// `${VAR}` expansion from turnstile's environment; the name of the first missing variable on
-/// failure (see [`crate::config::expand_vars`]).
-pub fn expand(s: &str) -> Result<String, String> {
-    crate::config::expand_env(s)
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn env_expansion() {
-        std::env::set_var("TURNSTILE_TEST_TOKEN", "s3cret");
-        assert_eq!(
-            super::expand("Bearer ${TURNSTILE_TEST_TOKEN}").unwrap(),
-            "Bearer s3cret"
-        );
-        assert_eq!(super::expand("plain").unwrap(), "plain");
-        assert_eq!(
-            super::expand("${TURNSTILE_NOPE_X}").unwrap_err(),
-            "TURNSTILE_NOPE_X"
-        );
-    }
 }

@@ -5,10 +5,10 @@ use futures_util::future::BoxFuture;
 use serde_json::{json, Value};
 use tokio::io::AsyncReadExt;
 
-use super::safe_open::{open_in_workspace, OpenError};
-use super::FileStore;
+use super::{CallContext, ToolOutput};
+use crate::files::safe_open::{open_in_workspace, OpenError};
+use crate::files::FileStore;
 use crate::message::ToolSpec;
-use crate::tools::{CallContext, ToolOutput};
 
 pub const NAME: &str = "deliver_file";
 

@@ -114,7 +114,10 @@ impl Drop for InFlight {
 /// Session-scoped instances by (session id, server index).
 type SessionInstances = HashMap<(String, usize), SessionInstance>;
 
-/// The MCP side of the tool host.
+/// The probe instances of session-scoped servers, by server index.
+type Probes = Vec<(usize, Arc<Supervisor>)>;
+
+/// The MCP side of the tool host (the [`Toolbox`](super::Toolbox) adds the built-in tools).
 pub struct McpHost {
     config: Arc<Config>,
     /// Shared instances by server index.
@@ -126,10 +129,6 @@ pub struct McpHost {
     evicted: AtomicU64,
     federation: RwLock<Federation>,
     generation: tokio::sync::watch::Sender<u64>,
-    /// Builtin tools (deliver_file) listed after the MCP ones.
-    builtins: Vec<ServerTool>,
-    /// The file store, for `deliver_file`.
-    files: Option<crate::files::FileStore>,
 }
 
 /// Errors that stop federation outright (configuration errors).
@@ -142,95 +141,18 @@ impl McpHost {
     /// first attempt, so the first `/meta` already lists their tools.
     pub async fn start(
         config: Arc<Config>,
-        files: Option<crate::files::FileStore>,
     ) -> Result<(Arc<McpHost>, StartReport), FederationError> {
-        Self::start_reporting(config, files, &|_| {}).await
+        Self::start_reporting(config, &|_| {}).await
     }
 
     /// [`McpHost::start`], telling `progress` as each server's first attempt ends.
     pub async fn start_reporting(
         config: Arc<Config>,
-        files: Option<crate::files::FileStore>,
         progress: &(dyn Fn(ServerProgress) + Sync),
     ) -> Result<(Arc<McpHost>, StartReport), FederationError> {
-        let builtins = vec![ServerTool {
-            spec: crate::files::deliver::spec(),
-            server: "builtin".into(),
-            tool: crate::files::deliver::NAME.into(),
-            verdict: crate::config::Verdict::Ask,
-            rule: "default".into(),
-        }];
-        let confined: Vec<&str> = config
-            .mcp_servers
-            .iter()
-            .filter(|s| s.sandbox == crate::config::SandboxKind::Landlock)
-            .map(|s| s.name.as_str())
-            .collect();
-        if !confined.is_empty() && !sandbox::available() {
-            tracing::error!(
-                servers = %confined.join(", "),
-                "this kernel does not enforce Landlock: servers with sandbox = \"landlock\" will not be started"
-            );
-        } else if !confined.is_empty() && !sandbox::restricts_tcp() {
-            tracing::warn!(
-                servers = %confined.join(", "),
-                abi = sandbox::kernel_abi(),
-                "this kernel's Landlock cannot restrict TCP (it needs ABI 4): servers with sandbox = \"landlock\" may open connections even with network = false"
-            );
-        }
-        let private = vec![
-            config.server.data_dir.clone(),
-            config.server.sandboxes.clone(),
-        ];
-        let mut shared = HashMap::new();
-        let mut probes = Vec::new();
-        for (i, cfg) in config.mcp_servers.iter().enumerate() {
-            match cfg.scope {
-                McpScope::Shared => {
-                    let placement = Placement {
-                        private: private.clone(),
-                        ..Placement::default()
-                    };
-                    shared.insert(i, Supervisor::start(cfg.clone(), placement));
-                }
-                McpScope::Session => {
-                    let scratch = config.server.data_dir.join("mcp-probe").join(&cfg.name);
-                    let _ = std::fs::create_dir_all(&scratch);
-                    let placement = Placement {
-                        cwd: Some(scratch.clone()),
-                        workspace: Some(scratch),
-                        private: private.clone(),
-                    };
-                    probes.push((i, Supervisor::start(cfg.clone(), placement)));
-                }
-            }
-        }
-        let mut report = StartReport::default();
-        let begun = Instant::now();
-        let waits = shared
-            .iter()
-            .map(|(i, s)| (*i, s.clone()))
-            .chain(probes.iter().map(|(i, s)| (*i, s.clone())))
-            .map(|(i, s)| {
-                let within = config.mcp_servers[i].startup_timeout + Duration::from_secs(1);
-                let config = &config;
-                async move {
-                    let r = s.ready(within).await;
-                    progress(ServerProgress {
-                        server: config.mcp_servers[i].name.clone(),
-                        result: r.clone().map(|()| s.tools().len()),
-                        elapsed: begun.elapsed(),
-                    });
-                    (i, r)
-                }
-            });
-        for (i, r) in futures_util::future::join_all(waits).await {
-            if let Err(why) = r {
-                report
-                    .failed
-                    .push((config.mcp_servers[i].name.clone(), why));
-            }
-        }
+        warn_about_sandboxes(&config);
+        let (shared, probes) = spawn_servers(&config);
+        let report = first_attempts(&config, &shared, &probes, progress).await;
         let mut probed = HashMap::new();
         for (i, s) in probes {
             probed.insert(i, s.tools());
@@ -244,13 +166,18 @@ impl McpHost {
             evicted: AtomicU64::new(0),
             federation: RwLock::new(Federation::default()),
             generation: tokio::sync::watch::channel(0).0,
-            builtins,
-            files,
         });
         host.refederate(true)?;
-        for s in host.shared.values() {
+        host.follow_tool_lists();
+        host.reap_periodically();
+        Ok((host, report))
+    }
+
+    /// Refederate whenever a shared server's tool list changes (for as long as the host lives).
+    fn follow_tool_lists(self: &Arc<Self>) {
+        for s in self.shared.values() {
             let mut changed = s.tools_changed();
-            let weak = Arc::downgrade(&host);
+            let weak = Arc::downgrade(self);
             tokio::spawn(async move {
                 while changed.changed().await.is_ok() {
                     let Some(host) = weak.upgrade() else { break };
@@ -260,7 +187,11 @@ impl McpHost {
                 }
             });
         }
-        let weak = Arc::downgrade(&host);
+    }
+
+    /// Stop idle session-scoped instances every 30 s (for as long as the host lives).
+    fn reap_periodically(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(30));
             loop {
@@ -269,7 +200,6 @@ impl McpHost {
                 host.reap_idle().await;
             }
         });
-        Ok((host, report))
     }
 
     /// Rebuild the federated list from every server's current tools. At start-up a name
@@ -318,19 +248,6 @@ impl McpHost {
                     rule: decision.rule,
                 });
             }
-        }
-        for b in &self.builtins {
-            if owners.contains_key(&b.spec.name) {
-                return Err(FederationError(format!(
-                    "the builtin tool {} collides with an MCP tool",
-                    b.spec.name
-                )));
-            }
-            let mut b = b.clone();
-            let decision = policy::decide(&self.config.policy, &b.spec.name);
-            b.verdict = decision.verdict;
-            b.rule = decision.rule;
-            tools.push(b);
         }
         *self.federation.write().unwrap_or_else(|p| p.into_inner()) = Federation {
             tools: Arc::new(tools),
@@ -488,6 +405,98 @@ impl McpHost {
     }
 }
 
+/// Servers with `sandbox = "landlock"` on a kernel that cannot (fully) confine them: said once
+/// at start-up.
+fn warn_about_sandboxes(config: &Config) {
+    let confined: Vec<&str> = config
+        .mcp_servers
+        .iter()
+        .filter(|s| s.sandbox == crate::config::SandboxKind::Landlock)
+        .map(|s| s.name.as_str())
+        .collect();
+    if !confined.is_empty() && !sandbox::available() {
+        tracing::error!(
+            servers = %confined.join(", "),
+            "this kernel does not enforce Landlock: servers with sandbox = \"landlock\" will not be started"
+        );
+    } else if !confined.is_empty() && !sandbox::restricts_tcp() {
+        tracing::warn!(
+            servers = %confined.join(", "),
+            abi = sandbox::kernel_abi(),
+            "this kernel's Landlock cannot restrict TCP (it needs ABI 4): servers with sandbox = \"landlock\" may open connections even with network = false"
+        );
+    }
+}
+
+/// Start every configured server: the shared instances, and a probe instance (in a scratch
+/// folder) of each session-scoped server, for its tool list.
+fn spawn_servers(config: &Config) -> (HashMap<usize, Arc<Supervisor>>, Probes) {
+    let private = vec![
+        config.server.data_dir.clone(),
+        config.server.sandboxes.clone(),
+    ];
+    let mut shared = HashMap::new();
+    let mut probes = Vec::new();
+    for (i, cfg) in config.mcp_servers.iter().enumerate() {
+        match cfg.scope {
+            McpScope::Shared => {
+                let placement = Placement {
+                    private: private.clone(),
+                    ..Placement::default()
+                };
+                shared.insert(i, Supervisor::start(cfg.clone(), placement));
+            }
+            McpScope::Session => {
+                let scratch = config.server.data_dir.join("mcp-probe").join(&cfg.name);
+                let _ = std::fs::create_dir_all(&scratch);
+                let placement = Placement {
+                    cwd: Some(scratch.clone()),
+                    workspace: Some(scratch),
+                    private: private.clone(),
+                };
+                probes.push((i, Supervisor::start(cfg.clone(), placement)));
+            }
+        }
+    }
+    (shared, probes)
+}
+
+/// Wait for every server's first attempt (each bounded by its startup timeout), telling
+/// `progress` as each ends; the servers that did not come up are reported.
+async fn first_attempts(
+    config: &Config,
+    shared: &HashMap<usize, Arc<Supervisor>>,
+    probes: &Probes,
+    progress: &(dyn Fn(ServerProgress) + Sync),
+) -> StartReport {
+    let begun = Instant::now();
+    let waits = shared
+        .iter()
+        .map(|(i, s)| (*i, s.clone()))
+        .chain(probes.iter().map(|(i, s)| (*i, s.clone())))
+        .map(|(i, s)| {
+            let within = config.mcp_servers[i].startup_timeout + Duration::from_secs(1);
+            async move {
+                let r = s.ready(within).await;
+                progress(ServerProgress {
+                    server: config.mcp_servers[i].name.clone(),
+                    result: r.clone().map(|()| s.tools().len()),
+                    elapsed: begun.elapsed(),
+                });
+                (i, r)
+            }
+        });
+    let mut report = StartReport::default();
+    for (i, r) in futures_util::future::join_all(waits).await {
+        if let Err(why) = r {
+            report
+                .failed
+                .push((config.mcp_servers[i].name.clone(), why));
+        }
+    }
+    report
+}
+
 impl ToolHost for McpHost {
     fn tools(&self) -> Arc<Vec<ServerTool>> {
         self.listing()
@@ -501,12 +510,6 @@ impl ToolHost for McpHost {
     ) -> BoxFuture<'a, ToolOutput> {
         Box::pin(async move {
             let Some((idx, tool)) = self.route(name) else {
-                if name == crate::files::deliver::NAME {
-                    return match &self.files {
-                        Some(files) => crate::files::deliver::call(files, ctx, input).await,
-                        None => ToolOutput::error("deliver_file: no file store is configured"),
-                    };
-                }
                 return ToolOutput::error(format!("Unknown tool {name}."));
             };
             match self.shared.get(&idx) {

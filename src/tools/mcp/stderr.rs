@@ -6,7 +6,8 @@
 //! - Lossy UTF-8: a line that is not UTF-8 is logged with replacement characters; the reader
 //!   never stops before EOF (a closed pipe would kill the child's next stderr write: Node dies
 //!   of EPIPE).
-//! - Logged at DEBUG (target `turnstile::mcp::stderr`) under a token bucket of
+//! - Logged at DEBUG (target `turnstile::mcp::stderr`: the name the README documents, kept
+//!   whatever this module's path) under a token bucket of
 //!   [`LINES_PER_SECOND`] lines per second (bursts of [`BURST`]); the lines left out and the
 //!   lines cut are counted and reported at INFO at most once per [`REPORT_EVERY`].
 

@@ -19,28 +19,30 @@
 //!   ([`StreamableHttpResponseLimits`]).
 
 use std::borrow::Cow;
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::{Stream, StreamExt};
-use http::header::{
-    ACCEPT, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE,
-};
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
-use hyper::body::{Body as _, Incoming};
-use rmcp::model::{ClientJsonRpcMessage, ClientRequest, ErrorData, ServerJsonRpcMessage};
+use futures_util::Stream;
+use http::header::{ACCEPT, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
+use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
 use rmcp::transport::common::client_side_sse::BoxedSseResponse;
 use rmcp::transport::streamable_http_client::{
-    AuthRequiredError, HttpStatusError, InsufficientScopeError, SseError, StreamableHttpClient,
-    StreamableHttpClientTransportConfig, StreamableHttpError, StreamableHttpPostResponse,
-    StreamableHttpResponseLimits,
+    StreamableHttpClient, StreamableHttpClientTransportConfig, StreamableHttpError,
+    StreamableHttpPostResponse, StreamableHttpResponseLimits,
 };
 use rmcp::transport::StreamableHttpClientTransport;
 
-use crate::upstream::wire::{https_client, HttpsClient};
+use crate::net::{https_client, HttpsClient};
+use answers::{auth_error, media_type_is, post_failure, preview, read_bounded, status_error};
+use sse::sse_events;
+
+mod answers;
+mod sse;
 
 const JSON: &str = "application/json";
 const EVENT_STREAM: &str = "text/event-stream";
@@ -373,334 +375,13 @@ pub fn transport(
     StreamableHttpClientTransport::with_client(HyperMcpClient::new(), config)
 }
 
-/// Whether a `Content-Type` names `mime`, ignoring case and parameters such as `charset`.
-fn media_type_is(value: &HeaderValue, mime: &str) -> bool {
-    let essence = value
-        .as_bytes()
-        .split(|b| *b == b';')
-        .next()
-        .unwrap_or_default();
-    std::str::from_utf8(essence).is_ok_and(|e| e.trim().eq_ignore_ascii_case(mime))
-}
-
-/// A 401 or 403 carrying a `WWW-Authenticate` challenge, as the error rmcp's auth layer expects.
-fn auth_error(response: &Response<Incoming>) -> Option<Error> {
-    let status = response.status();
-    if !matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) {
-        return None;
-    }
-    let challenge = response.headers().get(WWW_AUTHENTICATE)?;
-    let Ok(challenge) = challenge.to_str() else {
-        return Some(Error::UnexpectedServerResponse(Cow::Borrowed(
-            "invalid www-authenticate header value",
-        )));
-    };
-    Some(if status == StatusCode::UNAUTHORIZED {
-        Error::AuthRequired(AuthRequiredError::new(challenge.to_owned()))
-    } else {
-        let scope = challenge_scope(challenge);
-        Error::InsufficientScope(InsufficientScopeError::new(challenge.to_owned(), scope))
-    })
-}
-
-/// The `scope=` parameter of a challenge, quoted or not.
-fn challenge_scope(challenge: &str) -> Option<String> {
-    let start = challenge.to_ascii_lowercase().find("scope=")? + "scope=".len();
-    let rest = &challenge[start..];
-    let scope = match rest.strip_prefix('"') {
-        Some(quoted) => &quoted[..quoted.find('"')?],
-        None => rest
-            .split(|c: char| c == ',' || c == ';' || c.is_whitespace())
-            .next()
-            .unwrap_or_default(),
-    };
-    (!scope.is_empty()).then(|| scope.to_owned())
-}
-
-/// 429 and 5xx: the status and `Retry-After`, so callers can decide about retrying.
-fn status_error(response: &Response<Incoming>) -> Option<Error> {
-    let status = response.status();
-    if status != StatusCode::TOO_MANY_REQUESTS && !status.is_server_error() {
-        return None;
-    }
-    Some(Error::HttpStatus(HttpStatusError::new(
-        status.as_u16(),
-        retry_after(response.headers()),
-    )))
-}
-
-fn retry_after(headers: &HeaderMap) -> Option<String> {
-    headers.get(RETRY_AFTER)?.to_str().ok().map(str::to_owned)
-}
-
-/// A non-2xx answer to a POST: a JSON-RPC error in the body is the answer to the request;
-/// otherwise an error with the status and (for diagnostics) a bounded prefix of the body.
-async fn post_failure(
-    response: Response<Incoming>,
-    message: &ClientJsonRpcMessage,
-    had_session: bool,
-    is_json: bool,
-    limits: StreamableHttpResponseLimits,
-) -> Result<StreamableHttpPostResponse, Error> {
-    let status = response.status();
-    // A 429, or a 5xx without a JSON body, is worth only its status: the body stays unread.
-    let status_failure = match status_error(&response) {
-        Some(error) if !is_json || status == StatusCode::TOO_MANY_REQUESTS => return Err(error),
-        other => other,
-    };
-    let session = response
-        .headers()
-        .get(SESSION_ID)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
-    let is_auth = matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN);
-    let body = if is_json && !is_auth {
-        match read_bounded(response.into_body(), limits.max_json_response_size).await {
-            Ok(body) => {
-                if let Ok(error @ ServerJsonRpcMessage::Error(_)) = serde_json::from_slice(&body) {
-                    return Ok(discover_rejection(message, had_session, status, &body)
-                        .unwrap_or(StreamableHttpPostResponse::Json(error, session)));
-                }
-                body
-            }
-            Err(e @ Error::ResponseBodyTooLarge { .. }) => return Err(status_failure.unwrap_or(e)),
-            Err(_) => b"<failed to read response body>".to_vec(),
-        }
-    } else {
-        read_prefix(response.into_body(), limits.max_error_response_size).await
-    };
-    if let Some(rejection) = discover_rejection(message, had_session, status, &body) {
-        return Ok(rejection);
-    }
-    if let Some(error) = status_failure {
-        return Err(error);
-    }
-    Err(Error::UnexpectedServerResponse(Cow::Owned(format!(
-        "HTTP {status}: {}",
-        preview(&body, limits.max_error_response_size)
-    ))))
-}
-
-/// A sessionless `server/discover` refused with a 4xx (other than 401/403) means a server
-/// from before discovery: answer it as a JSON-RPC error with the request's id, so rmcp's
-/// lifecycle can fall back to `initialize` (as rmcp's own clients do).
-fn discover_rejection(
-    message: &ClientJsonRpcMessage,
-    had_session: bool,
-    status: StatusCode,
-    body: &[u8],
-) -> Option<StreamableHttpPostResponse> {
-    let ClientJsonRpcMessage::Request(request) = message else {
-        return None;
-    };
-    if had_session
-        || !status.is_client_error()
-        || matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN)
-        || !matches!(request.request, ClientRequest::DiscoverRequest(_))
-    {
-        return None;
-    }
-    let error = match serde_json::from_slice::<ServerJsonRpcMessage>(body) {
-        Ok(ServerJsonRpcMessage::Error(error)) => error.error,
-        _ => ErrorData::invalid_request(
-            format!(
-                "server/discover rejected with HTTP {status}: {}",
-                preview(body, body.len())
-            ),
-            None,
-        ),
-    };
-    let reply = ServerJsonRpcMessage::error(error, Some(request.id.clone()));
-    Some(StreamableHttpPostResponse::Json(reply, None))
-}
-
-/// The whole body, failing once it passes `max` bytes (never truncating: it is parsed whole).
-async fn read_bounded(mut body: Incoming, max: usize) -> Result<Vec<u8>, Error> {
-    if body.size_hint().lower() > max as u64 {
-        return Err(Error::ResponseBodyTooLarge { max_size: max });
-    }
-    let mut out = Vec::new();
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| Error::Client(e.into()))?;
-        if let Ok(data) = frame.into_data() {
-            if data.len() > max - out.len() {
-                return Err(Error::ResponseBodyTooLarge { max_size: max });
-            }
-            out.extend_from_slice(&data);
-        }
-    }
-    Ok(out)
-}
-
-/// At most `max` bytes of the body, for a diagnostic; the rest is never read.
-async fn read_prefix(mut body: Incoming, max: usize) -> Vec<u8> {
-    let mut out = Vec::new();
-    while out.len() < max {
-        match body.frame().await {
-            Some(Ok(frame)) => {
-                if let Ok(data) = frame.into_data() {
-                    out.extend_from_slice(&data[..data.len().min(max - out.len())]);
-                }
-            }
-            Some(Err(_)) => {
-                out.extend_from_slice(b"<failed to read response body>");
-                break;
-            }
-            None => break,
-        }
-    }
-    out.truncate(max);
-    out
-}
-
-/// At most `max` bytes of `body` as text, cut at a character boundary.
-fn preview(body: &[u8], max: usize) -> String {
-    if body.is_empty() {
-        return "<empty>".to_owned();
-    }
-    let mut text = String::from_utf8_lossy(&body[..body.len().min(max)]).into_owned();
-    if text.ends_with(char::REPLACEMENT_CHARACTER) && body.len() > max {
-        text.pop();
-    }
-    text
-}
-
-/// An SSE event larger than the transport's limit: the stream stops with this error.
-#[derive(Debug, thiserror::Error)]
-#[error("SSE event exceeded the maximum size of {0} bytes")]
-struct EventTooLarge(usize);
-
-/// The events of an SSE body, each at most `max_event_size` raw bytes (comments excluded).
-fn sse_events(body: Incoming, max_event_size: usize) -> BoxedSseResponse {
-    let parser = SseParser::new(max_event_size);
-    futures_util::stream::unfold(Some((body, parser)), |state| async move {
-        let (mut body, mut parser) = state?;
-        loop {
-            if let Some(event) = parser.ready.pop_front() {
-                return Some((Ok(event), Some((body, parser))));
-            }
-            let data = match body.frame().await? {
-                Ok(frame) => match frame.into_data() {
-                    Ok(data) => data,
-                    Err(_) => continue, // trailers
-                },
-                Err(e) => return Some((Err(SseError::Body(Box::new(e))), None)),
-            };
-            if let Err(e) = parser.feed(&data) {
-                return Some((Err(e), None));
-            }
-        }
-    })
-    .boxed()
-}
-
-/// The WHATWG event-stream format, fed chunk by chunk. Like `sse_stream` (which rmcp's clients
-/// use), an event is emitted when any field was set, so rmcp sees `id`/`retry`-only events; an
-/// event cut off by the end of the body is dropped. Unlike it, unknown fields, lines without a
-/// colon and repeated fields follow the spec (ignored / last wins) instead of failing the stream.
-struct SseParser {
-    ready: VecDeque<Sse>,
-    event: Option<Sse>,
-    line: Vec<u8>,
-    /// Raw bytes of the current event's finished lines (comments excluded), newlines included.
-    event_size: usize,
-    max_event_size: usize,
-    after_cr: bool,
-    at_start: bool,
-}
-
-impl SseParser {
-    fn new(max_event_size: usize) -> SseParser {
-        SseParser {
-            ready: VecDeque::new(),
-            event: None,
-            line: Vec::new(),
-            event_size: 0,
-            max_event_size,
-            after_cr: false,
-            at_start: true,
-        }
-    }
-
-    fn feed(&mut self, mut chunk: &[u8]) -> Result<(), SseError> {
-        if self.after_cr && chunk.first() == Some(&b'\n') {
-            chunk = &chunk[1..];
-        }
-        self.after_cr = false;
-        while !chunk.is_empty() {
-            let end = chunk.iter().position(|b| matches!(b, b'\r' | b'\n'));
-            let part = &chunk[..end.unwrap_or(chunk.len())];
-            if self.event_size + self.line.len() + part.len() > self.max_event_size {
-                let error = EventTooLarge(self.max_event_size);
-                return Err(SseError::Body(Box::new(error)));
-            }
-            self.line.extend_from_slice(part);
-            let Some(end) = end else { break };
-            let cr = chunk[end] == b'\r';
-            chunk = &chunk[end + 1..];
-            if cr {
-                match chunk.first() {
-                    Some(b'\n') => chunk = &chunk[1..],
-                    None => self.after_cr = true,
-                    Some(_) => {}
-                }
-            }
-            let line = std::mem::take(&mut self.line);
-            self.line_done(&line)?;
-            self.line = line;
-            self.line.clear();
-        }
-        Ok(())
-    }
-
-    fn line_done(&mut self, mut line: &[u8]) -> Result<(), SseError> {
-        if std::mem::take(&mut self.at_start) {
-            line = line.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(line);
-        }
-        if line.is_empty() {
-            self.event_size = 0;
-            self.ready.extend(self.event.take());
-            return Ok(());
-        }
-        if line[0] == b':' {
-            return Ok(()); // a comment (keep-alive)
-        }
-        self.event_size += line.len() + 1;
-        let (name, value) = match line.iter().position(|b| *b == b':') {
-            Some(colon) => (&line[..colon], &line[colon + 1..]),
-            None => (line, &[][..]),
-        };
-        let value = value.strip_prefix(b" ").unwrap_or(value);
-        let text = || std::str::from_utf8(value).map_err(SseError::Utf8Parse);
-        match name {
-            b"data" => {
-                let text = text()?;
-                let event = self.event.get_or_insert_with(Sse::default);
-                match &mut event.data {
-                    Some(data) => {
-                        data.push('\n');
-                        data.push_str(text);
-                    }
-                    None => event.data = Some(text.to_owned()),
-                }
-            }
-            b"event" => self.event.get_or_insert_with(Sse::default).event = Some(text()?.into()),
-            b"id" if !value.contains(&0) => {
-                self.event.get_or_insert_with(Sse::default).id = Some(text()?.into());
-            }
-            b"retry" => {
-                if let Ok(ms) = text()?.parse::<u64>() {
-                    self.event.get_or_insert_with(Sse::default).retry = Some(ms);
-                }
-            }
-            _ => {}
-        }
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use http::HeaderMap;
+    use http_body_util::BodyExt;
+
+    use super::answers::challenge_scope;
+    use super::sse::SseParser;
     use std::sync::Mutex;
 
     use hyper::server::conn::http1;

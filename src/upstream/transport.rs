@@ -7,8 +7,8 @@
 //! handed back to the pool afterwards. That transport lives here; what each provider sends and
 //! how it reads the events stays in its own file.
 //!
-//! Every outbound connection (the providers', and the MCP HTTP client's pooled client built by
-//! [`https_client`]) is made by one [`connector`].
+//! Connections are made by [`crate::net::connector`], the one connector of every outbound
+//! connection (the providers', the MCP HTTP client's, the OTLP exporter's).
 
 use std::error::Error as StdError;
 use std::time::Duration;
@@ -18,9 +18,6 @@ use bytes::Bytes;
 use http::header::{ACCEPT, CONTENT_TYPE, RETRY_AFTER, USER_AGENT};
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Uri};
 use http_body_util::Full;
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
@@ -28,28 +25,9 @@ use super::sse::{SseError, SseParser, DEFAULT_MAX_EVENT_BYTES};
 use super::{DeltaSink, ModelOutput, ModelStop, UpstreamError, UpstreamErrorKind};
 use crate::message::{ToolCall, Usage};
 
-/// The pooled HTTP/1 client (http and https) the MCP HTTP client holds: what [`https_client`]
-/// builds.
-pub(crate) type HttpsClient = Client<HttpsConnector<crate::net::Connector>, Full<Bytes>>;
-
 /// How much of an error body is read: enough for any API's error object, bounded against a
 /// misbehaving server.
 const MAX_ERROR_BODY: usize = 64 * 1024;
-
-/// Connects to `http://` and `https://` URLs: see [`crate::net::connector`] (proxies from the
-/// environment, webpki and system roots, HTTP/1, `TCP_NODELAY`).
-pub(crate) fn connector(
-    connect_timeout: Option<Duration>,
-) -> HttpsConnector<crate::net::Connector> {
-    crate::net::connector(connect_timeout)
-}
-
-/// A pooled client (hyper-util's, a task per connection) over [`connector`].
-pub(crate) fn https_client(connect_timeout: Option<Duration>) -> HttpsClient {
-    Client::builder(TokioExecutor::new())
-        .pool_timer(TokioTimer::new())
-        .build(connector(connect_timeout))
-}
 
 /// A provider's settings that retrying cannot fix (a bad base URL or key): a non-retryable
 /// `Connect` error, reported when a call is made rather than when the provider is built.

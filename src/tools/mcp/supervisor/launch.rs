@@ -1,0 +1,207 @@
+//! Starting one connection to a server: a child process spoken to over stdio (its command,
+//! arguments and environment expanded, its environment cleared, its own process group,
+//! optionally confined by Landlock, its stderr drained) or a remote server over HTTP.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use rmcp::service::{RoleClient, ServiceExt};
+use rmcp::transport::TokioChildProcess;
+use tokio::task::JoinHandle;
+
+use super::{Handler, Placement, KEPT_ENV};
+use crate::config::{McpServerConfig, McpTransport, SandboxKind};
+use crate::tools::mcp::stderr::{self, StderrLog};
+use crate::tools::mcp::{http_client, sandbox};
+
+/// A connection that has done its handshake.
+pub(super) type Service = rmcp::service::RunningService<RoleClient, Handler>;
+
+/// Connect to the server of `cfg` and do the handshake. A stdio child's process group goes to
+/// `pgid` and its stderr reader to `drain`.
+pub(super) async fn connect(
+    cfg: &McpServerConfig,
+    placement: &Placement,
+    handler: Handler,
+    pgid: &AtomicI32,
+    stderr_log: &Arc<Mutex<StderrLog>>,
+    drain: &mut Option<JoinHandle<()>>,
+) -> Result<Service, String> {
+    match &cfg.transport {
+        McpTransport::Stdio { command, .. } => {
+            let cmd = child_command(cfg, placement)?;
+            let (proc, stderr) = TokioChildProcess::builder(cmd)
+                .stderr(Stdio::piped())
+                .spawn()
+                .map_err(|e| format!("cannot start {command:?}: {e}"))?;
+            if let Some(pid) = proc.id() {
+                pgid.store(pid as i32, Ordering::SeqCst);
+            }
+            if let Some(stderr) = stderr {
+                *drain = Some(tokio::spawn(stderr::drain(stderr, stderr_log.clone())));
+            }
+            handler
+                .serve(proc)
+                .await
+                .map_err(|e| format!("handshake failed: {e}"))
+        }
+        McpTransport::Http { url, headers } => {
+            let headers = expand_headers(headers)?;
+            handler
+                .serve(http_client::transport(url, headers))
+                .await
+                .map_err(|e| format!("cannot connect to {url}: {e}"))
+        }
+    }
+}
+
+/// The child of a stdio server, ready to spawn: expanded arguments and environment (the rest
+/// of ours cleared but [`KEPT_ENV`]), its folder, its own process group, confined when asked.
+fn child_command(
+    cfg: &McpServerConfig,
+    placement: &Placement,
+) -> Result<tokio::process::Command, String> {
+    let McpTransport::Stdio {
+        command,
+        args,
+        env,
+        cwd,
+    } = &cfg.transport
+    else {
+        return Err("not a stdio server".into());
+    };
+    let args = child_args(args, placement)?;
+    let env = child_env(env)?;
+    let mut cmd = tokio::process::Command::new(command);
+    cmd.args(&args);
+    cmd.env_clear();
+    for k in KEPT_ENV {
+        if let Ok(v) = std::env::var(k) {
+            cmd.env(k, v);
+        }
+    }
+    cmd.envs(&env);
+    let dir = placement.cwd.as_ref().or(cwd.as_ref());
+    if let Some(dir) = dir {
+        cmd.current_dir(dir);
+    }
+    cmd.kill_on_drop(true);
+    #[cfg(unix)]
+    cmd.process_group(0);
+    if cfg.sandbox == SandboxKind::Landlock {
+        confine(&mut cmd, cfg, placement, args, &env, dir)?;
+    }
+    Ok(cmd)
+}
+
+/// A variable used by `what` is not set.
+fn unset(what: &str, var: String) -> String {
+    format!("{what} uses ${{{var}}}, which is not set in turnstile's environment")
+}
+
+/// The arguments: `${VAR}` first (checked at load; a variable unset since is an error naming
+/// it), then `{workspace}`.
+fn child_args(args: &[String], placement: &Placement) -> Result<Vec<String>, String> {
+    let workspace = placement
+        .workspace
+        .as_ref()
+        .map(|w| w.display().to_string());
+    let mut out = Vec::with_capacity(args.len());
+    for a in args {
+        let a = expand(a).map_err(|var| unset("an argument", var))?;
+        out.push(match &workspace {
+            Some(w) => a.replace("{workspace}", w),
+            None => a,
+        });
+    }
+    Ok(out)
+}
+
+/// The server's `env` table with `${VAR}` expanded.
+fn child_env(env: &BTreeMap<String, String>) -> Result<BTreeMap<String, String>, String> {
+    let mut out = BTreeMap::new();
+    for (k, v) in env {
+        let v = expand(v).map_err(|var| unset(&format!("env {k}"), var))?;
+        out.insert(k.clone(), v);
+    }
+    Ok(out)
+}
+
+/// Confine the child with Landlock (see [`sandbox`]); an error when this kernel cannot.
+fn confine(
+    cmd: &mut tokio::process::Command,
+    cfg: &McpServerConfig,
+    placement: &Placement,
+    args: Vec<String>,
+    env: &BTreeMap<String, String>,
+    dir: Option<&PathBuf>,
+) -> Result<(), String> {
+    if !sandbox::available() {
+        return Err("sandbox = \"landlock\" but this kernel does not enforce Landlock; the server is not started unconfined".into());
+    }
+    let McpTransport::Stdio { command, .. } = &cfg.transport else {
+        return Err("not a stdio server".into());
+    };
+    let child_env = |k: &str| {
+        env.get(k)
+            .map(std::ffi::OsString::from)
+            .or_else(|| std::env::var_os(k))
+    };
+    let request = sandbox::Request {
+        command: command.clone(),
+        args,
+        path_var: child_env("PATH"),
+        home: child_env("HOME").map(PathBuf::from),
+        workspace: placement.workspace.clone(),
+        read_write: dir.cloned().into_iter().collect(),
+        private: placement.private.clone(),
+        network: cfg.network,
+    };
+    let plan = sandbox::plan(&request);
+    tracing::debug!(server = %cfg.name, rules = ?plan.rules, network = cfg.network, "Landlock rules");
+    sandbox::confine(cmd, sandbox::ruleset(&plan)?);
+    Ok(())
+}
+
+/// Header values with `${VAR}` replaced from the environment; a missing variable is an error.
+fn expand_headers(
+    headers: &BTreeMap<String, String>,
+) -> Result<HashMap<http::HeaderName, http::HeaderValue>, String> {
+    let mut out = HashMap::new();
+    for (k, v) in headers {
+        let value = expand(v).map_err(|var| {
+            format!("header {k} uses ${{{var}}}, which is not set in turnstile's environment")
+        })?;
+        let name =
+            http::HeaderName::try_from(k.as_str()).map_err(|e| format!("header {k}: {e}"))?;
+        let value = http::HeaderValue::try_from(value).map_err(|e| format!("header {k}: {e}"))?;
+        out.insert(name, value);
+    }
+    Ok(out)
+}
+
+/// `${VAR}` expansion from turnstile's environment; the name of the first missing variable on
+/// failure (see [`crate::config::expand_vars`]).
+fn expand(s: &str) -> Result<String, String> {
+    crate::config::expand_env(s)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn env_expansion() {
+        std::env::set_var("TURNSTILE_TEST_TOKEN", "s3cret");
+        assert_eq!(
+            super::expand("Bearer ${TURNSTILE_TEST_TOKEN}").unwrap(),
+            "Bearer s3cret"
+        );
+        assert_eq!(super::expand("plain").unwrap(), "plain");
+        assert_eq!(
+            super::expand("${TURNSTILE_NOPE_X}").unwrap_err(),
+            "TURNSTILE_NOPE_X"
+        );
+    }
+}
