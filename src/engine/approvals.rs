@@ -27,7 +27,7 @@ use serde_json::{json, Value};
 use super::catalog::{Catalog, Route};
 use super::session::{AskedCall, Pending, PendingKind, Session, SessionRecord, State};
 use super::turn::{Permission, TurnInput};
-use super::{EngineError, Inner};
+use super::{Client, EngineError, Inner};
 use crate::config::{AgentConfig, Verdict};
 use crate::log::{Event, EventBody, SessionRow, StopReason, Store};
 use crate::message::{Content, Message};
@@ -280,7 +280,7 @@ pub(crate) fn regrant(
                 "the policy changed since the call asked for permission; re-decided: the client's grant applies");
         }
     }
-    match Catalog::new(agent, host, record, true).route_granted(name) {
+    match Catalog::new(agent, host, record, Client::Attends).route_granted(name) {
         Route::Refuse(msg) => Regrant::Refuse(msg),
         _ => Regrant::Run,
     }

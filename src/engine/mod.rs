@@ -3,7 +3,7 @@
 //!
 //! Seams for the next pieces:
 //! - server tools plug in behind [`crate::tools::ToolHost`] (MCP federation, `deliver_file`);
-//! - other APIs start turns with [`Engine::start_turn`] (`interactive: false` where no client can
+//! - other APIs start turns with [`Engine::start_turn`] (`Client::Absent` where no client can
 //!   run tools or answer permissions) and render the events a turn sends to its sink, or
 //!   subscribe to a session's live feed with [`Session::subscribe`].
 
@@ -99,64 +99,116 @@ pub struct SessionUpdate {
     pub client_tools: Option<Vec<ToolSpec>>,
 }
 
-/// A request to start a turn.
+/// An order to start a turn: what starts it, the session settings it changes, and what its
+/// watcher needs.
 #[derive(Debug, Clone)]
-pub struct TurnRequest {
+pub struct TurnOrder {
     pub input: TurnInput,
     pub update: SessionUpdate,
-    /// Whether a client is attached that can run client tools and answer permissions.
-    pub interactive: bool,
-    /// Wait behind a running turn instead of failing with `Busy`.
-    pub queue: bool,
-    /// Plan mode (runs API): the first model call proposes a plan and waits for approval.
+    /// What the turn's watcher needs (see [`Delivery`]).
+    pub delivery: Delivery,
+    /// What a turn already running means for this one.
+    pub when_busy: WhenBusy,
+    /// Plan mode: the first model call proposes a plan and waits for its approval.
     pub plan: bool,
-    /// Overrides the agent's `max_steps` for this turn (`POST /run`).
+    /// Overrides the agent's `max_steps` for this turn (a ceiling: never more than the agent's).
     pub max_steps: Option<u32>,
-    /// The watcher shows streamed text as it arrives and has no way to take it back (AAP
-    /// `delta` mode): an upstream attempt that fails after streaming text is then kept in the
-    /// log and ends the turn, instead of being retracted and retried, so the client never holds
-    /// text the history does not.
-    pub irrevocable: bool,
-    /// The watcher runs the turn: it reads the handle until the turn ends, on a task of its own
-    /// (AAP turns: each request's task), and the turn runs there while it reads instead of on a
-    /// task spawned for it; on a task of its own only if the handle is dropped first. Not for a
-    /// watcher that may stop reading while it holds the handle (an SSE body that a slow client
-    /// does not drain): the turn would wait on it.
-    pub drive: bool,
 }
 
-impl TurnRequest {
-    /// A turn no client watches (runs, `POST /messages`): client tools and `ask` tools get an
-    /// error result, and the turn waits behind a running one.
-    pub fn unattended(input: TurnInput) -> TurnRequest {
-        TurnRequest {
+/// What a turn's watcher needs, said in the engine's terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delivery {
+    /// Whether a client attends the turn to run its client tools and answer permissions.
+    pub client: Client,
+    /// Whether text shown to the watcher as it streams can be taken back.
+    pub text: ShownText,
+    /// Who runs the turn.
+    pub runner: Runner,
+}
+
+/// Whether a client attends a turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Client {
+    /// A client attends: a call of a client tool, or a server call that needs permission,
+    /// stops the turn for the client's answer.
+    Attends,
+    /// No client attends: such a call gets an error result saying that it runs only in a turn
+    /// made with `attend_at` (the caller's words for where a client can attend a turn). A new
+    /// message goes on past the calls the session waits on (its turn answers them first).
+    Absent { attend_at: &'static str },
+}
+
+/// Whether streamed text shown to the watcher can be taken back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShownText {
+    /// An upstream attempt that fails after streaming text is retracted (an empty
+    /// `agent.message`) and retried.
+    Retractable,
+    /// The watcher shows streamed text as it arrives and has no way to take it back: an upstream
+    /// attempt that fails after streaming text is then kept in the log and ends the turn,
+    /// instead of being retracted and retried, so the client never holds text the history does
+    /// not.
+    Irrevocable,
+}
+
+/// Who runs a turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Runner {
+    /// A task spawned for it.
+    OwnTask,
+    /// The watcher: it reads the handle until the turn ends, on a task of its own, and the turn
+    /// runs there while it reads; on a task of its own only if the handle is dropped first (or
+    /// not read for a while: see `driven.rs`). Not for a watcher that may stop reading while it
+    /// holds the handle (an SSE body that a slow client does not drain): the turn would wait on
+    /// it.
+    Watcher,
+}
+
+/// What to do when a turn is already running in the session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WhenBusy {
+    /// Fail with [`EngineError::Busy`].
+    Refuse,
+    /// Wait behind the running turn (and the turns queued already).
+    Queue,
+}
+
+impl TurnOrder {
+    /// A turn no client attends: client tools and `ask` tools get an error result naming
+    /// `attend_at`, and the turn waits behind a running one.
+    pub fn unattended(input: TurnInput, attend_at: &'static str) -> TurnOrder {
+        TurnOrder {
             input,
             update: SessionUpdate::default(),
-            interactive: false,
-            queue: true,
+            delivery: Delivery {
+                client: Client::Absent { attend_at },
+                text: ShownText::Retractable,
+                runner: Runner::OwnTask,
+            },
+            when_busy: WhenBusy::Queue,
             plan: false,
             max_steps: None,
-            irrevocable: false,
-            drive: false,
         }
     }
 
-    pub fn with_max_steps(mut self, max_steps: Option<u32>) -> TurnRequest {
+    pub fn with_max_steps(mut self, max_steps: Option<u32>) -> TurnOrder {
         self.max_steps = max_steps;
         self
     }
 
-    /// A plain AAP turn: interactive, not queued, no plan.
-    pub fn interactive(input: TurnInput, update: SessionUpdate) -> TurnRequest {
-        TurnRequest {
+    /// A turn its client attends: not queued, no plan.
+    pub fn attended(input: TurnInput, update: SessionUpdate) -> TurnOrder {
+        TurnOrder {
             input,
             update,
-            interactive: true,
-            queue: false,
+            delivery: Delivery {
+                client: Client::Attends,
+                text: ShownText::Retractable,
+                runner: Runner::OwnTask,
+            },
+            when_busy: WhenBusy::Refuse,
             plan: false,
             max_steps: None,
-            irrevocable: false,
-            drive: false,
         }
     }
 }
@@ -175,7 +227,7 @@ pub struct TurnHandle {
     session: Arc<Session>,
     /// The turn's terminal event has been returned (read from the log).
     done: bool,
-    /// The turn itself, when its watcher runs it (see [`TurnRequest::drive`]).
+    /// The turn itself, when its watcher runs it (see [`Runner::Watcher`]).
     driven: Option<driven::Driven>,
     /// Counts a driven turn among the running ones until everything it sent is read, so that a
     /// shutdown waits for its watcher to have its terminal event.
@@ -383,7 +435,7 @@ impl Inner {
             .spawn(tracing::Instrument::instrument(turn, span));
     }
 
-    /// A turn for its watcher to run (see [`TurnRequest::drive`]).
+    /// A turn for its watcher to run (see [`Runner::Watcher`]).
     fn drive_turn(self: &Arc<Inner>, job: turn::TurnJob) -> driven::Driven {
         crate::metrics::inc(&crate::metrics::TURNS_STARTED);
         let span = job.span();
@@ -982,10 +1034,10 @@ impl Engine {
     pub fn start_turn(
         &self,
         session: &Arc<Session>,
-        req: TurnRequest,
+        req: TurnOrder,
     ) -> Result<TurnHandle, EngineError> {
         self.check_open()?;
-        let drive = req.drive;
+        let drive = req.delivery.runner == Runner::Watcher;
         let config = &self.inner.config;
         let (tx, rx, overflow) = watch::channel();
         let mut st = session.lock();
@@ -996,7 +1048,7 @@ impl Engine {
             });
         }
         if let Some(r) = &st.running {
-            if !req.queue {
+            if req.when_busy == WhenBusy::Refuse {
                 return Err(EngineError::Busy {
                     turn_id: r.turn_id.clone(),
                 });
@@ -1005,7 +1057,8 @@ impl Engine {
         approvals::settle_locked(&self.inner, session, &mut st, clock::now_ms());
         // A new message where no client can answer the open calls (`POST /messages`, a run)
         // goes on: its turn answers them first (see `Turn::body`). An AAP one is a 409.
-        let goes_on = !req.interactive && matches!(req.input, TurnInput::User { .. });
+        let goes_on = matches!(req.delivery.client, Client::Absent { .. })
+            && matches!(req.input, TurnInput::User { .. });
         let answering = if goes_on {
             Vec::new()
         } else {
@@ -1075,10 +1128,10 @@ impl Engine {
             input: req.input,
             answering,
             sink: Some(tx),
-            interactive: req.interactive,
+            client: req.delivery.client,
             plan: req.plan,
             max_steps: req.max_steps,
-            irrevocable: req.irrevocable,
+            text: req.delivery.text,
             slot,
             parent: tracing::Span::current(),
         };
@@ -1156,11 +1209,13 @@ impl Engine {
     /// Confirm or reject the plan a run waits on (409 when none waits): the decision starts a
     /// new turn (queued behind the plan's turn if that is still ending) whose `user.message`
     /// carries it as a `plan_decision` block. Confirmed, the run goes on with tools; rejected, the
-    /// model is asked for another plan. The decision's turn id.
+    /// model is asked for another plan. No client attends the decision's turn (see
+    /// [`Client::Absent`] for `attend_at`). The decision's turn id.
     pub fn decide_plan(
         &self,
         session: &Arc<Session>,
         decision: PlanDecision,
+        attend_at: &'static str,
     ) -> Result<String, EngineError> {
         let Some(plan) = session.lock().plan.take() else {
             return Err(EngineError::Conflict(
@@ -1173,9 +1228,9 @@ impl Engine {
             files: vec![],
             skills: vec![],
         };
-        let req = TurnRequest {
+        let req = TurnOrder {
             plan: reject,
-            ..TurnRequest::unattended(input)
+            ..TurnOrder::unattended(input, attend_at)
         };
         match self.start_turn(session, req) {
             Ok(handle) => Ok(handle.turn_id.clone()),

@@ -69,16 +69,6 @@ pub enum DeltaKind {
     Thinking,
 }
 
-impl DeltaKind {
-    /// The spec 003 event type of a delta of this kind.
-    pub fn type_name(self) -> &'static str {
-        match self {
-            DeltaKind::Message => "agent.message.delta",
-            DeltaKind::Thinking => "agent.thinking.delta",
-        }
-    }
-}
-
 /// A live item: a stored event, or streamed text (never stored).
 #[derive(Debug, Clone)]
 pub enum Feed {

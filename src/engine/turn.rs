@@ -1,7 +1,7 @@
 //! One turn: the loop of model calls and tool calls, from `user.message` to its terminal event.
 //!
 //! A turn runs on a task of its own: one spawned for it, or the task of the request that started
-//! it, which then runs it as it reads what it sends ([`super::TurnRequest::drive`]) and hands it
+//! it, which then runs it as it reads what it sends ([`super::Runner::Watcher`]) and hands it
 //! to a spawned task if it stops reading. Whoever started it only watches (through an optional
 //! sink), so a client that goes away never cancels it. Every exit path ends in exactly one
 //! terminal event, and every `agent.tool_use` gets exactly one `agent.tool_result` (a tool cut
@@ -84,11 +84,11 @@ pub(crate) struct TurnJob {
     /// The calls being answered (for `Resume`), taken from the session when the turn started.
     pub answering: Vec<Pending>,
     pub sink: Option<super::watch::WatcherSink>,
-    pub interactive: bool,
+    pub client: super::Client,
     /// Plan mode (runs API): propose a plan without tools and wait for its approval first.
     pub plan: bool,
     pub max_steps: Option<u32>,
-    pub irrevocable: bool,
+    pub text: super::ShownText,
     /// Its place among the running turns; `None` for a queued turn until it runs.
     pub slot: Option<super::RunSlot>,
     /// The span current when it was started (its request's): its own span's parent, wherever
@@ -159,7 +159,7 @@ struct Turn {
     session: Arc<Session>,
     turn_id: Arc<str>,
     sink: Option<super::watch::WatcherSink>,
-    interactive: bool,
+    client: super::Client,
     usage: Usage,
     /// Whether a model call has answered (its usage counted).
     model_called: bool,
@@ -200,10 +200,10 @@ pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
         input,
         answering,
         sink,
-        interactive,
+        client,
         plan,
         max_steps,
-        irrevocable,
+        text,
         slot,
         parent: _,
     } = job;
@@ -221,7 +221,7 @@ pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
         session,
         turn_id: control.turn_id.as_str().into(),
         sink,
-        interactive,
+        client,
         usage: Usage::default(),
         model_called: false,
         said: false,
@@ -232,7 +232,7 @@ pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
         proposed: false,
         streamed: Default::default(),
         inlined: HashMap::new(),
-        irrevocable,
+        irrevocable: text == super::ShownText::Irrevocable,
         flusher: Default::default(),
         unsynced_since: Default::default(),
         metrics: (
@@ -469,7 +469,7 @@ impl Turn {
             step += 1;
             let record = self.session.record();
             let host_tools = self.inner.tools.tools();
-            let catalog = Catalog::new(agent, &host_tools, &record, self.interactive);
+            let catalog = Catalog::new(agent, &host_tools, &record, self.client);
             let thinking = match record.options.get("thinking").map(String::as_str) {
                 Some("on") => true,
                 Some("off") => false,

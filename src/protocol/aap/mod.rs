@@ -14,8 +14,8 @@ use tokio::sync::oneshot;
 
 use crate::config::{AgentConfig, Verdict};
 use crate::engine::{
-    AgentChoice, ClientResult, EngineError, Feed, NewSession, Permission, SessionUpdate,
-    SessionView, TurnHandle, TurnInput, TurnRequest,
+    AgentChoice, ClientResult, EngineError, Feed, NewSession, Permission, Runner, SessionUpdate,
+    SessionView, ShownText, TurnHandle, TurnInput, TurnOrder,
 };
 use crate::http::routes::{App, Caller};
 use crate::http::{body, json_response, query_param, sse, ApiError, Request, Response};
@@ -530,10 +530,12 @@ async fn start_turn(
         update.options = agent.options;
     }
     let input = turn_input(body.messages)?;
-    let mut req = TurnRequest::interactive(input, update);
+    let mut req = TurnOrder::attended(input, update);
     // Delta mode shows text as it streams and the AAP wire cannot take it back.
-    req.irrevocable = body.stream == StreamMode::Delta;
-    req.drive = true;
+    if body.stream == StreamMode::Delta {
+        req.delivery.text = ShownText::Irrevocable;
+    }
+    req.delivery.runner = Runner::Watcher;
     let after_seq = session.tail().last().map_or(0, |e| e.seq);
     let handle = app.engine.start_turn(&session, req)?;
     if let Some(ticket) = ticket {
