@@ -10,13 +10,13 @@
 pub mod approvals;
 pub mod catalog;
 pub mod context;
+mod delivery;
 mod driven;
 pub mod follow;
 pub mod history;
 pub mod oversize;
 pub mod session;
-pub mod turn;
-mod watch;
+mod turn;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -215,11 +215,11 @@ impl TurnOrder {
 
 /// A started turn: its id and what it sends as it runs (stored events and deltas), read with
 /// [`TurnHandle::recv`]. The turn goes on if this is dropped. What it sends waits here bounded
-/// (see `watch.rs`): a reader that falls too far behind reads the rest of the turn from the log.
+/// (see `delivery/channel.rs`): a reader that falls too far behind reads the rest of the turn from the log.
 pub struct TurnHandle {
     pub turn_id: String,
     feed: mpsc::Receiver<Feed>,
-    overflow: Arc<watch::Overflow>,
+    overflow: Arc<delivery::channel::Overflow>,
     /// Once the channel overflowed: the rest of the turn, from the log.
     follow: Option<Box<follow::Follow>>,
     /// For reading from the log.
@@ -1039,7 +1039,7 @@ impl Engine {
         self.check_open()?;
         let drive = req.delivery.runner == Runner::Watcher;
         let config = &self.inner.config;
-        let (tx, rx, overflow) = watch::channel();
+        let (tx, rx, overflow) = delivery::channel::channel();
         let mut st = session.lock();
         if st.deleted {
             return Err(EngineError::NotFound {
