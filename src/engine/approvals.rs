@@ -25,9 +25,10 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::catalog::{Catalog, Route};
-use super::session::{AskedCall, Pending, PendingKind, Session, SessionRecord, State};
-use super::turn::{Permission, TurnInput};
-use super::{Client, EngineError, Inner};
+use super::record::{AskedCall, Pending, PendingKind, SessionRecord};
+use super::session::{Session, State};
+use super::shared::Inner;
+use super::types::{Client, EngineError, Permission, TurnInput};
 use crate::config::{AgentConfig, Verdict};
 use crate::log::{Event, EventBody, SessionRow, StopReason, Store};
 use crate::message::{Content, Message};
@@ -439,7 +440,7 @@ mod tests {
         TurnInput::Resume {
             results: results
                 .iter()
-                .map(|id| super::super::turn::ClientResult {
+                .map(|id| crate::engine::types::ClientResult {
                     call_id: id.to_string(),
                     content: json!("r"),
                     is_error: false,

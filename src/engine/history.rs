@@ -13,7 +13,7 @@
 
 use serde_json::Value;
 
-use super::session::PlanDecision;
+use crate::engine::record::PlanDecision;
 use crate::log::{Event, EventBody, FileRef};
 use crate::message::{Block, Content, Message};
 

@@ -13,7 +13,8 @@ use crate::log::Event;
 use crate::sync::lock;
 use crate::upstream::DeltaSink;
 
-use super::session::{DeltaKind, Session, DELTA_WAIT};
+use super::session::{Session, DELTA_WAIT};
+use super::types::DeltaKind;
 use channel::WatcherSink;
 
 /// Hand published events to the turn's watcher, if it has one.

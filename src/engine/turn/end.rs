@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::{next_queued, to_watcher, End, Turn};
-use crate::engine::session::{StopCause, TurnControl};
+use crate::engine::job::{StopCause, TurnControl};
 use crate::log::{EventBody, FailReason, StopReason};
 use crate::message::Message;
 use crate::tools::ToolOutput;
@@ -229,7 +229,7 @@ impl Turn {
         };
         to_watcher(self.sink.as_ref(), published);
         if let Some(job) = next {
-            self.inner.spawn_turn(job);
+            super::spawn(&self.inner, self.session.clone(), job);
         }
         // Paused on permissions: their expiry is timed from now on.
         crate::engine::approvals::settle(&self.inner, &self.session);

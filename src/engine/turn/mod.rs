@@ -21,9 +21,13 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::delivery::to_watcher;
-use super::session::{Pending, Session, TurnControl};
-use super::Inner;
-use crate::log::{Event, EventBody, FailReason, FileRef};
+use super::driven::Driven;
+use super::job::{Job, RunSlot};
+use super::record::{AskedCall, Pending};
+use super::session::{Session, State};
+use super::shared::Inner;
+use super::types::{Client, ShownText, TurnInput};
+use crate::log::{Event, EventBody, FailReason};
 use crate::message::{Message, Usage};
 use crate::sync::lock;
 use crate::tools::ToolOutput;
@@ -41,73 +45,6 @@ pub const NOT_ANSWERED: &str = "Not answered: the session went on with a new mes
 /// than it was said (the wait counts from the oldest event not committed, so a turn of many
 /// short calls commits on time too). Nothing is shown to anyone before it is durable, either way.
 pub(crate) const SYNC_AFTER: Duration = Duration::from_millis(1);
-
-/// What starts a turn.
-#[derive(Debug, Clone)]
-pub enum TurnInput {
-    /// A new user message.
-    User {
-        content: Value,
-        files: Vec<FileRef>,
-        skills: Vec<Value>,
-    },
-    /// Answers to the calls the last turn stopped on: one per pending call.
-    Resume {
-        results: Vec<ClientResult>,
-        permissions: Vec<Permission>,
-    },
-}
-
-/// A client tool's result.
-#[derive(Debug, Clone)]
-pub struct ClientResult {
-    pub call_id: String,
-    /// A string or content blocks.
-    pub content: Value,
-    pub is_error: bool,
-}
-
-/// The client's decision on a server tool call.
-#[derive(Debug, Clone)]
-pub struct Permission {
-    pub call_id: String,
-    pub granted: bool,
-    pub reason: Option<String>,
-}
-
-pub(crate) struct TurnJob {
-    pub session: Arc<Session>,
-    pub control: Arc<TurnControl>,
-    pub input: TurnInput,
-    /// The calls being answered (for `Resume`), taken from the session when the turn started.
-    pub answering: Vec<Pending>,
-    pub sink: Option<crate::engine::delivery::channel::WatcherSink>,
-    pub client: super::Client,
-    /// Plan mode (runs API): propose a plan without tools and wait for its approval first.
-    pub plan: bool,
-    pub max_steps: Option<u32>,
-    pub text: super::ShownText,
-    /// Its place among the running turns; `None` for a queued turn until it runs.
-    pub slot: Option<super::RunSlot>,
-    /// The span current when it was started (its request's): its own span's parent, wherever
-    /// and whenever it runs.
-    pub parent: tracing::Span,
-}
-
-impl TurnJob {
-    /// The turn's span (see `telemetry.rs`), made when it starts to run.
-    pub(crate) fn span(&self) -> tracing::Span {
-        let agent = &self.session.record().agent;
-        let (session, turn) = (&*self.session.id, &*self.control.turn_id);
-        crate::telemetry::turn_span(&self.parent, session, turn, agent)
-    }
-}
-
-/// A turn waiting for the running one to end.
-pub(crate) struct Queued {
-    pub control: Arc<TurnControl>,
-    pub job: TurnJob,
-}
 
 /// The `user.message` a turn input is logged as.
 pub(crate) fn user_message(input: &TurnInput) -> EventBody {
@@ -156,8 +93,8 @@ struct Turn {
     inner: Arc<Inner>,
     session: Arc<Session>,
     turn_id: Arc<str>,
-    sink: Option<crate::engine::delivery::channel::WatcherSink>,
-    client: super::Client,
+    sink: Option<super::delivery::channel::WatcherSink>,
+    client: Client,
     usage: Usage,
     /// Whether a model call has answered (its usage counted).
     model_called: bool,
@@ -168,7 +105,7 @@ struct Turn {
     /// The calls the turn stops on, when it stops with `tool_use`.
     stop_on: Vec<Pending>,
     /// What each server call it stops on is bound to (see `engine/approvals.rs`).
-    asked: Vec<super::session::AskedCall>,
+    asked: Vec<AskedCall>,
     /// Instructions for the model that are not history (plan mode), after the history.
     extra: Vec<Message>,
     /// The turn proposed a plan (which waits for a decision if the turn completes).
@@ -191,9 +128,34 @@ struct Turn {
     started: std::time::Instant,
 }
 
-pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
-    let TurnJob {
-        session,
+/// Start `job` on a task spawned for it.
+pub(crate) fn spawn(inner: &Arc<Inner>, session: Arc<Session>, job: Job) {
+    crate::metrics::inc(&crate::metrics::TURNS_STARTED);
+    let span = span(&session, &job);
+    let turn = run(inner.clone(), session, job);
+    inner
+        .tracker
+        .spawn(tracing::Instrument::instrument(turn, span));
+}
+
+/// `job` for its watcher to run (see [`Runner::Watcher`](crate::engine::Runner::Watcher)).
+pub(crate) fn drive(inner: &Arc<Inner>, session: Arc<Session>, job: Job) -> Driven {
+    crate::metrics::inc(&crate::metrics::TURNS_STARTED);
+    let span = span(&session, &job);
+    let turn = run(inner.clone(), session, job);
+    let turn = Box::pin(tracing::Instrument::instrument(turn, span));
+    Driven::new(&inner.sweeper, &inner.tracker, turn)
+}
+
+/// The turn's span (see `telemetry.rs`), made when it starts to run.
+fn span(session: &Session, job: &Job) -> tracing::Span {
+    let agent = &session.record().agent;
+    let (session, turn) = (&*session.id, &*job.control.turn_id);
+    crate::telemetry::turn_span(&job.parent, session, turn, agent)
+}
+
+async fn run(inner: Arc<Inner>, session: Arc<Session>, job: Job) {
+    let Job {
         control,
         input,
         answering,
@@ -206,7 +168,7 @@ pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
         parent: _,
     } = job;
     // Counted among the running turns until this task ends.
-    let _slot = slot.unwrap_or_else(|| super::RunSlot::take(inner.running_turns()));
+    let _slot = slot.unwrap_or_else(|| RunSlot::take(inner.running_turns()));
     let session_agent = session.record().agent.clone();
     let (timeout, wrap_up) = inner
         .config
@@ -230,7 +192,7 @@ pub(crate) async fn run(inner: Arc<Inner>, job: TurnJob) {
         proposed: false,
         streamed: Default::default(),
         inlined: HashMap::new(),
-        irrevocable: text == super::ShownText::Irrevocable,
+        irrevocable: text == ShownText::Irrevocable,
         flusher: Default::default(),
         unsynced_since: Default::default(),
         metrics: (
@@ -319,9 +281,9 @@ impl Turn {
 /// never reach the model.
 pub(crate) fn next_queued(
     session: &Session,
-    st: &mut super::session::State,
+    st: &mut State,
     store: &crate::log::Store,
-) -> Option<TurnJob> {
+) -> Option<Job> {
     if st.running.is_some() {
         return None;
     }
@@ -329,7 +291,7 @@ pub(crate) fn next_queued(
         if q.control.token.is_cancelled() {
             let turn_id = q.control.turn_id.clone();
             for body in [
-                user_message(&q.job.input),
+                user_message(&q.input),
                 EventBody::TurnCancelled { usage: None },
             ] {
                 session.append_locked(st, store, &turn_id, body);
@@ -339,10 +301,7 @@ pub(crate) fn next_queued(
             if let Err(e) = store.commit() {
                 tracing::error!(turn = %turn_id, error = %e, "a cancelled queued turn could not be logged");
             }
-            to_watcher(
-                q.job.sink.as_ref(),
-                session.publish_durable_locked(st, store),
-            );
+            to_watcher(q.sink.as_ref(), session.publish_durable_locked(st, store));
             // `st` is the session's state under its lock: read the agent from it, not through
             // `session.record()` (which takes the lock again).
             crate::metrics::turns(&st.record.agent)
@@ -350,7 +309,7 @@ pub(crate) fn next_queued(
             continue;
         }
         st.running = Some(q.control.clone());
-        return Some(q.job);
+        return Some(q);
     }
     None
 }

@@ -14,7 +14,7 @@ impl Turn {
     pub(super) fn request(
         &self,
         agent: &crate::config::AgentConfig,
-        record: &crate::engine::session::SessionRecord,
+        record: &crate::engine::record::SessionRecord,
         tools: Vec<crate::upstream::ToolDef>,
         thinking: bool,
     ) -> ModelRequest {

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use super::{user_message, End, Turn, NOT_ANSWERED};
 use crate::engine::catalog::{Catalog, Route};
-use crate::engine::session::{Pending, PendingKind};
+use crate::engine::record::{Pending, PendingKind};
 use crate::engine::TurnInput;
 use crate::log::{EventBody, FailReason, StopReason};
 use crate::message::Message;
@@ -24,7 +24,7 @@ impl Turn {
     ) -> Result<StopReason, End> {
         let input_kind = match &input {
             TurnInput::User { content, .. } => {
-                crate::engine::session::PlanDecision::of_content(content)
+                crate::engine::record::PlanDecision::of_content(content)
             }
             TurnInput::Resume { .. } => None,
         };
@@ -46,7 +46,7 @@ impl Turn {
             // A plan turn (a run's first, or after a rejection) ends with its plan.
             let rejected = matches!(
                 &input_kind,
-                Some(crate::engine::session::PlanDecision::Reject { .. })
+                Some(crate::engine::record::PlanDecision::Reject { .. })
             );
             return self.plan(agent, !rejected).await;
         }

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use futures_util::StreamExt;
 
 use super::{End, Turn};
-use crate::engine::session::Pending;
+use crate::engine::record::Pending;
 use crate::engine::{ClientResult, Permission};
 use crate::message::ToolCall;
 use crate::metrics::NotRun;
