@@ -164,7 +164,7 @@ pub(crate) fn settle_locked(
     let next = stamp(&mut st.pending, ttl, now_ms);
     let all_expired = st.pending.iter().all(|p| p.expired);
     // A turn that runs (or one the log still has open) goes first; it answers the calls.
-    let open_in_log = st.tail.last().is_some_and(|e| !e.body.is_terminal());
+    let open_in_log = st.out.tail.last().is_some_and(|e| !e.body.is_terminal());
     if !all_expired || st.running.is_some() || open_in_log {
         return next;
     }

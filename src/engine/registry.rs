@@ -187,7 +187,7 @@ impl Engine {
             let mut st = session.lock();
             let first = !st.deleted;
             st.deleted = true;
-            st.close_feed();
+            st.out.close_feed();
             (st.running.clone(), first)
         };
         if let Some(control) = running {

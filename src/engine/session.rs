@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::broadcast;
 
+use super::delivery::outbox::Outbox;
 use super::history::Projector;
 use super::job::{Job, TurnControl};
 use super::record::{Pending, PendingKind, PlanDecision, SessionRecord};
@@ -18,22 +19,6 @@ use crate::log::{Event, EventBody, FailReason, StopReason, Store};
 use crate::message::Message;
 use crate::sync::lock;
 use crate::{clock, ids};
-
-/// Deltas are pushed when this many characters are buffered...
-pub const DELTA_CHARS: usize = 200;
-/// ...or this long after the first buffered fragment, whichever comes first.
-pub const DELTA_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
-
-/// Gathers a turn's streamed fragments into deltas (spec 003).
-#[derive(Debug)]
-pub(crate) struct Coalescer {
-    turn_id: Arc<str>,
-    kind: DeltaKind,
-    buf: String,
-    chars: usize,
-    /// When the buffer must be pushed (50 ms after its first fragment).
-    pub deadline: Option<tokio::time::Instant>,
-}
 
 /// A proposed plan waiting for the client's decision (runs API plan mode): the plan turn has
 /// ended (or is ending) with it, and the decision starts the next turn. Rebuilt from the log
@@ -52,11 +37,8 @@ pub(crate) struct State {
     pub running: Option<Arc<TurnControl>>,
     /// Turns waiting for the running one to end, in order.
     pub queue: std::collections::VecDeque<Job>,
-    /// The published events of the current (or last) turn, for subscribers that join mid-turn.
-    pub tail: Vec<Arc<Event>>,
-    /// Events appended but not yet published, with their store tickets, in order.
-    pub held: Vec<(u64, Arc<Event>)>,
-    pub coalescer: Option<Coalescer>,
+    /// Events and deltas on their way to live subscribers (and the current turn's events).
+    pub out: Outbox,
     pub plan: Option<PlanWait>,
     /// The seq of the first event of the session's current (or last) run: the `user.message`
     /// of its first turn (a plan decision's turn goes on its plan's run).
@@ -69,26 +51,9 @@ pub(crate) struct State {
     pub record_written: u64,
     /// The timer that expires pending permissions: its deadline (ms since the epoch) and task.
     pub expiry_timer: Option<(i64, tokio::task::AbortHandle)>,
-    /// The live feed, made when the first subscriber comes and dropped when the last has gone
-    /// (its buffer is sizeable, and most sessions never have a subscriber).
-    feed: Option<broadcast::Sender<Feed>>,
 }
 
 impl State {
-    /// Send an item to live subscribers, if there are any.
-    fn send(&mut self, item: Feed) {
-        if let Some(tx) = &self.feed {
-            if tx.send(item).is_err() {
-                self.feed = None;
-            }
-        }
-    }
-
-    /// End every live subscription (the session is gone).
-    pub fn close_feed(&mut self) {
-        self.feed = None;
-    }
-
     /// Whether the session holds nothing that is not in the log: no turn running or queued, no
     /// live subscriber, every event and record write committed (a plan waiting for approval is
     /// read back from the log). Such a
@@ -96,9 +61,9 @@ impl State {
     pub fn at_rest(&self, committed: u64) -> bool {
         self.running.is_none()
             && self.queue.is_empty()
-            && self.held.is_empty()
+            && self.out.held.is_empty()
             && self.record_written <= committed
-            && self.feed.as_ref().is_none_or(|tx| tx.receiver_count() == 0)
+            && !self.out.watched()
     }
 }
 
@@ -116,9 +81,6 @@ pub struct Session {
     /// What protocol adapters keep per session, one value per type (see [`Session::extension`]).
     extensions: Mutex<Vec<Arc<dyn std::any::Any + Send + Sync>>>,
 }
-
-/// Live subscribers may lag this many items behind before they must refill from the log.
-const FEED_CAPACITY: usize = 4096;
 
 impl Session {
     /// A session with this record and these stored events.
@@ -151,16 +113,13 @@ impl Session {
                 pending,
                 running: None,
                 queue: Default::default(),
-                tail: last_turn,
-                held: Vec::new(),
-                coalescer: None,
+                out: Outbox::with_tail(last_turn),
                 plan,
                 run_start,
                 deleted: false,
                 diverged: false,
                 record_written: 0,
                 expiry_timer: None,
-                feed: None,
             }),
         }
     }
@@ -170,7 +129,7 @@ impl Session {
     /// events of the turn that made it.)
     pub(crate) fn lost_writes(&self, store: &Store) -> bool {
         let st = self.lock();
-        st.diverged || st.held.iter().any(|(ticket, _)| store.failed(*ticket))
+        st.diverged || st.out.held.iter().any(|(ticket, _)| store.failed(*ticket))
     }
 
     /// The session as the log holds it, for [`Session::rebuild_locked`]; `None` (logged) if it
@@ -215,16 +174,16 @@ impl Session {
             let logged = Logged::read(&st.record, copy.events.clone());
             st.history = logged.history;
             st.next_seq = logged.next_seq;
-            st.tail = logged.tail;
+            st.out.tail = logged.tail;
             st.pending = logged.pending;
             st.plan = logged.plan;
             st.run_start = logged.run_start;
-            st.held.clear();
+            st.out.held.clear();
             st.diverged = false;
         };
         reset(st);
         tracing::warn!(session = %self.id, seq = st.next_seq, "the session was read back from the log after a failed commit");
-        if st.tail.last().is_none_or(|e| e.turn_id != turn_id)
+        if st.out.tail.last().is_none_or(|e| e.turn_id != turn_id)
             || self
                 .close_open_locked(st, store, FailReason::InternalError, why)
                 .is_none()
@@ -252,9 +211,9 @@ impl Session {
         reason: FailReason,
         why: &str,
     ) -> Option<String> {
-        let last = st.tail.last().filter(|e| !e.body.is_terminal())?;
+        let last = st.out.tail.last().filter(|e| !e.body.is_terminal())?;
         let turn_id = last.turn_id.clone();
-        for call in open_calls(&st.tail, &turn_id) {
+        for call in open_calls(&st.out.tail, &turn_id) {
             let result = EventBody::ToolResult {
                 tool_use_id: call,
                 content: "Cancelled.".into(),
@@ -304,7 +263,7 @@ impl Session {
             return None;
         }
         // Deltas gathered so far go out before any other event.
-        self.flush_deltas(st);
+        st.out.flush_deltas();
         st.next_seq += 1;
         let ev = Arc::new(Event::new(
             st.next_seq,
@@ -318,14 +277,8 @@ impl Session {
         if starts_run(&ev.body) {
             st.run_start = ev.seq;
         }
-        st.held.push((ticket, ev.clone()));
+        st.out.held.push((ticket, ev.clone()));
         Some(ev)
-    }
-
-    /// Whether the session has live subscribers.
-    pub(crate) fn watched(&self) -> bool {
-        let st = self.lock();
-        st.feed.as_ref().is_some_and(|tx| tx.receiver_count() > 0)
     }
 
     /// Publish, in order, the held events the store has committed; returns them.
@@ -334,107 +287,29 @@ impl Session {
         self.publish_durable_locked(&mut st, store)
     }
 
+    /// [`Session::publish_durable`] with the session's lock held.
     pub(crate) fn publish_durable_locked(&self, st: &mut State, store: &Store) -> Vec<Arc<Event>> {
-        let committed = store.committed();
-        let n = st.held.iter().take_while(|(t, _)| *t <= committed).count();
-        let mut out = Vec::with_capacity(n);
-        let held: Vec<_> = st.held.drain(..n).collect();
-        for (ticket, ev) in held {
-            if store.failed(ticket) {
-                // Not in the log: nobody sees it.
-                st.diverged = true;
-                continue;
-            }
-            if matches!(ev.body, EventBody::UserMessage { .. }) {
-                st.tail.clear();
-            }
-            st.tail.push(ev.clone());
-            st.send(Feed::Event(ev.clone()));
-            out.push(ev);
-        }
-        out
+        st.out.publish_durable(store, &mut st.diverged)
     }
 
-    /// Add a streamed fragment to the turn's coalescer, pushing a delta at every 200 characters.
-    /// Returns whether the buffer now waits on its 50 ms deadline (someone must push it then:
-    /// see [`Session::flush_due`]). Without live subscribers there is nobody to coalesce for.
+    /// Whether the session has live subscribers.
+    pub(crate) fn watched(&self) -> bool {
+        self.lock().out.watched()
+    }
+
+    /// Add a streamed fragment to the turn's coalescer (see [`Outbox::push_fragment`]).
     pub(crate) fn push_fragment(
         &self,
         turn_id: &Arc<str>,
         kind: DeltaKind,
         fragment: &str,
     ) -> bool {
-        let mut st = self.lock();
-        if st.feed.is_none() {
-            st.coalescer = None;
-            return false;
-        }
-        if st
-            .coalescer
-            .as_ref()
-            .is_some_and(|c| c.kind != kind || c.turn_id != *turn_id)
-        {
-            self.flush_deltas(&mut st);
-        }
-        let c = st.coalescer.get_or_insert_with(|| Coalescer {
-            turn_id: turn_id.clone(),
-            kind,
-            buf: String::new(),
-            chars: 0,
-            deadline: None,
-        });
-        c.kind = kind;
-        let mut full = Vec::new();
-        for ch in fragment.chars() {
-            c.buf.push(ch);
-            c.chars += 1;
-            if c.chars == DELTA_CHARS {
-                full.push(std::mem::take(&mut c.buf));
-                c.chars = 0;
-                c.deadline = None;
-            }
-        }
-        if !c.buf.is_empty() && c.deadline.is_none() {
-            c.deadline = Some(tokio::time::Instant::now() + DELTA_WAIT);
-        }
-        let turn_id = c.turn_id.clone();
-        let waits = c.deadline.is_some();
-        for text in full {
-            st.send(Feed::Delta {
-                turn_id: turn_id.clone(),
-                kind,
-                text: text.into(),
-            });
-        }
-        waits
+        self.lock().out.push_fragment(turn_id, kind, fragment)
     }
 
-    /// Push what the coalescer holds (called before every stored event, and by the timer).
-    pub(crate) fn flush_deltas(&self, st: &mut State) {
-        if let Some(c) = st.coalescer.as_mut() {
-            c.deadline = None;
-            c.chars = 0;
-            if !c.buf.is_empty() {
-                let item = Feed::Delta {
-                    turn_id: c.turn_id.clone(),
-                    kind: c.kind,
-                    text: std::mem::take(&mut c.buf).into(),
-                };
-                st.send(item);
-            }
-        }
-    }
-
-    /// Push the buffer if its 50 ms are up; when the next push is due otherwise.
+    /// Push the coalesced deltas if their 50 ms are up; when the next push is due otherwise.
     pub(crate) fn flush_due(&self) -> Option<tokio::time::Instant> {
-        let mut st = self.lock();
-        let deadline = st.coalescer.as_ref().and_then(|c| c.deadline)?;
-        if deadline <= tokio::time::Instant::now() {
-            self.flush_deltas(&mut st);
-            None
-        } else {
-            Some(deadline)
-        }
+        self.lock().out.flush_due()
     }
 
     /// The adapter's value of type `T` for this session, made on first use. Adapters keep
@@ -471,22 +346,15 @@ impl Session {
         let mut st = self.lock();
         if st.deleted {
             // A closed feed: the subscriber ends at once.
-            return (st.tail.clone(), broadcast::channel(1).1);
+            return (st.out.tail.clone(), broadcast::channel(1).1);
         }
-        let rx = match &st.feed {
-            Some(tx) => tx.subscribe(),
-            None => {
-                let (tx, rx) = broadcast::channel(FEED_CAPACITY);
-                st.feed = Some(tx);
-                rx
-            }
-        };
-        (st.tail.clone(), rx)
+        let rx = st.out.subscribe();
+        (st.out.tail.clone(), rx)
     }
 
     /// The events of the current (or last) turn.
     pub fn tail(&self) -> Vec<Arc<Event>> {
-        self.lock().tail.clone()
+        self.lock().out.tail.clone()
     }
 
     pub fn record(&self) -> Arc<SessionRecord> {

@@ -5,6 +5,7 @@
 //! coalescer of deltas, the live feed) is in `outbox.rs`.
 
 pub(crate) mod channel;
+pub(crate) mod outbox;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,9 +14,10 @@ use crate::log::Event;
 use crate::sync::lock;
 use crate::upstream::DeltaSink;
 
-use super::session::{Session, DELTA_WAIT};
+use super::session::Session;
 use super::types::DeltaKind;
 use channel::WatcherSink;
+use outbox::DELTA_WAIT;
 
 /// Hand published events to the turn's watcher, if it has one.
 pub(crate) fn to_watcher(sink: Option<&WatcherSink>, events: Vec<Arc<Event>>) {

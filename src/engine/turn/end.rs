@@ -203,7 +203,7 @@ impl Turn {
             {
                 st.running = None;
             }
-            st.coalescer = None;
+            st.out.coalescer = None;
             if self.proposed && !completed {
                 // A plan whose turn did not complete waits for nothing.
                 st.plan = None;
