@@ -7,6 +7,7 @@
 //!   run tools or answer permissions) and render the events a turn sends to its sink, or
 //!   subscribe to a session's live feed with [`Session::subscribe`].
 
+mod answers;
 pub mod approvals;
 pub mod catalog;
 pub mod context;
@@ -19,6 +20,7 @@ mod job;
 pub mod oversize;
 mod record;
 mod registry;
+mod replay;
 pub mod session;
 mod settings;
 mod shared;

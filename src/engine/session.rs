@@ -13,20 +13,13 @@ use tokio::sync::broadcast;
 use super::delivery::outbox::Outbox;
 use super::history::Projector;
 use super::job::{Job, TurnControl};
-use super::record::{Pending, PendingKind, PlanDecision, SessionRecord};
+use super::record::{Pending, SessionRecord};
+use super::replay::{open_calls, starts_run, LogCopy, Logged, PlanWait};
 use super::types::{DeltaKind, Feed};
-use crate::log::{Event, EventBody, FailReason, StopReason, Store};
+use crate::log::{Event, EventBody, FailReason, Store};
 use crate::message::Message;
 use crate::sync::lock;
 use crate::{clock, ids};
-
-/// A proposed plan waiting for the client's decision (runs API plan mode): the plan turn has
-/// ended (or is ending) with it, and the decision starts the next turn. Rebuilt from the log
-/// (a turn that completed with a plan as its last message) after a restart.
-#[derive(Debug)]
-pub(crate) struct PlanWait {
-    pub plan: String,
-}
 
 pub(crate) struct State {
     /// Shared with readers (a turn reads it at every step); replaced, never changed in place.
@@ -397,92 +390,6 @@ impl Session {
     }
 }
 
-/// The tool uses of `turn_id` among `events` that have no result.
-fn open_calls(events: &[Arc<Event>], turn_id: &str) -> Vec<String> {
-    let mut open = Vec::new();
-    for ev in events.iter().filter(|e| e.turn_id == turn_id) {
-        match &ev.body {
-            EventBody::ToolUse { tool_use_id, .. } => open.push(tool_use_id.clone()),
-            EventBody::ToolResult { tool_use_id, .. } => open.retain(|i| i != tool_use_id),
-            _ => {}
-        }
-    }
-    open
-}
-
-/// A session's row and events as read from the log.
-pub(crate) struct LogCopy {
-    row: Option<crate::log::SessionRow>,
-    events: Vec<Event>,
-}
-
-/// What a session's log gives its state in memory.
-struct Logged {
-    history: Projector,
-    next_seq: u64,
-    /// The last turn's events.
-    tail: Vec<Arc<Event>>,
-    pending: Vec<Pending>,
-    plan: Option<PlanWait>,
-    run_start: u64,
-}
-
-/// Whether an event starts a run (a `user.message` that is not a plan decision).
-fn starts_run(body: &EventBody) -> bool {
-    matches!(body, EventBody::UserMessage { content, .. } if PlanDecision::of_content(content).is_none())
-}
-
-/// The plan a turn ended on: its last message, when it is a plan and the turn completed.
-fn waiting_plan(turn: &[Arc<Event>]) -> Option<PlanWait> {
-    if !matches!(
-        turn.last().map(|e| &e.body),
-        Some(EventBody::TurnCompleted { .. })
-    ) {
-        return None;
-    }
-    turn.iter().rev().find_map(|e| match &e.body {
-        EventBody::AgentMessage {
-            content,
-            plan,
-            compaction: false,
-            ..
-        } if !content.is_empty() => Some(plan.then(|| PlanWait {
-            plan: content.clone(),
-        })),
-        _ => None,
-    })?
-}
-
-impl Logged {
-    fn read(record: &SessionRecord, events: Vec<Event>) -> Logged {
-        let mut history = Projector::with_seed(&record.seed);
-        let mut next_seq = 0;
-        let mut tail: Vec<Arc<Event>> = Vec::new();
-        let mut run_start = 0;
-        for ev in events {
-            history.apply_event(&ev);
-            next_seq = ev.seq;
-            if starts_run(&ev.body) {
-                run_start = ev.seq;
-            }
-            if matches!(ev.body, EventBody::UserMessage { .. }) {
-                tail.clear();
-            }
-            tail.push(Arc::new(ev));
-        }
-        let pending = pending_calls(&tail, record);
-        let plan = waiting_plan(&tail);
-        Logged {
-            history,
-            next_seq,
-            tail,
-            pending,
-            plan,
-            run_start,
-        }
-    }
-}
-
 /// The turns still waiting behind the running one (a cancelled one waits only to be logged).
 pub(crate) fn live_queue(st: &State) -> Vec<String> {
     st.queue
@@ -490,44 +397,4 @@ pub(crate) fn live_queue(st: &State) -> Vec<String> {
         .filter(|q| !q.control.token.is_cancelled())
         .map(|q| q.control.turn_id.clone())
         .collect()
-}
-
-/// The calls a turn stopped on: its `agent.tool_use`s without a result, when it completed with
-/// `stop_reason: tool_use`.
-fn pending_calls(turn: &[Arc<Event>], record: &SessionRecord) -> Vec<Pending> {
-    let stopped_on_tools = matches!(
-        turn.last().map(|e| &e.body),
-        Some(EventBody::TurnCompleted {
-            stop_reason: StopReason::ToolUse,
-            ..
-        })
-    );
-    if !stopped_on_tools {
-        return Vec::new();
-    }
-    let mut out: Vec<Pending> = Vec::new();
-    for ev in turn {
-        match &ev.body {
-            EventBody::ToolUse {
-                tool_use_id,
-                name,
-                input,
-            } => out.push(Pending {
-                call_id: tool_use_id.clone(),
-                name: name.clone(),
-                input: input.clone(),
-                kind: if record.client_tools.iter().any(|t| &t.name == name) {
-                    PendingKind::Client
-                } else {
-                    PendingKind::Permission
-                },
-                asked_at: ev.created_at.clone(),
-                expires_at: None,
-                expired: false,
-            }),
-            EventBody::ToolResult { tool_use_id, .. } => out.retain(|p| &p.call_id != tool_use_id),
-            _ => {}
-        }
-    }
-    out
 }

@@ -139,7 +139,7 @@ impl Engine {
             Vec::new()
         } else {
             let history = &st.history;
-            approvals::check_answers(&st.pending, &req.input, &|| history.messages())?
+            super::answers::check_answers(&st.pending, &req.input, &|| history.messages())?
         };
         Ok((answering, self.place(st)?))
     }

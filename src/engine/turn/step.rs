@@ -254,7 +254,7 @@ impl Turn {
         }
         // The plan waits before anyone can see it, so a client that answers `plan_proposed`
         // at once finds it (its decision's turn then queues behind the end of this one).
-        self.session.lock().plan = Some(crate::engine::session::PlanWait {
+        self.session.lock().plan = Some(crate::engine::replay::PlanWait {
             plan: out.text.clone(),
         });
         self.proposed = true;
