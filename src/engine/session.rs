@@ -49,8 +49,7 @@ pub(crate) struct State {
 impl State {
     /// Whether the session holds nothing that is not in the log: no turn running or queued, no
     /// live subscriber, every event and record write committed (a plan waiting for approval is
-    /// read back from the log). Such a
-    /// session can be dropped from memory and read back from the log as it is.
+    /// read back from the log). Such a session can be dropped from memory and read back as is.
     pub fn at_rest(&self, committed: u64) -> bool {
         self.running.is_none()
             && self.queue.is_empty()

@@ -80,13 +80,7 @@ impl Engine {
         };
         drop(st);
         if changed {
-            self.persist(session);
-            // A turn that runs now commits it with its first events; a queued one may wait.
-            if run_now.is_none() {
-                if let Err(e) = self.inner.store.commit() {
-                    tracing::error!(session = %session.id, error = %e, "the session's new settings could not be stored");
-                }
-            }
+            self.store_settings(session, run_now.is_none());
         }
         let running = (drive && run_now.is_some()).then(|| self.inner.tracker.token());
         let driven = match run_now {
@@ -105,6 +99,17 @@ impl Engine {
             session.clone(),
             parts,
         ))
+    }
+
+    /// Write the session's new settings: committed now for a `queued` turn (one that runs now
+    /// commits them with its first events).
+    fn store_settings(&self, session: &Session, queued: bool) {
+        self.persist(session);
+        if queued {
+            if let Err(e) = self.inner.store.commit() {
+                tracing::error!(session = %session.id, error = %e, "the session's new settings could not be stored");
+            }
+        }
     }
 
     /// Whether the session can take the order now (with its lock held): it exists, is not busy
