@@ -5,7 +5,7 @@
 
 use crate::config::{AgentConfig, Verdict};
 use crate::engine::record::SessionRecord;
-use crate::engine::Client;
+use crate::engine::types::Client;
 use crate::message::ToolSpec;
 use crate::tools::ServerTool;
 use crate::upstream::ToolDef;

@@ -1,4 +1,4 @@
-//! Turns run by the task that watches them (see [`super::Runner::Watcher`]), and the sweeper
+//! Turns run by the task that watches them (see [`Runner::Watcher`](super::types::Runner::Watcher)), and the sweeper
 //! that moves a stalled one to a task of its own.
 //!
 //! A watcher that runs its turn saves a hand-off between tasks at every step: what the

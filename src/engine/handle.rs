@@ -27,7 +27,7 @@ pub struct TurnHandle {
     session: Arc<Session>,
     /// The turn's terminal event has been returned (read from the log).
     done: bool,
-    /// The turn itself, when its watcher runs it (see [`Runner::Watcher`](super::Runner::Watcher)).
+    /// The turn itself, when its watcher runs it (see [`Runner::Watcher`](super::types::Runner::Watcher)).
     driven: Option<Driven>,
     /// Counts a driven turn among the running ones until everything it sent is read, so that a
     /// shutdown waits for its watcher to have its terminal event.

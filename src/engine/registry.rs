@@ -1,5 +1,6 @@
 //! The registry of sessions: loaded from the log on first use, cached in memory (the least
-//! recently used dropped past `[server] session_cache`), listed, and deleted.
+//! recently used dropped past `[server] session_cache`), counted per key (`[limits]
+//! sessions_per_key`), listed, and deleted.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -19,7 +20,45 @@ use crate::sync::lock;
 /// Sessions per page of `list_sessions`.
 pub const PAGE_SIZE: usize = 50;
 
+/// `Retry-After` (seconds) of a key at its session quota: it must delete sessions first.
+const SESSIONS_RETRY_AFTER: u64 = 60;
 impl Engine {
+    /// Count a new session of `owner` against `[limits] sessions_per_key` (429 past it). The
+    /// count is read from the store on the owner's first new session, then kept in memory.
+    pub(crate) async fn count_session(
+        &self,
+        owner: &Option<String>,
+    ) -> Result<Counted, EngineError> {
+        if !lock(&self.inner.owned).contains_key(owner) {
+            let n = self.inner.store.count_sessions(owner.clone()).await?;
+            // A create that raced this one made the entry first: its count stands (it was
+            // read before that create stored its session).
+            lock(&self.inner.owned).entry(owner.clone()).or_insert(n);
+        }
+        let limit = self.inner.config.limits.sessions_per_key;
+        let mut owned = lock(&self.inner.owned);
+        let n = owned.entry(owner.clone()).or_insert(0);
+        if *n >= limit {
+            return Err(EngineError::OverLimit {
+                kind: "too_many_sessions",
+                message: format!(
+                    "this key already has {n} sessions (limit: [limits] sessions_per_key in tools.toml); delete sessions it no longer needs (DELETE /sessions/{{id}})"
+                ),
+                server_wide: false,
+                retry_after: SESSIONS_RETRY_AFTER,
+            });
+        }
+        *n += 1;
+        Ok(Counted(Some(owner.clone())))
+    }
+
+    /// A session of `owner` is gone.
+    pub(crate) fn uncount_session(&self, owner: &Option<String>) {
+        if let Some(n) = lock(&self.inner.owned).get_mut(owner) {
+            *n = n.saturating_sub(1);
+        }
+    }
+
     /// A session in memory, loaded from the store on first use.
     pub(crate) async fn load(&self, id: &str) -> Result<Option<Arc<Session>>, EngineError> {
         if let Some(s) = self.cached(id) {
@@ -324,5 +363,16 @@ fn view_parts(session: &Session, with_seed: bool) -> SessionView {
         pending: st.pending.clone(),
         queued: session::live_queue(&st),
         pending_plan: st.plan.as_ref().map(|p| p.plan.clone()),
+    }
+}
+
+/// A new session counted against its owner's quota; [`Counted::release`] if it is not made.
+pub(crate) struct Counted(Option<Option<String>>);
+
+impl Counted {
+    pub(crate) fn release(&mut self, engine: &Engine) {
+        if let Some(owner) = self.0.take() {
+            engine.uncount_session(&owner);
+        }
     }
 }

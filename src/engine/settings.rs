@@ -1,5 +1,5 @@
-//! A session's settings: made with the session (counted against its key's quota), changed by a
-//! turn's update, and validated against the agent either way; written to the sessions table.
+//! A session's settings: made with the session, changed by a turn's update, and validated
+//! against the agent either way; written to the sessions table.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -13,11 +13,8 @@ use super::types::{EngineError, NewSession, SessionUpdate, SessionView};
 use crate::config::{AgentConfig, Config};
 use crate::log::SessionRow;
 use crate::message::Message;
-use crate::sync::lock;
 use crate::{clock, ids};
 
-/// `Retry-After` (seconds) of a key at its session quota: it must delete sessions first.
-const SESSIONS_RETRY_AFTER: u64 = 60;
 impl Engine {
     /// Create a session. It does not run the agent.
     pub async fn create_session(
@@ -96,39 +93,6 @@ impl Engine {
         }
         let session = self.cache(&id, session);
         Ok(view(&session))
-    }
-
-    /// Count a new session of `owner` against `[limits] sessions_per_key` (429 past it). The
-    /// count is read from the store on the owner's first new session, then kept in memory.
-    async fn count_session(&self, owner: &Option<String>) -> Result<Counted, EngineError> {
-        if !lock(&self.inner.owned).contains_key(owner) {
-            let n = self.inner.store.count_sessions(owner.clone()).await?;
-            // A create that raced this one made the entry first: its count stands (it was
-            // read before that create stored its session).
-            lock(&self.inner.owned).entry(owner.clone()).or_insert(n);
-        }
-        let limit = self.inner.config.limits.sessions_per_key;
-        let mut owned = lock(&self.inner.owned);
-        let n = owned.entry(owner.clone()).or_insert(0);
-        if *n >= limit {
-            return Err(EngineError::OverLimit {
-                kind: "too_many_sessions",
-                message: format!(
-                    "this key already has {n} sessions (limit: [limits] sessions_per_key in tools.toml); delete sessions it no longer needs (DELETE /sessions/{{id}})"
-                ),
-                server_wide: false,
-                retry_after: SESSIONS_RETRY_AFTER,
-            });
-        }
-        *n += 1;
-        Ok(Counted(Some(owner.clone())))
-    }
-
-    /// A session of `owner` is gone.
-    pub(crate) fn uncount_session(&self, owner: &Option<String>) {
-        if let Some(n) = lock(&self.inner.owned).get_mut(owner) {
-            *n = n.saturating_sub(1);
-        }
     }
 
     pub(crate) fn persist(&self, session: &Session) {
@@ -213,17 +177,6 @@ impl Engine {
             record.client_tools = client_tools;
         }
         Ok(())
-    }
-}
-
-/// A new session counted against its owner's quota; [`Counted::release`] if it is not made.
-struct Counted(Option<Option<String>>);
-
-impl Counted {
-    fn release(&mut self, engine: &Engine) {
-        if let Some(owner) = self.0.take() {
-            engine.uncount_session(&owner);
-        }
     }
 }
 

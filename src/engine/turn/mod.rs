@@ -1,7 +1,7 @@
 //! One turn: the loop of model calls and tool calls, from `user.message` to its terminal event.
 //!
 //! A turn runs on a task of its own: one spawned for it, or the task of the request that started
-//! it, which then runs it as it reads what it sends ([`super::Runner::Watcher`]) and hands it
+//! it, which then runs it as it reads what it sends ([`Runner::Watcher`](super::types::Runner::Watcher)) and hands it
 //! to a spawned task if it stops reading. Whoever started it only watches (through an optional
 //! sink), so a client that goes away never cancels it. Every exit path ends in exactly one
 //! terminal event, and every `agent.tool_use` gets exactly one `agent.tool_result` (a tool cut
@@ -138,7 +138,7 @@ pub(crate) fn spawn(inner: &Arc<Inner>, session: Arc<Session>, job: Job) {
         .spawn(tracing::Instrument::instrument(turn, span));
 }
 
-/// `job` for its watcher to run (see [`Runner::Watcher`](crate::engine::Runner::Watcher)).
+/// `job` for its watcher to run (see [`Runner::Watcher`](crate::engine::types::Runner::Watcher)).
 pub(crate) fn drive(inner: &Arc<Inner>, session: Arc<Session>, job: Job) -> Driven {
     crate::metrics::inc(&crate::metrics::TURNS_STARTED);
     let span = span(&session, &job);

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use super::{user_message, End, Turn, NOT_ANSWERED};
 use crate::engine::catalog::{Catalog, Route};
 use crate::engine::record::{Pending, PendingKind};
-use crate::engine::TurnInput;
+use crate::engine::types::TurnInput;
 use crate::log::{EventBody, FailReason, StopReason};
 use crate::message::Message;
 use crate::metrics::NotRun;

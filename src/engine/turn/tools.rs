@@ -7,7 +7,7 @@ use futures_util::StreamExt;
 
 use super::{End, Turn};
 use crate::engine::record::Pending;
-use crate::engine::{ClientResult, Permission};
+use crate::engine::types::{ClientResult, Permission};
 use crate::message::ToolCall;
 use crate::metrics::NotRun;
 use crate::tools::{CallContext, ToolOutput};
