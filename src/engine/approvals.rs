@@ -13,7 +13,7 @@
 //!   When other calls are still open (a client tool's result), the expired ones are marked and
 //!   denied at the start of the follow-up, which need not answer them.
 //! - **Binding.** When a turn pauses on a server call, the session's record keeps the call's
-//!   server, tool, argument digest and the verdict and rule that asked ([`AskedCall`]). A grant
+//!   server, tool, argument digest and the verdict and rule that asked (`AskedCall`). A grant
 //!   runs the call only if it is still that call under a policy that allows it: a policy that
 //!   now denies it turns the grant into a denial (`Tool call denied: the policy now denies <tool>
 //!   (rule <rule>)`); one that now trusts or asks lets the grant apply, and the server's log says

@@ -3,9 +3,30 @@
 //!
 //! Seams for the next pieces:
 //! - server tools plug in behind [`crate::tools::ToolHost`] (MCP federation, `deliver_file`);
-//! - other APIs start turns with [`Engine::start_turn`] (`Client::Absent` where no client can
-//!   run tools or answer permissions) and render the events a turn sends to its sink, or
-//!   subscribe to a session's live feed with [`Session::subscribe`].
+//! - other APIs start turns with [`Engine::start_turn`] and a [`TurnOrder`] whose [`Delivery`]
+//!   says what its watcher needs ([`Client::Absent`] where no client can run tools or answer
+//!   permissions), and render the events a turn sends to its handle, or subscribe to a
+//!   session's live feed with [`Session::subscribe`].
+//!
+//! Where things are (each file one idea; arrows run down this list, never up):
+//! - `types.rs`, `record.rs`: the public types; what a session keeps besides its events.
+//! - `context.rs`, `oversize.rs`, `catalog.rs`: pure parts (context window, oversized tool
+//!   results, which tools a session has and where a call goes).
+//! - `history/`: the log folded into the conversation the model and the APIs see.
+//! - `delivery/`: events and fragments on their way to watchers and subscribers (`outbox.rs`:
+//!   publish order and delta coalescing; `channel.rs`: a turn's bounded channel; `mod.rs`: a
+//!   model call's fragments held behind the events before them).
+//! - `job.rs`: a turn as ordered (its job, control, running slot). `replay.rs`: a session's
+//!   state read from its log. `session.rs`: a session in memory and the one place events are
+//!   appended.
+//! - `shared.rs`: the engine handle and what sessions and turns share. `driven.rs`: turns their
+//!   watcher runs. `approvals.rs`, `answers.rs`: permission expiry and binding; which answers a
+//!   follow-up may give.
+//! - `turn/`: the turn loop (`step.rs`), the model call (`model.rs`), compaction, server tool
+//!   calls, attachments, and the end of a turn (`end.rs`).
+//! - `registry.rs` (load, cache, count, list, delete sessions), `settings.rs` (create a
+//!   session, validate its settings), `start.rs` (start, queue, cancel turns; plan decisions),
+//!   `handle.rs` (a started turn as its watcher reads it), `follow.rs` (reading a session's log).
 
 mod answers;
 pub mod approvals;

@@ -3,7 +3,7 @@
 //! All state of a session sits behind one mutex that is never held across an await. Appending an
 //! event assigns its sequence number and id, queues it for the store and folds it into the
 //! history projection, under that lock, so the log and the projection see one order. An event
-//! is published to live subscribers only once it is durable ([`Session::publish_durable`], after
+//! is published to live subscribers only once it is durable (`Session::publish_durable`, after
 //! a [`Store::flush`]): nobody ever sees an event that a crash could take back.
 
 use std::sync::{Arc, Mutex, MutexGuard};
