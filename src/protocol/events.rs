@@ -8,10 +8,22 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::engine::follow::Follow;
-use crate::engine::{Feed, TurnInput, TurnRequest};
+use crate::engine::{DeltaKind, Feed, TurnInput, TurnOrder};
 use crate::http::{body, json_response, query_param, sse, ApiError, Request, Response};
 use crate::message::Content;
 use crate::protocol::context::{App, Caller};
+
+/// Where a client can attend a turn (run client tools, answer permissions): named in the error
+/// result of such a call in a turn started here, which no client attends.
+const ATTEND_AT: &str = "POST /sessions/{id}/turns";
+
+/// The spec 003 event type of a delta of this kind.
+fn delta_type(kind: DeltaKind) -> &'static str {
+    match kind {
+        DeltaKind::Message => "agent.message.delta",
+        DeltaKind::Thinking => "agent.thinking.delta",
+    }
+}
 
 /// Events per page of `events/history` by default, and at most.
 const DEFAULT_LIMIT: usize = 100;
@@ -92,11 +104,14 @@ pub async fn send_message(
         files.iter().map(|f| workspace.join(&f.filename)).collect();
     let started = app.engine.start_turn(
         &session,
-        TurnRequest::unattended(TurnInput::User {
-            content: serde_json::to_value(&msg.content).unwrap_or(Value::Null),
-            files,
-            skills: msg.skills,
-        }),
+        TurnOrder::unattended(
+            TurnInput::User {
+                content: serde_json::to_value(&msg.content).unwrap_or(Value::Null),
+                files,
+                skills: msg.skills,
+            },
+            ATTEND_AT,
+        ),
     );
     let handle = match started {
         Ok(h) => h,
@@ -193,8 +208,8 @@ pub async fn stream(
                     text,
                 } => {
                     let data =
-                        json!({"type": kind.type_name(), "turn_id": &*turn_id, "content": &*text});
-                    sse::format_event(kind.type_name(), &data.to_string(), None)
+                        json!({"type": delta_type(kind), "turn_id": &*turn_id, "content": &*text});
+                    sse::format_event(delta_type(kind), &data.to_string(), None)
                 }
                 Feed::Fragment { .. } => continue,
             };
