@@ -110,31 +110,23 @@ impl Projector {
     /// last compaction's summary, the messages after it), with attachments given by `inline`
     /// when it is set. Without a compaction, the full history.
     pub fn compacted(&self, inline: Option<&Inline<'_>>) -> Vec<Message> {
-        let full;
-        let all = match inline {
-            Some(inline) => {
-                full = self.messages_inlined(inline);
-                &full[..]
-            }
-            None if self.summary.is_none() => return self.messages(),
-            None => {
-                full = self.messages();
-                &full[..]
-            }
+        // Built once and moved, never cloned: this runs before every model call.
+        let mut all = match inline {
+            Some(inline) => self.messages_inlined(inline),
+            None => self.messages(),
         };
         let Some((summary, from)) = &self.summary else {
-            return all.to_vec();
+            return all;
         };
-        let from = (*from).min(all.len());
-        let mut out: Vec<Message> = all[..from]
-            .iter()
+        let rest = all.split_off((*from).min(all.len()));
+        let mut out: Vec<Message> = all
+            .into_iter()
             .filter(|m| matches!(m, Message::System { .. }))
-            .cloned()
             .collect();
         out.push(Message::User {
             content: Content::Text(format!("{}{summary}", super::context::SUMMARY_INTRO)),
         });
-        out.extend_from_slice(&all[from..]);
+        out.extend(rest);
         out
     }
 
