@@ -67,27 +67,7 @@ pub async fn send_message(
             ));
         }
     }
-    // A repeated id is one attachment, copied once.
-    let mut seen = std::collections::HashSet::new();
-    let ids: Vec<&String> = msg.files.iter().filter(|id| seen.insert(*id)).collect();
-    let max = app.engine.config().limits.files_per_message;
-    if ids.len() > max {
-        return Err(ApiError::bad_request(format!(
-            "this message names {} files (limit: [limits] files_per_message in tools.toml, {max}); send fewer, or in several messages",
-            ids.len()
-        )));
-    }
-    // Every file is checked before any is copied: a refused message leaves the workspace as it was.
-    let mut rows = Vec::with_capacity(ids.len());
-    for id in ids {
-        let row = app.files.get(caller.owner.as_deref(), id).await;
-        rows.push(row.map_err(|e| match e {
-            crate::files::FileError::NotFound(_) => ApiError::not_found(format!(
-                "files names {id}, which is not a file of yours: upload it with POST /files first"
-            )),
-            e => e.into(),
-        })?);
-    }
+    let rows = attachments(app, caller, &msg.files).await?;
     // Attached files are copied into the session's workspace, so tools can use them too.
     let workspace = app.engine.workspace(&session.id);
     let names = app.files.copy_all_into(&rows, &workspace).await?;
@@ -126,6 +106,36 @@ pub async fn send_message(
         StatusCode::ACCEPTED,
         &json!({ "turn_id": handle.turn_id }),
     ))
+}
+
+/// The files a message names, each once, all checked before any is copied: a refused message
+/// leaves the workspace as it was.
+async fn attachments(
+    app: &App,
+    caller: &Caller,
+    named: &[String],
+) -> Result<Vec<crate::log::FileRow>, ApiError> {
+    // A repeated id is one attachment, copied once.
+    let mut seen = std::collections::HashSet::new();
+    let ids: Vec<&String> = named.iter().filter(|id| seen.insert(*id)).collect();
+    let max = app.engine.config().limits.files_per_message;
+    if ids.len() > max {
+        return Err(ApiError::bad_request(format!(
+            "this message names {} files (limit: [limits] files_per_message in tools.toml, {max}); send fewer, or in several messages",
+            ids.len()
+        )));
+    }
+    let mut rows = Vec::with_capacity(ids.len());
+    for id in ids {
+        let row = app.files.get(caller.owner.as_deref(), id).await;
+        rows.push(row.map_err(|e| match e {
+            crate::files::FileError::NotFound(_) => ApiError::not_found(format!(
+                "files names {id}, which is not a file of yours: upload it with POST /files first"
+            )),
+            e => e.into(),
+        })?);
+    }
+    Ok(rows)
 }
 
 /// `GET /sessions/{id}/events/history?after=&limit=`.
