@@ -205,6 +205,9 @@ impl Engine {
                     stopped.push(r.turn_id.clone());
                 }
             }
+            if turn_id.is_none() && st.running.is_none() && st.plan.take().is_some() {
+                stopped.push(self.interrupt_plan(session, &mut st));
+            }
             // Nothing running: cancelled queued turns are logged right away.
             turn::next_queued(session, &mut st, &self.inner.store)
         };
@@ -212,6 +215,23 @@ impl Engine {
             turn::spawn(&self.inner, session.clone(), job);
         }
         stopped
+    }
+
+    /// Ends the wait of a plan when everything is cancelled (the runs API's interrupt): the
+    /// run's last turn is a rejection of the plan, cancelled before it started, so the log, the
+    /// run stream (`done`) and a restart all show that the run ended there. Its turn id.
+    fn interrupt_plan(&self, session: &Session, st: &mut State) -> String {
+        let turn_id = crate::ids::new("turn");
+        let decision = PlanDecision::Reject {
+            reason: Some("Interrupted: the run was stopped.".into()),
+        };
+        let input = TurnInput::User {
+            content: serde_json::Value::Array(vec![decision.block()]),
+            files: vec![],
+            skills: vec![],
+        };
+        turn::log_unstarted(session, st, &self.inner.store, &turn_id, &input);
+        turn_id
     }
 
     /// Confirm or reject the plan a run waits on (409 when none waits): the decision starts a

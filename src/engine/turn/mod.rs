@@ -276,6 +276,32 @@ impl Turn {
     }
 }
 
+/// Logs a turn cancelled before it started (with the session's lock held): its `user.message`
+/// then `turn.cancelled` with no usage. It never reaches the model. The events published.
+pub(crate) fn log_unstarted(
+    session: &Session,
+    st: &mut State,
+    store: &crate::log::Store,
+    turn_id: &str,
+    input: &TurnInput,
+) -> Vec<Arc<Event>> {
+    for body in [
+        user_message(input),
+        EventBody::TurnCancelled { usage: None },
+    ] {
+        session.append_locked(st, store, turn_id, body);
+    }
+    // Rare enough to commit here, under the session's lock, so that the events are published
+    // in their place.
+    if let Err(e) = store.commit() {
+        tracing::error!(turn = %turn_id, error = %e, "a turn cancelled before it started could not be logged");
+    }
+    // `st` is the session's state under its lock: read the agent from it, not through
+    // `session.record()` (which takes the lock again).
+    crate::metrics::turns(&st.record.agent).ended(crate::metrics::TurnOutcome::Cancelled, None);
+    session.publish_durable_locked(st, store)
+}
+
 /// Take the next queued turn for the session (with its lock held). Queued turns cancelled
 /// while they waited are logged now, `user.message` then `turn.cancelled` with no usage, and
 /// never reach the model.
@@ -289,23 +315,8 @@ pub(crate) fn next_queued(
     }
     while let Some(q) = st.queue.pop_front() {
         if q.control.token.is_cancelled() {
-            let turn_id = q.control.turn_id.clone();
-            for body in [
-                user_message(&q.input),
-                EventBody::TurnCancelled { usage: None },
-            ] {
-                session.append_locked(st, store, &turn_id, body);
-            }
-            // Rare enough to commit here, under the session's lock, so that the events are
-            // published in their place.
-            if let Err(e) = store.commit() {
-                tracing::error!(turn = %turn_id, error = %e, "a cancelled queued turn could not be logged");
-            }
-            to_watcher(q.sink.as_ref(), session.publish_durable_locked(st, store));
-            // `st` is the session's state under its lock: read the agent from it, not through
-            // `session.record()` (which takes the lock again).
-            crate::metrics::turns(&st.record.agent)
-                .ended(crate::metrics::TurnOutcome::Cancelled, None);
+            let published = log_unstarted(session, st, store, &q.control.turn_id, &q.input);
+            to_watcher(q.sink.as_ref(), published);
             continue;
         }
         st.running = Some(q.control.clone());
