@@ -232,7 +232,16 @@ impl ExampleServer {
             _ = tokio::time::sleep(Duration::from_millis(args.ms)) => {
                 text_result(format!("slept {} ms", args.ms))
             }
-            _ = context.ct.cancelled() => error_result("cancelled"),
+            _ = context.ct.cancelled() => {
+                // Tell the watcher the cancellation arrived (tests of cancellation relays).
+                if let Some(addr) = &args.notify {
+                    use tokio::io::AsyncWriteExt;
+                    if let Ok(mut conn) = tokio::net::TcpStream::connect(addr.as_str()).await {
+                        let _ = conn.write_all(b"cancelled\n").await;
+                    }
+                }
+                error_result("cancelled")
+            }
         }
     }
 

@@ -217,6 +217,9 @@ pub async fn start_with(
         Some(t) => t,
         None => tool_host(&config, Some(files.clone())).await?,
     };
+    // Host validation (DNS rebinding) only where nothing else guards /mcp: no keys, loopback.
+    let open_mcp = !keys.is_empty() || !addr.ip().is_loopback();
+    let mcp = crate::protocol::mcp_endpoint::Endpoint::new(&config, tools.clone(), open_mcp);
     let engine = Engine::open(config, store, provider, tools, Some(files.clone())).await?;
     let listener = TcpListener::bind(addr)
         .await
@@ -246,6 +249,7 @@ pub async fn start_with(
         public_meta,
         streams: streams.clone(),
         files,
+        mcp,
     });
     let server = tokio::spawn(crate::http::server::serve(
         listener,

@@ -20,6 +20,8 @@ pub struct App {
     /// Cancelled at shutdown, after running turns have ended: ends every open event stream.
     pub streams: tokio_util::sync::CancellationToken,
     pub files: crate::files::FileStore,
+    /// `/mcp` (`[mcp_endpoint]`).
+    pub mcp: crate::protocol::mcp_endpoint::Endpoint,
 }
 
 /// Who is calling: the owner id of their key (`None` without keys).
@@ -56,6 +58,8 @@ pub enum Route {
     File(String),
     DeleteFile(String),
     FileContent(String),
+    /// `/mcp` (`None`) or `/mcp/<agent>`.
+    Mcp(Option<String>),
 }
 
 impl Route {
@@ -64,6 +68,8 @@ impl Route {
         match self {
             Route::Healthz | Route::Readyz => true,
             Route::Meta => app.public_meta,
+            // Off, it is a 404 to everyone.
+            Route::Mcp(_) => !app.mcp.enabled(),
             _ => false,
         }
     }
@@ -95,6 +101,7 @@ impl Route {
             Route::Upload => "/files",
             Route::File(_) | Route::DeleteFile(_) => "/files/{id}",
             Route::FileContent(_) => "/files/{id}/content",
+            Route::Mcp(_) => "/mcp",
         }
     }
 
@@ -211,6 +218,11 @@ pub fn resolve(method: &Method, path: &str) -> Result<Route, ApiError> {
             (m == Method::GET).then(|| Route::FileContent(id.to_string())),
             "GET",
         ),
+        ["mcp"] | ["mcp", _] => (
+            matches!(m, Method::GET | Method::POST | Method::DELETE)
+                .then(|| Route::Mcp(segs.get(1).map(|s| s.to_string()))),
+            "GET, POST, DELETE",
+        ),
         _ => {
             return Err(ApiError::not_found(format!(
                 "no route {method} {path}; see the README for the API"
@@ -325,6 +337,7 @@ async fn dispatch(
         Route::File(id) => files::metadata(app, &caller, &id).await,
         Route::DeleteFile(id) => files::delete(app, &caller, &id).await,
         Route::FileContent(id) => files::content(app, &caller, &id, &req).await,
+        Route::Mcp(agent) => app.mcp.handle(agent.as_deref(), caller.owner, req).await,
     }
 }
 

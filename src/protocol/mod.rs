@@ -4,5 +4,6 @@
 pub mod aap;
 pub mod events;
 pub mod files;
+pub mod mcp_endpoint;
 pub mod operator;
 pub mod runs;

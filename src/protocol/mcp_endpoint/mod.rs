@@ -1,0 +1,192 @@
+//! `/mcp`: turnstile as an MCP server (streamable HTTP), serving each configured agent's
+//! federated tools under the operator's policy to any MCP client (`[mcp_endpoint]`).
+//!
+//! rmcp's server side does the protocol (JSON-RPC framing, SSE streams, `Mcp-Session-Id`
+//! sessions, elicitation round trips, `notifications/cancelled`); this module puts it behind
+//! our HTTP layer: the same API keys, a session visible only to the key that opened it (404 to
+//! any other, as for AAP sessions), bodies bounded by `[server] max_body_bytes`. `/mcp` serves
+//! the first agent of `[mcp_endpoint] agents`, `/mcp/<agent>` each listed one. See [`gate`] for
+//! what a session offers.
+
+pub mod content;
+pub mod gate;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use http_body_util::BodyExt;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+
+use crate::config::Config;
+use crate::http::{ApiError, Request, Response};
+use crate::tools::ToolHost;
+use gate::{Gate, McpCaller};
+
+/// The AAP-side session id an MCP session stands for (its workspace folder, its session-scoped
+/// MCP servers): `mcp-<Mcp-Session-Id>`.
+pub fn session_key(mcp_session_id: &str) -> String {
+    let clean: String = mcp_session_id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(80)
+        .collect();
+    format!("mcp-{clean}")
+}
+
+type Service = StreamableHttpService<Gate, LocalSessionManager>;
+
+/// One agent's endpoint.
+struct AgentEndpoint {
+    name: String,
+    service: Service,
+    sessions: Arc<LocalSessionManager>,
+}
+
+/// The `/mcp` endpoint: off (every path a 404) unless `[mcp_endpoint] enabled = true`.
+pub struct Endpoint {
+    agents: Vec<AgentEndpoint>,
+    /// Who owns each open MCP session: (agent, session id) → the key's owner id.
+    owners: Mutex<HashMap<(String, String), Option<String>>>,
+    host: Arc<dyn ToolHost>,
+}
+
+impl Endpoint {
+    pub fn new(config: &Arc<Config>, host: Arc<dyn ToolHost>, any_host: bool) -> Endpoint {
+        let ep = &config.mcp_endpoint;
+        let agents = if ep.enabled {
+            ep.agents
+                .iter()
+                .filter_map(|name| config.agents.iter().find(|a| &a.name == name))
+                .map(|agent| {
+                    let sessions = Arc::new(LocalSessionManager::default());
+                    let mut http = StreamableHttpServerConfig::default()
+                        .with_max_request_body_bytes(
+                            usize::try_from(config.server.max_body_bytes).unwrap_or(usize::MAX),
+                        );
+                    if any_host {
+                        // A bearer key already stops DNS rebinding (a browser cannot add it);
+                        // a deployment behind any host name must work.
+                        http = http.disable_allowed_hosts();
+                    }
+                    let (config, agent_cfg, host) = (config.clone(), agent.clone(), host.clone());
+                    let service = StreamableHttpService::new(
+                        move || {
+                            Ok(Gate {
+                                config: config.clone(),
+                                agent: agent_cfg.clone(),
+                                host: host.clone(),
+                            })
+                        },
+                        sessions.clone(),
+                        http,
+                    );
+                    AgentEndpoint {
+                        name: agent.name.clone(),
+                        service,
+                        sessions,
+                    }
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Endpoint {
+            agents,
+            owners: Mutex::new(HashMap::new()),
+            host,
+        }
+    }
+
+    pub fn enabled(&self) -> bool {
+        !self.agents.is_empty()
+    }
+
+    /// Serve one request to `/mcp` (`agent: None`) or `/mcp/<agent>`.
+    pub async fn handle(
+        &self,
+        agent: Option<&str>,
+        owner: Option<String>,
+        mut req: Request,
+    ) -> Result<Response, ApiError> {
+        let Some(ep) = (match agent {
+            None => self.agents.first(),
+            Some(name) => self.agents.iter().find(|a| a.name == name),
+        }) else {
+            return Err(ApiError::not_found(match agent {
+                _ if !self.enabled() => "the MCP endpoint is off; turn it on with [mcp_endpoint] enabled = true in tools.toml".to_string(),
+                Some(name) => format!("the MCP endpoint serves no agent {name:?}; list it in [mcp_endpoint] agents in tools.toml"),
+                None => "no MCP endpoint".to_string(),
+            }));
+        };
+        let sid = req
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        if let Some(sid) = &sid {
+            let known = crate::sync::lock(&self.owners)
+                .get(&(ep.name.clone(), sid.clone()))
+                .cloned();
+            if known.as_ref() != Some(&owner) {
+                return Err(ApiError::not_found(format!(
+                    "no MCP session {sid}; start one with an initialize request (without Mcp-Session-Id)"
+                )));
+            }
+        }
+        let deleting = req.method() == http::Method::DELETE;
+        req.extensions_mut().insert(McpCaller {
+            owner: owner.clone(),
+        });
+        let resp = ep.service.handle(req).await;
+        let status = resp.status();
+        match &sid {
+            None => {
+                let opened = resp
+                    .headers()
+                    .get("mcp-session-id")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_string);
+                if let Some(opened) = opened {
+                    self.forget_closed(ep).await;
+                    crate::sync::lock(&self.owners).insert((ep.name.clone(), opened), owner);
+                }
+            }
+            Some(sid) if deleting && status.is_success() => {
+                crate::sync::lock(&self.owners).remove(&(ep.name.clone(), sid.clone()));
+                self.host.session_closed(&session_key(sid)).await;
+            }
+            Some(_) => {}
+        }
+        let (parts, body) = resp.into_parts();
+        Ok(http::Response::from_parts(parts, body.boxed_unsync()))
+    }
+
+    /// Drop the owners of sessions rmcp has closed (expired, transport gone), releasing what
+    /// the tool host kept for them.
+    async fn forget_closed(&self, ep: &AgentEndpoint) {
+        let live = ep.sessions.sessions.read().await;
+        let gone: Vec<String> = {
+            let mut owners = crate::sync::lock(&self.owners);
+            let gone: Vec<String> = owners
+                .keys()
+                .filter(|(agent, sid)| *agent == ep.name && !live.contains_key(sid.as_str()))
+                .map(|(_, sid)| sid.clone())
+                .collect();
+            for sid in &gone {
+                owners.remove(&(ep.name.clone(), sid.clone()));
+            }
+            gone
+        };
+        drop(live);
+        for sid in gone {
+            self.host.session_closed(&session_key(&sid)).await;
+        }
+    }
+}
