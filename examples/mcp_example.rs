@@ -41,7 +41,8 @@ use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    JsonObject, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    JsonObject, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
+    ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::schemars::JsonSchema;
 use rmcp::service::RequestContext;
@@ -227,6 +228,12 @@ impl ExampleServer {
                     .write_all(format!("{}\n", std::process::id()).as_bytes())
                     .await;
             }
+        }
+        if let Some(token) = context.meta.get_progress_token() {
+            let mut progress = ProgressNotificationParam::new(token, 0.0);
+            progress.total = Some(args.ms as f64);
+            progress.message = Some("sleeping".into());
+            let _ = context.peer.notify_progress(progress).await;
         }
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_millis(args.ms)) => {

@@ -217,9 +217,8 @@ pub async fn start_with(
         Some(t) => t,
         None => tool_host(&config, Some(files.clone())).await?,
     };
-    // Host validation (DNS rebinding) only where nothing else guards /mcp: no keys, loopback.
-    let open_mcp = !keys.is_empty() || !addr.ip().is_loopback();
-    let mcp = crate::protocol::mcp_endpoint::Endpoint::new(&config, tools.clone(), open_mcp);
+    let any_host = !keys.is_empty() || !addr.ip().is_loopback();
+    let mcp = crate::protocol::mcp_endpoint::Endpoint::new(&config, tools.clone(), any_host);
     let engine = Engine::open(config, store, provider, tools, Some(files.clone())).await?;
     let listener = TcpListener::bind(addr)
         .await

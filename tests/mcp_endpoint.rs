@@ -100,6 +100,32 @@ async fn tools_are_listed_trusted_run_denied_refused_and_ask_needs_elicitation()
         ask.contains("elicitation") && ask.contains("mcp__ex__add"),
         "names the rule: {ask}"
     );
+    // Each call is counted as agent calls are: by server, tool, verdict and outcome.
+    let (status, metrics) = metrics_text(addr).await;
+    assert_eq!(status, 200);
+    for series in [
+        r#"server="ex",tool="echo",verdict="trust",outcome="ok""#,
+        r#"server="ex",tool="fail",verdict="deny",outcome="refused""#,
+        r#"server="ex",tool="add",verdict="ask",outcome="denied""#,
+    ] {
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with("turnstile_tool_calls_total{") && l.contains(series))
+            .unwrap_or_else(|| panic!("no {series} in /metrics"));
+        assert!(line.ends_with(" 1"), "{line}");
+    }
+}
+
+async fn metrics_text(addr: std::net::SocketAddr) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut text = String::new();
+    conn.read_to_string(&mut text).await.unwrap();
+    let status = text[9..12].parse().unwrap();
+    (status, text)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -166,6 +192,19 @@ async fn a_cancelled_call_is_cancelled_on_the_child() {
     assert!(
         started.elapsed() < Duration::from_secs(25),
         "not the 30 s sleep"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_childs_progress_reaches_the_caller() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_child, addr) = common::binary::serve(&config(dir.path(), ON, None)).await;
+    let v = client(&format!("http://{addr}/mcp"), "-", "progress", None).await;
+    assert_eq!(v["slow"]["text"], "slept 300 ms", "{v}");
+    assert_eq!(
+        v["progress"],
+        serde_json::json!([{"progress": 0.0, "total": 300.0, "message": "sleeping"}]),
+        "{v}"
     );
 }
 

@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::content::to_output;
 use crate::config::{McpServerConfig, McpTransport};
+use crate::tools::relay::Relays;
 use crate::tools::ToolOutput;
 
 /// A tool as its server lists it.
@@ -164,11 +165,14 @@ pub struct Supervisor {
     /// The process group of the current child (stdio servers), for a last-resort kill.
     pgid: Arc<std::sync::atomic::AtomicI32>,
     tracker: Arc<std::sync::Mutex<Tracker>>,
+    /// Calls whose progress is relayed, by their progress token.
+    relays: Relays,
 }
 
-/// Tells the supervisor a server changed its tool list.
+/// Tells the supervisor a server changed its tool list; relays progress.
 struct Handler {
     changed: mpsc::UnboundedSender<()>,
+    relays: Relays,
 }
 
 impl ClientHandler for Handler {
@@ -177,6 +181,15 @@ impl ClientHandler for Handler {
         _: NotificationContext<RoleClient>,
     ) -> impl std::future::Future<Output = ()> + MaybeSendFuture + '_ {
         let _ = self.changed.send(());
+        std::future::ready(())
+    }
+
+    fn on_progress(
+        &self,
+        params: rmcp::model::ProgressNotificationParam,
+        _: NotificationContext<RoleClient>,
+    ) -> impl std::future::Future<Output = ()> + MaybeSendFuture + '_ {
+        crate::tools::relay::deliver(&self.relays, params);
         std::future::ready(())
     }
 
@@ -198,6 +211,7 @@ impl Supervisor {
         let shutdown = CancellationToken::new();
         let pgid = Arc::new(std::sync::atomic::AtomicI32::new(0));
         let tracker = Arc::new(std::sync::Mutex::new(Tracker::new()));
+        let relays = Relays::default();
         let sup = Arc::new(Supervisor {
             name: cfg.name.clone(),
             link,
@@ -207,9 +221,10 @@ impl Supervisor {
             done: tokio::sync::Mutex::new(None),
             pgid: pgid.clone(),
             tracker: tracker.clone(),
+            relays: relays.clone(),
         });
         let task = tokio::spawn(run(
-            cfg, placement, link_tx, tools_tx, shutdown, pgid, tracker,
+            cfg, placement, link_tx, tools_tx, shutdown, pgid, tracker, relays,
         ));
         if let Ok(mut done) = sup.done.try_lock() {
             *done = Some(task);
@@ -303,7 +318,12 @@ impl Supervisor {
         };
         let mut params = CallToolRequestParams::new(tool.to_string());
         params.arguments = args;
-        match tokio::time::timeout_at(deadline, peer.call_tool(params)).await {
+        match tokio::time::timeout_at(
+            deadline,
+            crate::tools::relay::call_tool(&peer, params, &self.relays),
+        )
+        .await
+        {
             Ok(Ok(result)) => to_output(result),
             Ok(Err(e)) => {
                 ToolOutput::error(format!("MCP server {} failed the call: {e}", self.name))
@@ -341,6 +361,7 @@ fn kill_group(pgid: &std::sync::atomic::AtomicI32) {
     }
 }
 
+#[allow(clippy::too_many_arguments)] // the relays join the handle's shared state
 async fn run(
     cfg: McpServerConfig,
     placement: Placement,
@@ -349,6 +370,7 @@ async fn run(
     shutdown: CancellationToken,
     pgid: Arc<std::sync::atomic::AtomicI32>,
     tracker: Arc<std::sync::Mutex<Tracker>>,
+    relays: Relays,
 ) {
     let track = |f: &dyn Fn(&mut Tracker)| f(&mut crate::sync::lock(&tracker));
     let stderr_log = Arc::new(std::sync::Mutex::new(super::stderr::StderrLog::new(
@@ -366,7 +388,7 @@ async fn run(
         let (changed_tx, mut changed_rx) = mpsc::unbounded_channel();
         let mut drain = None;
         let connected = tokio::select! {
-            r = tokio::time::timeout(cfg.startup_timeout, connect(&cfg, &placement, Handler { changed: changed_tx }, &pgid, &stderr_log, &mut drain)) => match r {
+            r = tokio::time::timeout(cfg.startup_timeout, connect(&cfg, &placement, Handler { changed: changed_tx, relays: relays.clone() }, &pgid, &stderr_log, &mut drain)) => match r {
                 Ok(r) => r,
                 Err(_) => Err(format!("no handshake within {} s (startup_timeout_s)", cfg.startup_timeout.as_secs())),
             },

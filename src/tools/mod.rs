@@ -4,6 +4,8 @@
 //! operator's verdict for each) and a way to call one. MCP federation and `deliver_file` plug in
 //! behind it; client tools never come here (the client runs them).
 
+pub mod relay;
+
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;

@@ -7,6 +7,7 @@ Prints one JSON object per line on stdout: what the scenario saw. Scenarios:
 - accept / decline: call the ask tool with an elicitation handler that accepts / declines.
 - changed: call add_tool, wait for notifications/tools/list_changed, list again.
 - cancel: call slow (ARG: the notify address) with a 1 s timeout (the SDK then cancels it).
+- progress: call slow (300 ms) with a progress callback: print the reports.
 - owners: open a session with raw HTTP, then send tools/list in it with KEY and with ARG (another
   key): print both statuses.
 """
@@ -76,6 +77,14 @@ async def main(url, key, scenario, arg):
                         await changed.wait()
                     listed = await session.list_tools()
                     out(tools=sorted(t.name for t in listed.tools))
+                elif scenario == "progress":
+                    seen = []
+
+                    async def on_progress(progress, total, message):
+                        seen.append({"progress": progress, "total": total, "message": message})
+
+                    r = await session.call_tool("mcp__ex__slow", {"ms": 300}, progress_callback=on_progress)
+                    out(slow=result(r), progress=seen)
                 elif scenario == "cancel":
                     try:
                         r = await session.call_tool("mcp__ex__slow", {"ms": 30000, "notify": arg},

@@ -6,15 +6,16 @@
 //! capability (accept runs the call; decline or cancel refuse it, with the client's reason when
 //! it gave one); without the capability an `ask` tool is an error result naming the rule. Calls
 //! go through the tool host (the same supervisors, timeouts and result mapping as agent calls);
-//! a client's `notifications/cancelled` drops the call, which cancels it on the child.
+//! a client's `notifications/cancelled` drops the call, which cancels it on the child, and the
+//! child's progress for a call that asked for it goes to the client.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ClientResult, ElicitRequest, ElicitRequestParams,
-    ElicitationAction, Implementation, ListToolsResult, PaginatedRequestParams, ServerCapabilities,
-    ServerConfig, ServerRequest, Tool,
+    ElicitationAction, Implementation, ListToolsResult, PaginatedRequestParams,
+    ProgressNotificationParam, ServerCapabilities, ServerConfig, ServerRequest, Tool,
 };
 use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
@@ -22,6 +23,7 @@ use serde_json::{json, Value};
 
 use super::content::{refused, to_result};
 use crate::config::{AgentConfig, Config, Verdict};
+use crate::tools::relay::{Progress, PROGRESS};
 use crate::tools::{CallContext, ServerTool, ToolHost, ToolOutput};
 
 /// Who opened the session (put into each request's extensions by the endpoint).
@@ -145,6 +147,32 @@ impl Gate {
     }
 }
 
+/// Run `call`, relaying its progress to the client when the request asked for progress.
+async fn relay_progress(
+    context: &RequestContext<RoleServer>,
+    call: impl std::future::Future<Output = ToolOutput>,
+) -> ToolOutput {
+    let Some(token) = context.meta.get_progress_token() else {
+        return call.await;
+    };
+    let (to, mut from) = tokio::sync::mpsc::unbounded_channel::<Progress>();
+    let peer = context.peer.clone();
+    let forward = tokio::spawn(async move {
+        while let Some(p) = from.recv().await {
+            let mut param = ProgressNotificationParam::new(token.clone(), p.progress);
+            param.total = p.total;
+            param.message = p.message;
+            if peer.notify_progress(param).await.is_err() {
+                break;
+            }
+        }
+    });
+    let out = PROGRESS.scope(to, call).await;
+    // The sender is gone with the scope: the forwarder sends what is left, then ends.
+    let _ = forward.await;
+    out
+}
+
 /// One line per call: server, tool, verdict, outcome, duration.
 fn log_call(tool: &ServerTool, outcome: &str, took: Duration) {
     tracing::info!(
@@ -220,8 +248,9 @@ impl ServerHandler for Gate {
         }
         let ctx = self.call_context(&context);
         let timer = metrics.start();
+        let call = self.host.call(&ctx, &name, args);
         let out = tokio::select! {
-            out = self.host.call(&ctx, &name, args) => out,
+            out = relay_progress(&context, call) => out,
             _ = context.ct.cancelled() => {
                 drop(timer);
                 log_call(tool, "cancelled", started.elapsed());

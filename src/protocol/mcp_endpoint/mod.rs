@@ -58,6 +58,9 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
+    /// The endpoint of `config` over `host`. `any_host`: accept any `Host` header (with API keys,
+    /// which already stop DNS rebinding, or on a non-loopback listen address); else only
+    /// loopback names, rmcp's guard for a keyless local server.
     pub fn new(config: &Arc<Config>, host: Arc<dyn ToolHost>, any_host: bool) -> Endpoint {
         let ep = &config.mcp_endpoint;
         let agents = if ep.enabled {
