@@ -212,8 +212,9 @@ async fn a_childs_progress_reaches_the_caller() {
 async fn a_key_sees_only_its_own_mcp_sessions() {
     std::env::set_var("MCPEP_TEST_KEYS", "key-one,key-two");
     let dir = tempfile::tempdir().unwrap();
+    let endpoint = format!("{ON}\n[limits]\nsessions_per_key = 1\n");
     let (_child, addr) =
-        common::binary::serve(&config(dir.path(), ON, Some("MCPEP_TEST_KEYS"))).await;
+        common::binary::serve(&config(dir.path(), &endpoint, Some("MCPEP_TEST_KEYS"))).await;
     let v = client(
         &format!("http://{addr}/mcp"),
         "key-one",
@@ -225,6 +226,17 @@ async fn a_key_sees_only_its_own_mcp_sessions() {
     assert_eq!(v["session"], true, "{v}");
     assert_eq!(v["other"], 404, "{v}");
     assert_eq!(v["mine"], 200, "{v}");
+    // [limits] sessions_per_key counts each key's open MCP sessions.
+    assert_eq!(v["second"], 429, "{v}");
+    assert!(
+        v["second_body"]
+            .as_str()
+            .unwrap()
+            .contains("[limits] sessions_per_key"),
+        "{v}"
+    );
+    assert!(v["retry_after"].is_string(), "{v}");
+    assert_eq!(v["other_init"], 200, "{v}");
     let http = common::Http::new(addr);
     let (status, _) = http.post("/mcp", &serde_json::json!({})).await;
     assert_eq!(status, 401, "no key, no endpoint");

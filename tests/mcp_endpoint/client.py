@@ -9,7 +9,7 @@ Prints one JSON object per line on stdout: what the scenario saw. Scenarios:
 - cancel: call slow (ARG: the notify address) with a 1 s timeout (the SDK then cancels it).
 - progress: call slow (300 ms) with a progress callback: print the reports.
 - owners: open a session with raw HTTP, then send tools/list in it with KEY and with ARG (another
-  key): print both statuses.
+  key): print both statuses; then a second initialize with KEY and one with ARG.
 """
 
 import json
@@ -115,6 +115,10 @@ async def owners(url, key, other):
         theirs = await http.post(url, headers=h(other, sid), json=listing)
         mine = await http.post(url, headers=h(key, sid), json=listing)
         out(other=theirs.status_code, other_body=theirs.text[:300], mine=mine.status_code)
+        second = await http.post(url, headers=h(key), json=init)
+        out(second=second.status_code, second_body=second.text[:300],
+            retry_after=second.headers.get("retry-after"))
+        out(other_init=(await http.post(url, headers=h(other), json=init)).status_code)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,9 @@ pub struct Endpoint {
     /// Who owns each open MCP session: (agent, session id) → the key's owner id.
     owners: Mutex<HashMap<(String, String), Option<String>>>,
     host: Arc<dyn ToolHost>,
+    /// Open MCP sessions one key may hold (`[limits] sessions_per_key`, counted apart from its
+    /// AAP sessions).
+    per_key: usize,
 }
 
 impl Endpoint {
@@ -104,6 +107,7 @@ impl Endpoint {
             agents,
             owners: Mutex::new(HashMap::new()),
             host,
+            per_key: config.limits.sessions_per_key,
         }
     }
 
@@ -143,6 +147,10 @@ impl Endpoint {
                 )));
             }
         }
+        if sid.is_none() && req.method() == http::Method::POST {
+            self.forget_closed(ep).await;
+            self.check_quota(&owner)?;
+        }
         let deleting = req.method() == http::Method::DELETE;
         req.extensions_mut().insert(McpCaller {
             owner: owner.clone(),
@@ -157,7 +165,6 @@ impl Endpoint {
                     .and_then(|v| v.to_str().ok())
                     .map(str::to_string);
                 if let Some(opened) = opened {
-                    self.forget_closed(ep).await;
                     crate::sync::lock(&self.owners).insert((ep.name.clone(), opened), owner);
                 }
             }
@@ -169,6 +176,27 @@ impl Endpoint {
         }
         let (parts, body) = resp.into_parts();
         Ok(http::Response::from_parts(parts, body.boxed_unsync()))
+    }
+
+    /// 429 when `owner` holds `[limits] sessions_per_key` open MCP sessions.
+    fn check_quota(&self, owner: &Option<String>) -> Result<(), ApiError> {
+        let n = crate::sync::lock(&self.owners)
+            .values()
+            .filter(|o| *o == owner)
+            .count();
+        if n < self.per_key {
+            return Ok(());
+        }
+        Err(ApiError {
+            retry_after: Some(60),
+            ..ApiError::new(
+                http::StatusCode::TOO_MANY_REQUESTS,
+                "too_many_sessions",
+                format!(
+                    "this key already has {n} open MCP sessions (limit: [limits] sessions_per_key in tools.toml); end sessions it no longer needs (DELETE /mcp with their Mcp-Session-Id), idle ones close after 5 minutes"
+                ),
+            )
+        })
     }
 
     /// Drop the owners of sessions rmcp has closed (expired, transport gone), releasing what
