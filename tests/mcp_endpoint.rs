@@ -19,7 +19,7 @@ fn config(dir: &Path, endpoint: &str, keys_env: Option<&str>) -> std::path::Path
         .map(|v| format!("api_keys_env = {v:?}\n"))
         .unwrap_or_default();
     let text = format!(
-        "[server]\ndata_dir = {:?}\nsandboxes = {:?}\n{keys}\n[agents.assistant]\ntools = [\"*\"]\n\n{}\n[policy]\ntrust = [\"mcp__ex__echo\", \"mcp__ex__add_tool\", \"mcp__ex__slow\", \"mcp__ex__fresh\"]\nask = [\"mcp__ex__add\"]\ndeny = [\"mcp__ex__fail\"]\ndefault = \"deny\"\n\n{endpoint}\n",
+        "[server]\ndata_dir = {:?}\nsandboxes = {:?}\n{keys}\n[agents.assistant]\ntools = [\"*\"]\n\n{}\n[policy]\ntrust = [\"mcp__ex__echo\", \"mcp__ex__add_tool\", \"mcp__ex__slow\", \"mcp__ex__fresh\", \"mcp__ws__write_file\", \"deliver_file\"]\nask = [\"mcp__ex__add\"]\ndeny = [\"mcp__ex__fail\"]\ndefault = \"deny\"\n\n{endpoint}\n",
         dir.join("data").display().to_string(),
         dir.join("sandboxes").display().to_string(),
         common::mcp::example_server("ex", ""),
@@ -206,6 +206,37 @@ async fn a_childs_progress_reaches_the_caller() {
         serde_json::json!([{"progress": 0.0, "total": 300.0, "message": "sleeping"}]),
         "{v}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliver_file_returns_a_link_to_the_file_from_the_sessions_workspace() {
+    let dir = tempfile::tempdir().unwrap();
+    // A session-scoped server runs in the MCP session's workspace and writes the file there.
+    let endpoint = format!(
+        "{ON}\n{}",
+        common::mcp::example_server("ws", "scope = \"session\"")
+    );
+    let (_child, addr) = common::binary::serve(&config(dir.path(), &endpoint, None)).await;
+    let v = client(&format!("http://{addr}/mcp"), "-", "deliver", None).await;
+    assert_eq!(v["wrote"]["text"], "wrote 5 bytes", "{v}");
+    assert_eq!(v["delivered"]["is_error"], false, "{v}");
+    assert!(
+        v["delivered"]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("File delivered: out.txt"),
+        "{v}"
+    );
+    assert_eq!(v["links"][0]["name"], "out.txt", "{v}");
+    assert!(
+        v["links"][0]["uri"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("http://{addr}/files/file_")),
+        "{v}"
+    );
+    assert_eq!(v["download"], 200, "{v}");
+    assert_eq!(v["body"], "hello", "{v}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

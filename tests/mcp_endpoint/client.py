@@ -8,6 +8,7 @@ Prints one JSON object per line on stdout: what the scenario saw. Scenarios:
 - changed: call add_tool, wait for notifications/tools/list_changed, list again.
 - cancel: call slow (ARG: the notify address) with a 1 s timeout (the SDK then cancels it).
 - progress: call slow (300 ms) with a progress callback: print the reports.
+- deliver: write out.txt with the session-scoped server ws, deliver it, download the link.
 - owners: open a session with raw HTTP, then send tools/list in it with KEY and with ARG (another
   key): print both statuses; then a second initialize with KEY and one with ARG.
 """
@@ -85,6 +86,16 @@ async def main(url, key, scenario, arg):
 
                     r = await session.call_tool("mcp__ex__slow", {"ms": 300}, progress_callback=on_progress)
                     out(slow=result(r), progress=seen)
+                elif scenario == "deliver":
+                    out(wrote=result(await session.call_tool("mcp__ws__write_file",
+                                                             {"path": "out.txt", "text": "hello"})))
+                    r = await session.call_tool("deliver_file", {"path": "out.txt"})
+                    links = [c for c in r.content if getattr(c, "type", "") == "resource_link"]
+                    out(delivered=result(r), links=[{"uri": str(l.uri), "name": l.name,
+                                                     "mime": l.mime_type} for l in links])
+                    if links:
+                        got = await http.get(str(links[0].uri))
+                        out(download=got.status_code, body=got.text)
                 elif scenario == "cancel":
                     try:
                         r = await session.call_tool("mcp__ex__slow", {"ms": 30000, "notify": arg},

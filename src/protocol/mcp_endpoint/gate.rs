@@ -87,6 +87,18 @@ impl Gate {
         }
     }
 
+    /// Where this server is reached, as the client addressed it (for download URLs).
+    fn base_url(&self, ctx: &RequestContext<RoleServer>) -> String {
+        let host = ctx
+            .extensions
+            .get::<http::request::Parts>()
+            .and_then(|p| p.headers.get(http::header::HOST))
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+            .unwrap_or_else(|| self.config.server.listen.to_string());
+        format!("http://{host}")
+    }
+
     /// Ask the client (elicitation) whether `tool` may run: `None` when granted, else why not.
     async fn ask(
         &self,
@@ -254,7 +266,7 @@ impl ServerHandler for Gate {
             _ = context.ct.cancelled() => {
                 drop(timer);
                 log_call(tool, "cancelled", started.elapsed());
-                return Ok(to_result(ToolOutput::error("Cancelled.")).into());
+                return Ok(to_result(ToolOutput::error("Cancelled."), "").into());
             }
         };
         timer.done(out.is_error);
@@ -263,7 +275,7 @@ impl ServerHandler for Gate {
             if out.is_error { "error" } else { "ok" },
             started.elapsed(),
         );
-        Ok(to_result(out).into())
+        Ok(to_result(out, &self.base_url(&context)).into())
     }
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
