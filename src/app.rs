@@ -16,6 +16,7 @@ use crate::http::auth::Keys;
 use crate::http::routes::App;
 use crate::log::Store;
 use crate::mcp::McpHost;
+use crate::protocol::mcp_endpoint::Endpoint as McpEndpoint;
 use crate::tools::ToolHost;
 use crate::upstream::{anthropic::Anthropic, echo::Echo, openai::OpenAi, Provider};
 
@@ -217,8 +218,8 @@ pub async fn start_with(
         Some(t) => t,
         None => tool_host(&config, Some(files.clone())).await?,
     };
-    let any_host = !keys.is_empty() || !addr.ip().is_loopback();
-    let mcp = crate::protocol::mcp_endpoint::Endpoint::new(&config, tools.clone(), any_host);
+    let streams = CancellationToken::new();
+    let mcp = McpEndpoint::new(&config, &tools, &keys, addr, &streams);
     let engine = Engine::open(config, store, provider, tools, Some(files.clone())).await?;
     let listener = TcpListener::bind(addr)
         .await
@@ -241,7 +242,6 @@ pub async fn start_with(
         }
         None => (None, None),
     };
-    let streams = CancellationToken::new();
     let app = Arc::new(App {
         engine: engine.clone(),
         keys,

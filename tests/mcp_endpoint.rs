@@ -274,6 +274,43 @@ async fn a_key_sees_only_its_own_mcp_sessions() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_ends_open_mcp_sessions_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, addr) = common::binary::serve(&config(dir.path(), ON, None)).await;
+    let python = mcpep::python();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp_endpoint/client.py");
+    let mut holder = tokio::process::Command::new(python)
+        .arg(script)
+        .args([&format!("http://{addr}/mcp"), "-", "hold"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(holder.stdout.take().unwrap()).lines();
+    let ready = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("the client is ready within 30 s")
+        .unwrap();
+    assert_eq!(ready.as_deref(), Some(r#"{"ready": true}"#));
+    let pid = child.id().unwrap() as i32;
+    let asked = Instant::now();
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("turnstile exited")
+        .unwrap();
+    assert!(status.success(), "{status}");
+    // The open GET stream does not hold the process for the whole grace period (10 s).
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        asked.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_endpoint_is_off_by_default() {
     let dir = tempfile::tempdir().unwrap();
     let (_child, addr) = common::binary::serve(&config(dir.path(), "", None)).await;

@@ -9,6 +9,7 @@ Prints one JSON object per line on stdout: what the scenario saw. Scenarios:
 - cancel: call slow (ARG: the notify address) with a 1 s timeout (the SDK then cancels it).
 - progress: call slow (300 ms) with a progress callback: print the reports.
 - deliver: write out.txt with the session-scoped server ws, deliver it, download the link.
+- hold: list the tools, print ready, then keep the session (and its GET stream) open for 60 s.
 - owners: open a session with raw HTTP, then send tools/list in it with KEY and with ARG (another
   key): print both statuses; then a second initialize with KEY and one with ARG.
 """
@@ -96,6 +97,10 @@ async def main(url, key, scenario, arg):
                     if links:
                         got = await http.get(str(links[0].uri))
                         out(download=got.status_code, body=got.text)
+                elif scenario == "hold":
+                    await session.list_tools()
+                    out(ready=True)
+                    await anyio.sleep(60)
                 elif scenario == "cancel":
                     try:
                         r = await session.call_tool("mcp__ex__slow", {"ms": 30000, "notify": arg},

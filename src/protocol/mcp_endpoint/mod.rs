@@ -58,13 +58,23 @@ pub struct Endpoint {
     /// Open MCP sessions one key may hold (`[limits] sessions_per_key`, counted apart from its
     /// AAP sessions).
     per_key: usize,
+    /// `[server] sandboxes`: a closed session's workspace is removed.
+    sandboxes: std::path::PathBuf,
 }
 
 impl Endpoint {
-    /// The endpoint of `config` over `host`. `any_host`: accept any `Host` header (with API keys,
-    /// which already stop DNS rebinding, or on a non-loopback listen address); else only
-    /// loopback names, rmcp's guard for a keyless local server.
-    pub fn new(config: &Arc<Config>, host: Arc<dyn ToolHost>, any_host: bool) -> Endpoint {
+    /// The endpoint of `config` over `host`, its sessions ended when `shutdown` is cancelled.
+    /// Any `Host` header is accepted with API keys (which already stop DNS rebinding) or on a
+    /// non-loopback `listen` address; else only loopback names, rmcp's guard for a keyless
+    /// local server.
+    pub fn new(
+        config: &Arc<Config>,
+        host: &Arc<dyn ToolHost>,
+        keys: &crate::http::auth::Keys,
+        listen: std::net::SocketAddr,
+        shutdown: &tokio_util::sync::CancellationToken,
+    ) -> Endpoint {
+        let any_host = !keys.is_empty() || !listen.ip().is_loopback();
         let ep = &config.mcp_endpoint;
         let agents = if ep.enabled {
             ep.agents
@@ -75,7 +85,8 @@ impl Endpoint {
                     let mut http = StreamableHttpServerConfig::default()
                         .with_max_request_body_bytes(
                             usize::try_from(config.server.max_body_bytes).unwrap_or(usize::MAX),
-                        );
+                        )
+                        .with_cancellation_token(shutdown.child_token());
                     if any_host {
                         // A bearer key already stops DNS rebinding (a browser cannot add it);
                         // a deployment behind any host name must work.
@@ -106,8 +117,9 @@ impl Endpoint {
         Endpoint {
             agents,
             owners: Mutex::new(HashMap::new()),
-            host,
+            host: host.clone(),
             per_key: config.limits.sessions_per_key,
+            sandboxes: config.server.sandboxes.clone(),
         }
     }
 
@@ -170,7 +182,7 @@ impl Endpoint {
             }
             Some(sid) if deleting && status.is_success() => {
                 crate::sync::lock(&self.owners).remove(&(ep.name.clone(), sid.clone()));
-                self.host.session_closed(&session_key(sid)).await;
+                self.closed(sid).await;
             }
             Some(_) => {}
         }
@@ -217,7 +229,15 @@ impl Endpoint {
         };
         drop(live);
         for sid in gone {
-            self.host.session_closed(&session_key(&sid)).await;
+            self.closed(&sid).await;
         }
+    }
+
+    /// A session ended: its session-scoped servers stop and its workspace goes, as an AAP
+    /// session's do when it is deleted.
+    async fn closed(&self, sid: &str) {
+        let key = session_key(sid);
+        self.host.session_closed(&key).await;
+        let _ = tokio::fs::remove_dir_all(self.sandboxes.join(&key)).await;
     }
 }
