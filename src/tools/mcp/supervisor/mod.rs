@@ -26,6 +26,7 @@ use super::content::to_output;
 
 mod launch;
 use crate::config::McpServerConfig;
+use crate::tools::relay::Relays;
 use crate::tools::ToolOutput;
 
 /// A tool as its server lists it.
@@ -164,11 +165,14 @@ pub struct Supervisor {
     /// The process group of the current child (stdio servers), for a last-resort kill.
     pgid: Arc<std::sync::atomic::AtomicI32>,
     tracker: Arc<std::sync::Mutex<Tracker>>,
+    /// Calls whose progress is relayed, by their progress token.
+    relays: Relays,
 }
 
-/// Tells the supervisor a server changed its tool list.
+/// Tells the supervisor a server changed its tool list; relays progress.
 struct Handler {
     changed: mpsc::UnboundedSender<()>,
+    relays: Relays,
 }
 
 impl ClientHandler for Handler {
@@ -177,6 +181,15 @@ impl ClientHandler for Handler {
         _: NotificationContext<RoleClient>,
     ) -> impl std::future::Future<Output = ()> + MaybeSendFuture + '_ {
         let _ = self.changed.send(());
+        std::future::ready(())
+    }
+
+    fn on_progress(
+        &self,
+        params: rmcp::model::ProgressNotificationParam,
+        _: NotificationContext<RoleClient>,
+    ) -> impl std::future::Future<Output = ()> + MaybeSendFuture + '_ {
+        crate::tools::relay::deliver(&self.relays, params);
         std::future::ready(())
     }
 
@@ -198,6 +211,7 @@ impl Supervisor {
         let shutdown = CancellationToken::new();
         let pgid = Arc::new(std::sync::atomic::AtomicI32::new(0));
         let tracker = Arc::new(std::sync::Mutex::new(Tracker::new()));
+        let relays = Relays::default();
         let sup = Arc::new(Supervisor {
             name: cfg.name.clone(),
             link,
@@ -207,6 +221,7 @@ impl Supervisor {
             done: tokio::sync::Mutex::new(None),
             pgid: pgid.clone(),
             tracker: tracker.clone(),
+            relays: relays.clone(),
         });
         let run = Run {
             stderr_log: Arc::new(std::sync::Mutex::new(super::stderr::StderrLog::new(
@@ -220,6 +235,7 @@ impl Supervisor {
             shutdown,
             pgid,
             tracker,
+            relays,
         };
         let task = tokio::spawn(run.run());
         if let Ok(mut done) = sup.done.try_lock() {
@@ -314,7 +330,8 @@ impl Supervisor {
         };
         let mut params = CallToolRequestParams::new(tool.to_string());
         params.arguments = args;
-        match tokio::time::timeout_at(deadline, peer.call_tool(params)).await {
+        let call = crate::tools::relay::call_tool(&peer, params, &self.relays);
+        match tokio::time::timeout_at(deadline, call).await {
             Ok(Ok(result)) => to_output(result),
             Ok(Err(e)) => {
                 ToolOutput::error(format!("MCP server {} failed the call: {e}", self.name))
@@ -361,6 +378,7 @@ struct Run {
     shutdown: CancellationToken,
     pgid: Arc<std::sync::atomic::AtomicI32>,
     tracker: Arc<std::sync::Mutex<Tracker>>,
+    relays: Relays,
     stderr_log: Arc<std::sync::Mutex<super::stderr::StderrLog>>,
     metrics: Arc<crate::metrics::McpMetrics>,
 }
@@ -426,6 +444,7 @@ impl Run {
         let (changed_tx, changed_rx) = mpsc::unbounded_channel();
         let handler = Handler {
             changed: changed_tx,
+            relays: self.relays.clone(),
         };
         let connecting = launch::connect(
             cfg,
