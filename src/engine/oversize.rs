@@ -124,15 +124,7 @@ pub fn cut(call_id: &str, content: &Value, limit: usize) -> Option<Cut> {
 
 /// A count with thousands separators.
 fn group(n: usize) -> String {
-    let digits = n.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
+    crate::tools::deliver::thousands(n as u64)
 }
 
 /// `out` as the model may be given it: unchanged when it fits, else cut, with the whole written
