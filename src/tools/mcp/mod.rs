@@ -10,6 +10,7 @@
 //! error result naming the limit.
 
 pub mod content;
+pub mod elicit;
 pub mod http_client;
 pub mod naming;
 pub mod policy;
@@ -512,10 +513,14 @@ impl ToolHost for McpHost {
             let Some((idx, tool)) = self.route(name) else {
                 return ToolOutput::error(format!("Unknown tool {name}."));
             };
+            let asker = elicit::Asker {
+                session_id: ctx.session_id.clone(),
+                elicitor: ctx.elicitor.clone(),
+            };
             match self.shared.get(&idx) {
-                Some(s) => s.call(&tool, input).await,
+                Some(s) => s.call(&tool, input, asker).await,
                 None => match self.session_instance(idx, ctx).await {
-                    Ok((s, _in_flight)) => s.call(&tool, input).await,
+                    Ok((s, _in_flight)) => s.call(&tool, input, asker).await,
                     Err(refused) => refused,
                 },
             }

@@ -14,18 +14,20 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rmcp::model::{
-    CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation, ProtocolVersion,
+    CallToolRequestParams, ClientCapabilities, ClientConfig, ElicitRequestParams, ElicitResult,
+    ElicitationAction, ElicitationCapability, Implementation, ProtocolVersion,
 };
-use rmcp::service::{MaybeSendFuture, NotificationContext, Peer, RoleClient};
+use rmcp::service::{MaybeSendFuture, NotificationContext, Peer, RequestContext, RoleClient};
 use rmcp::ClientHandler;
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::content::to_output;
+use super::elicit::{self, Answer, Asker, Elicitor, Question};
 
 mod launch;
-use crate::config::McpServerConfig;
+use crate::config::{ElicitationMode, McpServerConfig};
 use crate::tools::ToolOutput;
 
 /// A tool as its server lists it.
@@ -164,11 +166,95 @@ pub struct Supervisor {
     /// The process group of the current child (stdio servers), for a last-resort kill.
     pgid: Arc<std::sync::atomic::AtomicI32>,
     tracker: Arc<std::sync::Mutex<Tracker>>,
+    calls: Calls,
+    next_call: std::sync::atomic::AtomicU64,
 }
 
-/// Tells the supervisor a server changed its tool list.
+/// Tells the supervisor a server changed its tool list, and answers the server's requests
+/// (elicitation) on behalf of the calls in flight.
 struct Handler {
     changed: mpsc::UnboundedSender<()>,
+    server: String,
+    elicitation: ElicitationMode,
+    calls: Calls,
+}
+
+/// The calls in flight on an instance, each with who can answer for it.
+type Calls = Arc<std::sync::Mutex<Vec<(u64, Asker)>>>;
+
+/// A call registered in [`Calls`] until dropped.
+struct Registered {
+    calls: Calls,
+    id: u64,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        crate::sync::lock(&self.calls).retain(|(id, _)| *id != self.id);
+    }
+}
+
+impl Handler {
+    /// Who answers a question now, or why no one can.
+    fn answerer(&self) -> Result<(String, Arc<dyn Elicitor>), String> {
+        if self.elicitation == ElicitationMode::Decline {
+            return Err("the server's elicitation = \"decline\"".into());
+        }
+        let calls = crate::sync::lock(&self.calls);
+        let mut sessions: Vec<&Asker> = calls.iter().map(|(_, a)| a).collect();
+        sessions.dedup_by(|a, b| a.session_id == b.session_id);
+        match sessions.as_slice() {
+            [] => Err("no tool call of a session is in flight on this server".into()),
+            [one] => match &one.elicitor {
+                Some(e) => Ok((one.session_id.clone(), e.clone())),
+                None => Err(format!(
+                    "no one can answer for session {} (no AAP client with the agent's elicitation_tool)",
+                    one.session_id
+                )),
+            },
+            _ => Err("calls of several sessions are in flight on this shared server: whose question it is cannot be told".into()),
+        }
+    }
+
+    async fn elicit(&self, request: ElicitRequestParams) -> ElicitResult {
+        let ElicitRequestParams::FormElicitationParams {
+            message,
+            requested_schema,
+            ..
+        } = request
+        else {
+            tracing::info!(server = %self.server, "MCP elicitation declined: URL elicitation is not supported");
+            return ElicitResult::new(ElicitationAction::Decline);
+        };
+        let schema = serde_json::to_value(&requested_schema).unwrap_or(Value::Null);
+        let (session, elicitor) = match self.answerer() {
+            Ok(found) => found,
+            Err(why) => {
+                tracing::info!(server = %self.server, reason = %why, "MCP elicitation declined");
+                return ElicitResult::new(ElicitationAction::Decline);
+            }
+        };
+        let question = Question {
+            server: self.server.clone(),
+            message,
+            schema: schema.clone(),
+        };
+        let answer = elicitor
+            .ask(question)
+            .await
+            .and_then(|a| elicit::complete(&schema, a));
+        match answer {
+            Ok(Answer::Accept(content)) => {
+                ElicitResult::new(ElicitationAction::Accept).with_content(Value::Object(content))
+            }
+            Ok(Answer::Decline) => ElicitResult::new(ElicitationAction::Decline),
+            Ok(Answer::Cancel) => ElicitResult::new(ElicitationAction::Cancel),
+            Err(why) => {
+                tracing::info!(server = %self.server, session = %session, reason = %why, "MCP elicitation declined");
+                ElicitResult::new(ElicitationAction::Decline)
+            }
+        }
+    }
 }
 
 impl ClientHandler for Handler {
@@ -180,11 +266,25 @@ impl ClientHandler for Handler {
         std::future::ready(())
     }
 
+    fn create_elicitation(
+        &self,
+        request: ElicitRequestParams,
+        _: RequestContext<RoleClient>,
+    ) -> impl std::future::Future<Output = Result<ElicitResult, rmcp::ErrorData>> + MaybeSendFuture + '_
+    {
+        async move { Ok(self.elicit(request).await) }
+    }
+
     fn get_info(&self) -> ClientConfig {
         let mut info = ClientConfig::default();
         // The initialize-based protocol: list_changed arrives as a plain notification.
         info.protocol_version = ProtocolVersion::LATEST_WITH_INITIALIZE;
-        info.capabilities = ClientCapabilities::default();
+        let mut caps = ClientCapabilities::default();
+        caps.elicitation =
+            Some(ElicitationCapability::new().with_form(
+                rmcp::model::FormElicitationCapability::new().with_schema_validation(true),
+            ));
+        info.capabilities = caps;
         info.client_info = Implementation::new("turnstile", env!("CARGO_PKG_VERSION"));
         info
     }
@@ -198,6 +298,7 @@ impl Supervisor {
         let shutdown = CancellationToken::new();
         let pgid = Arc::new(std::sync::atomic::AtomicI32::new(0));
         let tracker = Arc::new(std::sync::Mutex::new(Tracker::new()));
+        let calls: Calls = Arc::default();
         let sup = Arc::new(Supervisor {
             name: cfg.name.clone(),
             link,
@@ -207,6 +308,8 @@ impl Supervisor {
             done: tokio::sync::Mutex::new(None),
             pgid: pgid.clone(),
             tracker: tracker.clone(),
+            calls: calls.clone(),
+            next_call: std::sync::atomic::AtomicU64::new(0),
         });
         let run = Run {
             stderr_log: Arc::new(std::sync::Mutex::new(super::stderr::StderrLog::new(
@@ -220,6 +323,7 @@ impl Supervisor {
             shutdown,
             pgid,
             tracker,
+            calls,
         };
         let task = tokio::spawn(run.run());
         if let Ok(mut done) = sup.done.try_lock() {
@@ -276,8 +380,16 @@ impl Supervisor {
 
     /// Call a tool; every failure is an error output. Waits for the server to be up (within the
     /// call's timeout) if it is restarting.
-    pub async fn call(&self, tool: &str, input: Value) -> ToolOutput {
+    pub async fn call(&self, tool: &str, input: Value, asker: Asker) -> ToolOutput {
         crate::sync::lock(&self.tracker).last_call = Some(std::time::SystemTime::now());
+        let id = self
+            .next_call
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        crate::sync::lock(&self.calls).push((id, asker));
+        let _registered = Registered {
+            calls: self.calls.clone(),
+            id,
+        };
         let deadline = tokio::time::Instant::now() + self.timeout;
         let mut link = self.link.clone();
         let peer = loop {
@@ -363,6 +475,7 @@ struct Run {
     tracker: Arc<std::sync::Mutex<Tracker>>,
     stderr_log: Arc<std::sync::Mutex<super::stderr::StderrLog>>,
     metrics: Arc<crate::metrics::McpMetrics>,
+    calls: Calls,
 }
 
 impl Run {
@@ -426,6 +539,9 @@ impl Run {
         let (changed_tx, changed_rx) = mpsc::unbounded_channel();
         let handler = Handler {
             changed: changed_tx,
+            server: cfg.name.clone(),
+            elicitation: cfg.elicitation,
+            calls: self.calls.clone(),
         };
         let connecting = launch::connect(
             cfg,
