@@ -21,35 +21,39 @@ use std::sync::Mutex;
 use common::provision::{self, deps_dir, ensure, manifest_dir};
 
 /// Client scenarios that must pass.
-const SUPPORTED: &[&str] = &["initialize", "tools_call", "sse-retry"];
+const SUPPORTED: &[&str] = &[
+    "initialize",
+    "tools_call",
+    "sse-retry",
+    "auth/metadata-default",
+    "auth/metadata-var1",
+    "auth/metadata-var2",
+    "auth/metadata-var3",
+    "auth/basic-cimd",
+    "auth/scope-from-www-authenticate",
+    "auth/scope-from-scopes-supported",
+    "auth/scope-omitted-when-undefined",
+    "auth/scope-step-up",
+    "auth/scope-retry-limit",
+    "auth/token-endpoint-auth-basic",
+    "auth/token-endpoint-auth-post",
+    "auth/token-endpoint-auth-none",
+    "auth/pre-registration",
+    "auth/2025-03-26-oauth-metadata-backcompat",
+    "auth/2025-03-26-oauth-endpoint-fallback",
+    "auth/client-credentials-jwt",
+    "auth/client-credentials-basic",
+];
 
 /// Non-draft client scenarios not yet supported, with why.
 const NOT_YET: &[(&str, &str)] = &[
     (
         "elicitation-sep1034-client-defaults",
-        "elicitation does not reach an AAP client yet",
+        "elicitation does not reach an AAP client yet (it is declined with a logged reason)",
     ),
-    ("auth/metadata-default", "no OAuth yet"),
-    ("auth/metadata-var1", "no OAuth yet"),
-    ("auth/metadata-var2", "no OAuth yet"),
-    ("auth/metadata-var3", "no OAuth yet"),
-    ("auth/basic-cimd", "no OAuth yet"),
-    ("auth/scope-from-www-authenticate", "no OAuth yet"),
-    ("auth/scope-from-scopes-supported", "no OAuth yet"),
-    ("auth/scope-omitted-when-undefined", "no OAuth yet"),
-    ("auth/scope-step-up", "no OAuth yet"),
-    ("auth/scope-retry-limit", "no OAuth yet"),
-    ("auth/token-endpoint-auth-basic", "no OAuth yet"),
-    ("auth/token-endpoint-auth-post", "no OAuth yet"),
-    ("auth/token-endpoint-auth-none", "no OAuth yet"),
-    ("auth/pre-registration", "no OAuth yet"),
-    ("auth/2025-03-26-oauth-metadata-backcompat", "no OAuth yet"),
-    ("auth/2025-03-26-oauth-endpoint-fallback", "no OAuth yet"),
-    ("auth/client-credentials-jwt", "no OAuth yet"),
-    ("auth/client-credentials-basic", "no OAuth yet"),
     (
         "auth/cross-app-access-complete-flow",
-        "an extension (identity assertion grant) turnstile does not implement",
+        "an extension (token exchange and JWT-bearer grant from an enterprise IdP) turnstile does not implement",
     ),
 ];
 

@@ -1007,6 +1007,7 @@ async fn mcp(
         session_id: "ses_bench".into(),
         workspace: host_dir.path().join("sandboxes/ses_bench"),
         owner: None,
+        elicitor: None,
     };
     let args = json!({"a": 2, "b": 3});
     let Value::Object(args) = args else {

@@ -159,7 +159,7 @@ def wait_up(addr):
     return False
 
 
-def call_tools(addr):
+def call_tools(addr, relogin):
     _, meta = http(addr, "GET", "/meta")
     tools = [
         t
@@ -176,12 +176,18 @@ def call_tools(addr):
         _, s = http(addr, "POST", "/sessions", {"tools": [elicit]})
         sid = s["sessionId"]
         said = f"/call {t['name']} {json.dumps(arguments(t.get('parameters')))}"
-        code, r = http(
-            addr,
-            "POST",
-            f"/sessions/{sid}/turns",
-            {"messages": [{"role": "user", "content": said}]},
-        )
+        turn = {"messages": [{"role": "user", "content": said}]}
+        code, r = http(addr, "POST", f"/sessions/{sid}/turns", turn)
+        # A server that asks for more scope (step-up): the operator logs in again, as the
+        # tool's error says, and the call is made again (at most twice).
+        for _ in range(2):
+            if not (code == 200 and "turnstile login" in json.dumps(r)):
+                break
+            if not relogin():
+                break
+            _, s = http(addr, "POST", "/sessions", {"tools": [elicit]})
+            sid = s["sessionId"]
+            code, r = http(addr, "POST", f"/sessions/{sid}/turns", turn)
         for _ in range(4):
             calls = pending_elicitations(r) if code == 200 else []
             if not calls:
@@ -234,7 +240,7 @@ def main():
     try:
         if not wait_up(addr):
             return 1
-        return 0 if call_tools(addr) else 1
+        return 0 if call_tools(addr, lambda: login(binary, cfg, env)) else 1
     finally:
         p.terminate()
         try:

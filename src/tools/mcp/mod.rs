@@ -13,6 +13,7 @@ pub mod content;
 pub mod elicit;
 pub mod http_client;
 pub mod naming;
+pub mod oauth;
 pub mod policy;
 pub mod sandbox;
 pub mod stderr;
@@ -130,6 +131,8 @@ pub struct McpHost {
     evicted: AtomicU64,
     federation: RwLock<Federation>,
     generation: tokio::sync::watch::Sender<u64>,
+    /// The OAuth of each HTTP server, by server index.
+    oauth: HashMap<usize, Arc<oauth::OAuth>>,
 }
 
 /// Errors that stop federation outright (configuration errors).
@@ -152,7 +155,13 @@ impl McpHost {
         progress: &(dyn Fn(ServerProgress) + Sync),
     ) -> Result<(Arc<McpHost>, StartReport), FederationError> {
         warn_about_sandboxes(&config);
-        let (shared, probes) = spawn_servers(&config);
+        let oauth: HashMap<usize, Arc<oauth::OAuth>> = config
+            .mcp_servers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| Some((i, oauth::OAuth::for_server(s, &config.server)?)))
+            .collect();
+        let (shared, probes) = spawn_servers(&config, &oauth);
         let report = first_attempts(&config, &shared, &probes, progress).await;
         let mut probed = HashMap::new();
         for (i, s) in probes {
@@ -167,6 +176,7 @@ impl McpHost {
             evicted: AtomicU64::new(0),
             federation: RwLock::new(Federation::default()),
             generation: tokio::sync::watch::channel(0).0,
+            oauth,
         });
         host.refederate(true)?;
         host.follow_tool_lists();
@@ -296,6 +306,7 @@ impl McpHost {
                                 self.config.server.data_dir.clone(),
                                 self.config.server.sandboxes.clone(),
                             ],
+                            oauth: self.oauth.get(&idx).cloned(),
                         },
                     );
                     let inst = map.entry(key).or_insert(SessionInstance {
@@ -431,7 +442,10 @@ fn warn_about_sandboxes(config: &Config) {
 
 /// Start every configured server: the shared instances, and a probe instance (in a scratch
 /// folder) of each session-scoped server, for its tool list.
-fn spawn_servers(config: &Config) -> (HashMap<usize, Arc<Supervisor>>, Probes) {
+fn spawn_servers(
+    config: &Config,
+    oauth: &HashMap<usize, Arc<oauth::OAuth>>,
+) -> (HashMap<usize, Arc<Supervisor>>, Probes) {
     let private = vec![
         config.server.data_dir.clone(),
         config.server.sandboxes.clone(),
@@ -443,6 +457,7 @@ fn spawn_servers(config: &Config) -> (HashMap<usize, Arc<Supervisor>>, Probes) {
             McpScope::Shared => {
                 let placement = Placement {
                     private: private.clone(),
+                    oauth: oauth.get(&i).cloned(),
                     ..Placement::default()
                 };
                 shared.insert(i, Supervisor::start(cfg.clone(), placement));
@@ -454,6 +469,7 @@ fn spawn_servers(config: &Config) -> (HashMap<usize, Arc<Supervisor>>, Probes) {
                     cwd: Some(scratch.clone()),
                     workspace: Some(scratch),
                     private: private.clone(),
+                    oauth: oauth.get(&i).cloned(),
                 };
                 probes.push((i, Supervisor::start(cfg.clone(), placement)));
             }

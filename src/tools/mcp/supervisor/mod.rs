@@ -153,6 +153,8 @@ pub struct Placement {
     /// Folders a confined child must never reach (`data_dir`, `sandboxes`): see
     /// [`super::sandbox`].
     pub private: Vec<PathBuf>,
+    /// An HTTP server's OAuth (shared by its instances).
+    pub oauth: Option<Arc<super::oauth::OAuth>>,
 }
 
 /// The handle of a running server instance.
@@ -168,6 +170,7 @@ pub struct Supervisor {
     tracker: Arc<std::sync::Mutex<Tracker>>,
     calls: Calls,
     next_call: std::sync::atomic::AtomicU64,
+    oauth: Option<Arc<super::oauth::OAuth>>,
 }
 
 /// Tells the supervisor a server changed its tool list, and answers the server's requests
@@ -266,13 +269,12 @@ impl ClientHandler for Handler {
         std::future::ready(())
     }
 
-    fn create_elicitation(
+    async fn create_elicitation(
         &self,
         request: ElicitRequestParams,
         _: RequestContext<RoleClient>,
-    ) -> impl std::future::Future<Output = Result<ElicitResult, rmcp::ErrorData>> + MaybeSendFuture + '_
-    {
-        async move { Ok(self.elicit(request).await) }
+    ) -> Result<ElicitResult, rmcp::ErrorData> {
+        Ok(self.elicit(request).await)
     }
 
     fn get_info(&self) -> ClientConfig {
@@ -310,6 +312,7 @@ impl Supervisor {
             tracker: tracker.clone(),
             calls: calls.clone(),
             next_call: std::sync::atomic::AtomicU64::new(0),
+            oauth: placement.oauth.clone(),
         });
         let run = Run {
             stderr_log: Arc::new(std::sync::Mutex::new(super::stderr::StderrLog::new(
@@ -429,7 +432,14 @@ impl Supervisor {
         match tokio::time::timeout_at(deadline, peer.call_tool(params)).await {
             Ok(Ok(result)) => to_output(result),
             Ok(Err(e)) => {
-                ToolOutput::error(format!("MCP server {} failed the call: {e}", self.name))
+                let login = match &self.oauth {
+                    Some(o) => o.needs_login().await,
+                    None => None,
+                };
+                ToolOutput::error(match login {
+                    Some(why) => format!("MCP server {} needs a login: {why}", self.name),
+                    None => format!("MCP server {} failed the call: {e}", self.name),
+                })
             }
             // Spec 003: a call cut short gets "Cancelled."; why goes to the log, not the model.
             Err(_) => {
@@ -576,7 +586,13 @@ impl Run {
                 self.tools.send_replace(Arc::new(listed));
                 self.link.send_replace(Link::Ready(peer.clone()));
             }
-            Ok(Err(e)) => return self.down(format!("listing tools failed: {e}"), true),
+            Ok(Err(e)) => {
+                let why = match &self.placement.oauth {
+                    Some(o) => o.needs_login().await.map(|w| format!("needs a login: {w}")),
+                    None => None,
+                };
+                return self.down(why.unwrap_or(format!("listing tools failed: {e}")), true);
+            }
             Err(_) => return self.down("listing tools timed out".into(), true),
         }
         let _up = self.metrics.up();
