@@ -41,7 +41,8 @@ use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    JsonObject, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    JsonObject, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
+    ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::schemars::JsonSchema;
 use rmcp::service::RequestContext;
@@ -228,11 +229,26 @@ impl ExampleServer {
                     .await;
             }
         }
+        if let Some(token) = context.meta.get_progress_token() {
+            let mut progress = ProgressNotificationParam::new(token, 0.0);
+            progress.total = Some(args.ms as f64);
+            progress.message = Some("sleeping".into());
+            let _ = context.peer.notify_progress(progress).await;
+        }
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_millis(args.ms)) => {
                 text_result(format!("slept {} ms", args.ms))
             }
-            _ = context.ct.cancelled() => error_result("cancelled"),
+            _ = context.ct.cancelled() => {
+                // Tell the watcher the cancellation arrived (tests of cancellation relays).
+                if let Some(addr) = &args.notify {
+                    use tokio::io::AsyncWriteExt;
+                    if let Ok(mut conn) = tokio::net::TcpStream::connect(addr.as_str()).await {
+                        let _ = conn.write_all(b"cancelled\n").await;
+                    }
+                }
+                error_result("cancelled")
+            }
         }
     }
 

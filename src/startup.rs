@@ -15,6 +15,7 @@ use crate::files::FileStore;
 use crate::http::auth::Keys;
 use crate::log::Store;
 use crate::protocol::context::App;
+use crate::protocol::mcp_endpoint::Endpoint as McpEndpoint;
 use crate::tools::toolbox::Toolbox;
 use crate::tools::ToolHost;
 use crate::upstream::{anthropic::Anthropic, echo::Echo, openai::OpenAi, Provider};
@@ -217,6 +218,8 @@ pub async fn start_with(
         Some(t) => t,
         None => tool_host(&config, Some(files.clone())).await?,
     };
+    let streams = CancellationToken::new();
+    let mcp = McpEndpoint::new(&config, &tools, &keys, addr, &streams);
     let engine = Engine::open(config, store, provider, tools, Some(files.clone())).await?;
     let listener = TcpListener::bind(addr)
         .await
@@ -239,13 +242,13 @@ pub async fn start_with(
         }
         None => (None, None),
     };
-    let streams = CancellationToken::new();
     let app = Arc::new(App {
         engine: engine.clone(),
         keys,
         public_meta,
         streams: streams.clone(),
         files,
+        mcp,
     });
     let server = tokio::spawn(crate::http::server::serve(
         listener,

@@ -943,6 +943,10 @@ struct Mcp {
     /// The same call through turnstile's tool host alone (no turn around it), after the model's
     /// answer as well.
     host: f64,
+    /// The tool called through turnstile's `/mcp` by an MCP client, and the same tool called
+    /// directly on a child, the two interleaved back to back.
+    endpoint: Pcts,
+    endpoint_direct: Pcts,
 }
 
 impl Mcp {
@@ -1199,9 +1203,12 @@ async fn mcp(
         }
         log(opts, format!("mcp round {}/{} done", r + 1, n.mcp_rounds));
     }
+    let (endpoint, endpoint_direct) = through_endpoint(opts, n, srv, &direct, &args).await?;
     let _ = direct.cancel().await;
     drop(host);
     Ok(Mcp {
+        endpoint,
+        endpoint_direct,
         plain: median(&rounds[0]),
         tool: median(&rounds[1]),
         rmcp: median(&rounds[2]),
@@ -1210,6 +1217,56 @@ async fn mcp(
         gap_turn: median(&rounds[6]),
         gap_again: median(&rounds[7]),
     })
+}
+
+/// `mcp__ex__add` through `/mcp` (an rmcp streamable-HTTP client) and `add` on the direct child,
+/// interleaved call by call: the median over rounds (the first a warm-up) of each one's p50, p99.
+async fn through_endpoint(
+    opts: &Options,
+    n: &Counts,
+    srv: &Server,
+    direct: &rmcp::service::RunningService<rmcp::RoleClient, ()>,
+    args: &serde_json::Map<String, Value>,
+) -> Result<(Pcts, Pcts)> {
+    use rmcp::model::CallToolRequestParams;
+    use rmcp::ServiceExt;
+    let url = format!("{}/mcp", srv.base);
+    let endpoint = ()
+        .serve(turnstile::tools::mcp::http_client::transport(
+            &url,
+            Default::default(),
+            None,
+        ))
+        .await
+        .context("MCP initialize over /mcp")?;
+    let (mut via, mut straight) = (Vec::new(), Vec::new());
+    for r in 0..n.mcp_rounds {
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for _ in 0..n.mcp_calls {
+            let t = Instant::now();
+            let res = endpoint
+                .call_tool(CallToolRequestParams::new("mcp__ex__add").with_arguments(args.clone()))
+                .await
+                .context("tools/call over /mcp")?;
+            a.push(t.elapsed().as_nanos() as u64);
+            if res.is_error == Some(true) {
+                bail!("add over /mcp failed: {res:?}");
+            }
+            let t = Instant::now();
+            direct
+                .call_tool(CallToolRequestParams::new("add").with_arguments(args.clone()))
+                .await
+                .context("direct tools/call")?;
+            b.push(t.elapsed().as_nanos() as u64);
+        }
+        if r > 0 {
+            via.push(pcts(a));
+            straight.push(pcts(b));
+        }
+        log(opts, format!("/mcp round {}/{} done", r + 1, n.mcp_rounds));
+    }
+    let _ = endpoint.cancel().await;
+    Ok((med(&via), med(&straight)))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1618,7 +1675,7 @@ async fn run_on_worker(opts: &Options) -> Result<Report> {
     if wants("mcp") {
         log(opts, "3. a trusted MCP tool in a turn");
         let mcp_extra = format!(
-            "[mcp_servers.ex]\ncommand = {:?}\n\n[policy]\ntrust = [\"mcp__ex__add\"]\n",
+            "[mcp_servers.ex]\ncommand = {:?}\n\n[policy]\ntrust = [\"mcp__ex__add\"]\n\n[mcp_endpoint]\nenabled = true\n",
             opts.mcp_example.display().to_string()
         );
         let srv = Server::start(Some(&fake.base_url()), false, &mcp_extra).await?;
@@ -1831,6 +1888,20 @@ async fn run_on_worker(opts: &Options) -> Result<Report> {
             "≤ 100 µs",
             Some(m.overhead() <= 100.0),
         );
+        row(
+            "A trusted MCP tool through /mcp − the same tool called directly on the child, p50 (p99)",
+            format!(
+                "{} ({}); through /mcp {} ({}), direct {} ({})",
+                us(m.endpoint.p50 - m.endpoint_direct.p50),
+                us(m.endpoint.p99 - m.endpoint_direct.p99),
+                us(m.endpoint.p50),
+                us(m.endpoint.p99),
+                us(m.endpoint_direct.p50),
+                us(m.endpoint_direct.p99)
+            ),
+            "",
+            None,
+        );
     }
     for (i, (kib, count, in_process)) in rss_figs.iter().enumerate() {
         let label = if opts.smoke {
@@ -1962,6 +2033,17 @@ async fn run_on_worker(opts: &Options) -> Result<Report> {
         mcp_fig.as_ref().map_or(f64::NAN, Mcp::in_turn),
         1,
     );
+    for (key, fig) in [
+        (
+            "mcp_endpoint_p50_us",
+            (|m: &Mcp| m.endpoint.p50) as fn(&Mcp) -> f64,
+        ),
+        ("mcp_endpoint_p99_us", |m| m.endpoint.p99),
+        ("mcp_endpoint_direct_p50_us", |m| m.endpoint_direct.p50),
+        ("mcp_endpoint_direct_p99_us", |m| m.endpoint_direct.p99),
+    ] {
+        put(key, mcp_fig.as_ref().map_or(f64::NAN, fig), 1);
+    }
     put(
         "mcp_host_call_p50_us",
         mcp_fig.as_ref().map_or(f64::NAN, |m| m.host),

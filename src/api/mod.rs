@@ -33,7 +33,7 @@ pub async fn handle(app: Arc<App>, req: Request) -> Response {
     let result = async {
         let route = route?;
         let caller = Caller {
-            owner: if route.is_public(app.public_meta) {
+            owner: if route.is_public(app.public_meta, app.mcp.enabled()) {
                 None
             } else {
                 app.keys.owner(&req)?
@@ -96,5 +96,6 @@ async fn dispatch(
         Endpoint::FileContent(id) => files::content(app, &caller, &id, &req).await,
         Endpoint::Console(asset) => console::asset(&asset, &req),
         Endpoint::ConsolePending => console::pending(app, &caller, &req).await,
+        Endpoint::Mcp(agent) => app.mcp.handle(agent.as_deref(), caller.owner, req).await,
     }
 }

@@ -37,14 +37,18 @@ pub enum Endpoint {
     /// A web console asset (`index.html` for `/console`).
     Console(String),
     ConsolePending,
+    /// `/mcp` (`None`) or `/mcp/<agent>`: MCP streamable HTTP.
+    Mcp(Option<String>),
 }
 
 impl Endpoint {
     /// Endpoints that answer without a key.
-    pub fn is_public(&self, public_meta: bool) -> bool {
+    pub fn is_public(&self, public_meta: bool, mcp_enabled: bool) -> bool {
         match self {
             Endpoint::Healthz | Endpoint::Readyz | Endpoint::Console(_) => true,
             Endpoint::Meta => public_meta,
+            // Off, it is a 404 to everyone.
+            Endpoint::Mcp(_) => !mcp_enabled,
             _ => false,
         }
     }
@@ -78,6 +82,7 @@ impl Endpoint {
             Endpoint::FileContent(_) => "/files/{id}/content",
             Endpoint::Console(_) => "/console/{asset}",
             Endpoint::ConsolePending => "/console/pending",
+            Endpoint::Mcp(_) => "/mcp",
         }
     }
 
@@ -168,6 +173,11 @@ fn top_level(m: &Method, segs: &[&str]) -> Found {
         ["console"] => probe(m, Endpoint::Console("index.html".into())),
         ["console", "pending"] => get(m, Endpoint::ConsolePending),
         ["console", asset] => probe(m, Endpoint::Console(asset.to_string())),
+        ["mcp"] | ["mcp", _] => (
+            matches!(*m, Method::GET | Method::POST | Method::DELETE)
+                .then(|| Endpoint::Mcp(segs.get(1).map(|s| s.to_string()))),
+            "GET, POST, DELETE",
+        ),
         _ => return None,
     })
 }

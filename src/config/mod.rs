@@ -34,6 +34,18 @@ pub struct Config {
     pub limits: LimitsConfig,
     /// `[telemetry]`.
     pub telemetry: TelemetryConfig,
+    /// `[mcp_endpoint]`: `/mcp`, the federated tools for MCP clients.
+    pub mcp_endpoint: McpEndpointConfig,
+}
+
+/// `[mcp_endpoint]`: whether `/mcp` serves the agents' federated tools over streamable HTTP.
+#[derive(Debug, Clone, Default)]
+pub struct McpEndpointConfig {
+    /// Default `false`: `/mcp` is then a 404.
+    pub enabled: bool,
+    /// Whose tool sets it serves, by agent name (each one of `agents`): `/mcp` serves the first,
+    /// `/mcp/<agent>` each one. Default: the default agent.
+    pub agents: Vec<String>,
 }
 
 /// `[telemetry]`: where traces go, if anywhere.

@@ -33,6 +33,8 @@ pub(super) struct RawConfig {
     pub limits: Option<Spanned<RawLimits>>,
     #[serde(default)]
     pub telemetry: Option<Spanned<RawTelemetry>>,
+    #[serde(default)]
+    pub mcp_endpoint: Option<Spanned<RawMcpEndpoint>>,
 }
 
 /// `[server]`
@@ -250,4 +252,14 @@ pub(super) struct RawLimits {
 pub(super) struct RawTelemetry {
     #[serde(default)]
     pub otlp_endpoint: Option<Spanned<String>>,
+}
+
+/// `[mcp_endpoint]`
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawMcpEndpoint {
+    #[serde(default)]
+    pub enabled: Option<bool>,
+    #[serde(default)]
+    pub agents: Option<Vec<Spanned<String>>>,
 }

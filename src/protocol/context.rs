@@ -15,6 +15,8 @@ pub struct App {
     /// Cancelled at shutdown, after running turns have ended: ends every open event stream.
     pub streams: tokio_util::sync::CancellationToken,
     pub files: FileStore,
+    /// `/mcp` (`[mcp_endpoint]`).
+    pub mcp: crate::protocol::mcp_endpoint::Endpoint,
 }
 
 impl App {

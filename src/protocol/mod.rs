@@ -6,5 +6,6 @@ pub mod console;
 pub mod context;
 pub mod events;
 pub mod files;
+pub mod mcp_endpoint;
 pub mod operator;
 pub mod runs;

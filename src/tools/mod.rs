@@ -9,6 +9,8 @@ pub mod deliver;
 pub mod mcp;
 pub mod toolbox;
 
+pub mod relay;
+
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;

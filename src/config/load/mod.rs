@@ -14,6 +14,7 @@ mod agents;
 mod files;
 mod limits;
 mod mcp_client;
+mod mcp_endpoint;
 mod mcp_servers;
 mod parse;
 mod policy;
@@ -116,16 +117,19 @@ pub fn load_str_with_env(
         })?;
     let cx = cx;
     let base_dir = path.parent().unwrap_or_else(|| Path::new(""));
+    let agents = agents::agents(&cx, raw.agents.as_ref())?;
+    let mcp_endpoint = mcp_endpoint::mcp_endpoint(&cx, raw.mcp_endpoint.as_ref(), &agents)?;
     Ok(Config {
         path: path.to_path_buf(),
         server: server::server(&cx, raw.server.as_ref(), base_dir)?,
         upstream: upstream::upstream(&cx, raw.upstream.as_ref())?,
-        agents: agents::agents(&cx, raw.agents.as_ref())?,
+        agents,
         mcp_servers: mcp_servers::mcp_servers(&cx, raw.mcp_servers.as_ref(), base_dir)?,
         policy: policy::policy(&cx, raw.policy.as_ref())?,
         files: files::files(&cx, raw.files.as_ref())?,
         limits: limits::limits(&cx, raw.limits.as_ref())?,
         telemetry: telemetry::telemetry(&cx, raw.telemetry.as_ref())?,
+        mcp_endpoint,
     })
 }
 

@@ -28,6 +28,7 @@ use super::elicit::{self, Answer, Asker, Elicitor, Question};
 
 mod launch;
 use crate::config::{ElicitationMode, McpServerConfig};
+use crate::tools::relay::Relays;
 use crate::tools::ToolOutput;
 
 /// A tool as its server lists it.
@@ -171,6 +172,8 @@ pub struct Supervisor {
     calls: Calls,
     next_call: std::sync::atomic::AtomicU64,
     oauth: Option<Arc<super::oauth::OAuth>>,
+    /// Calls whose progress is relayed, by their progress token.
+    relays: Relays,
 }
 
 /// Tells the supervisor a server changed its tool list, and answers the server's requests
@@ -180,6 +183,7 @@ struct Handler {
     server: String,
     elicitation: ElicitationMode,
     calls: Calls,
+    relays: Relays,
 }
 
 /// The calls in flight on an instance, each with who can answer for it.
@@ -277,6 +281,15 @@ impl ClientHandler for Handler {
         Ok(self.elicit(request).await)
     }
 
+    fn on_progress(
+        &self,
+        params: rmcp::model::ProgressNotificationParam,
+        _: NotificationContext<RoleClient>,
+    ) -> impl std::future::Future<Output = ()> + MaybeSendFuture + '_ {
+        crate::tools::relay::deliver(&self.relays, params);
+        std::future::ready(())
+    }
+
     fn get_info(&self) -> ClientConfig {
         let mut info = ClientConfig::default();
         // The initialize-based protocol: list_changed arrives as a plain notification.
@@ -301,6 +314,7 @@ impl Supervisor {
         let pgid = Arc::new(std::sync::atomic::AtomicI32::new(0));
         let tracker = Arc::new(std::sync::Mutex::new(Tracker::new()));
         let calls: Calls = Arc::default();
+        let relays = Relays::default();
         let sup = Arc::new(Supervisor {
             name: cfg.name.clone(),
             link,
@@ -313,6 +327,7 @@ impl Supervisor {
             calls: calls.clone(),
             next_call: std::sync::atomic::AtomicU64::new(0),
             oauth: placement.oauth.clone(),
+            relays: relays.clone(),
         });
         let run = Run {
             stderr_log: Arc::new(std::sync::Mutex::new(super::stderr::StderrLog::new(
@@ -327,6 +342,7 @@ impl Supervisor {
             pgid,
             tracker,
             calls,
+            relays,
         };
         let task = tokio::spawn(run.run());
         if let Ok(mut done) = sup.done.try_lock() {
@@ -429,7 +445,8 @@ impl Supervisor {
         };
         let mut params = CallToolRequestParams::new(tool.to_string());
         params.arguments = args;
-        match tokio::time::timeout_at(deadline, peer.call_tool(params)).await {
+        let call = crate::tools::relay::call_tool(&peer, params, &self.relays);
+        match tokio::time::timeout_at(deadline, call).await {
             Ok(Ok(result)) => to_output(result),
             Ok(Err(e)) => {
                 let login = match &self.oauth {
@@ -483,6 +500,7 @@ struct Run {
     shutdown: CancellationToken,
     pgid: Arc<std::sync::atomic::AtomicI32>,
     tracker: Arc<std::sync::Mutex<Tracker>>,
+    relays: Relays,
     stderr_log: Arc<std::sync::Mutex<super::stderr::StderrLog>>,
     metrics: Arc<crate::metrics::McpMetrics>,
     calls: Calls,
@@ -552,6 +570,7 @@ impl Run {
             server: cfg.name.clone(),
             elicitation: cfg.elicitation,
             calls: self.calls.clone(),
+            relays: self.relays.clone(),
         };
         let connecting = launch::connect(
             cfg,

@@ -1,0 +1,100 @@
+//! `[mcp_endpoint]`: `/mcp`, the agents' federated tools for MCP clients.
+
+use toml::Spanned;
+
+use super::{ConfigError, Cx};
+use crate::config::raw::RawMcpEndpoint;
+use crate::config::{AgentConfig, McpEndpointConfig};
+
+pub(super) fn mcp_endpoint(
+    cx: &Cx<'_>,
+    raw: Option<&Spanned<RawMcpEndpoint>>,
+    agents: &[AgentConfig],
+) -> Result<McpEndpointConfig, ConfigError> {
+    let Some(raw) = raw else {
+        return Ok(McpEndpointConfig::default());
+    };
+    let t = raw.get_ref();
+    let known = || {
+        agents
+            .iter()
+            .map(|a| a.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut names: Vec<String> = Vec::new();
+    for v in t.agents.iter().flatten() {
+        let name = v.get_ref();
+        if !agents.iter().any(|a| &a.name == name) {
+            return Err(cx.err(
+                v.span(),
+                "mcp_endpoint.agents",
+                format!(
+                    "no agent named {name:?}; the agents are: {} (each needs an [agents.NAME] table)",
+                    known()
+                ),
+            ));
+        }
+        if names.contains(name) {
+            return Err(cx.err(
+                v.span(),
+                "mcp_endpoint.agents",
+                format!("{name:?} is listed twice; name each agent once"),
+            ));
+        }
+        names.push(name.clone());
+    }
+    if t.agents.as_ref().is_some_and(Vec::is_empty) {
+        return Err(cx.err(
+            raw.span(),
+            "mcp_endpoint.agents",
+            format!(
+                "names no agent; list whose tool sets /mcp serves (the agents are: {}), or leave the key out for the default agent",
+                known()
+            ),
+        ));
+    }
+    if names.is_empty() {
+        names.extend(agents.first().map(|a| a.name.clone()));
+    }
+    Ok(McpEndpointConfig {
+        enabled: t.enabled.unwrap_or(false),
+        agents: names,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::{bad, ok};
+
+    #[test]
+    fn off_by_default_and_the_default_agent() {
+        let c = ok("[agents.a]\n[agents.b]\n");
+        assert!(!c.mcp_endpoint.enabled);
+        let c = ok("[agents.a]\n[agents.b]\n[mcp_endpoint]\nenabled = true\n");
+        assert!(c.mcp_endpoint.enabled);
+        assert_eq!(c.mcp_endpoint.agents, vec!["a".to_string()]);
+        let c =
+            ok("[agents.a]\n[agents.b]\n[mcp_endpoint]\nenabled = true\nagents = [\"b\", \"a\"]\n");
+        assert_eq!(
+            c.mcp_endpoint.agents,
+            vec!["b".to_string(), "a".to_string()]
+        );
+    }
+
+    #[test]
+    fn unknown_twice_empty_and_unknown_keys_are_errors() {
+        let e = bad("[agents.a]\n[mcp_endpoint]\nenabled = true\nagents = [\"zed\"]\n");
+        assert_eq!(
+            (e.line, e.key.as_deref()),
+            (Some(4), Some("mcp_endpoint.agents"))
+        );
+        assert!(e.message.contains("no agent named \"zed\"") && e.message.contains("a"));
+        let e = bad("[agents.a]\n[mcp_endpoint]\nagents = [\"a\", \"a\"]\n");
+        assert!(e.message.contains("listed twice"), "{}", e.message);
+        let e = bad("[agents.a]\n[mcp_endpoint]\nagents = []\n");
+        assert!(e.message.contains("names no agent"), "{}", e.message);
+        let e = bad("[mcp_endpoint]\nenable = true\n");
+        assert!(e.to_string().contains("enable"), "{e}");
+    }
+}
