@@ -58,6 +58,9 @@ const KEPT_ENV: &[&str] = &[
 const BACKOFF_START: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
 const SUSTAINED_UPTIME: Duration = Duration::from_secs(60);
+/// How long a session-scoped instance waits, once its tools are listed, for the server to ask
+/// for its roots before its first call goes out.
+const ROOTS_GRACE: Duration = Duration::from_millis(200);
 /// How long a stopped child's stderr is awaited to its end.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(1);
 
@@ -184,6 +187,10 @@ struct Handler {
     elicitation: ElicitationMode,
     calls: Calls,
     relays: Relays,
+    /// A session-scoped instance's root: its session's workspace (`None`: no roots declared).
+    root: Option<PathBuf>,
+    /// Set once the server has asked for the roots.
+    roots_asked: watch::Sender<bool>,
 }
 
 /// The calls in flight on an instance, each with who can answer for it.
@@ -290,6 +297,21 @@ impl ClientHandler for Handler {
         std::future::ready(())
     }
 
+    // Roots are deprecated by SEP-2577 (a later protocol); servers of the current ones use them.
+    #[allow(deprecated)]
+    async fn list_roots(
+        &self,
+        _: RequestContext<RoleClient>,
+    ) -> Result<rmcp::model::ListRootsResult, rmcp::ErrorData> {
+        self.roots_asked.send_replace(true);
+        let roots = self
+            .root
+            .iter()
+            .map(|p| rmcp::model::Root::new(file_uri(p)).with_name("workspace"))
+            .collect();
+        Ok(rmcp::model::ListRootsResult::new(roots))
+    }
+
     fn get_info(&self) -> ClientConfig {
         let mut info = ClientConfig::default();
         // The initialize-based protocol: list_changed arrives as a plain notification.
@@ -299,10 +321,29 @@ impl ClientHandler for Handler {
             Some(ElicitationCapability::new().with_form(
                 rmcp::model::FormElicitationCapability::new().with_schema_validation(true),
             ));
+        #[allow(deprecated)]
+        if self.root.is_some() {
+            // The root of an instance never changes (a new session gets a new instance).
+            caps.roots = Some(rmcp::model::RootsCapabilities::default());
+        }
         info.capabilities = caps;
         info.client_info = Implementation::new("turnstile", env!("CARGO_PKG_VERSION"));
         info
     }
+}
+
+/// `file://` URI of an absolute path (bytes outside the unreserved set percent-encoded).
+fn file_uri(path: &std::path::Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let mut out = String::from("file://");
+    for &b in path.as_os_str().as_bytes() {
+        if b.is_ascii_alphanumeric() || b"/-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 impl Supervisor {
@@ -565,12 +606,19 @@ impl Run {
     async fn life(&self, drain: &mut Option<tokio::task::JoinHandle<()>>) -> ControlFlow<()> {
         let cfg = &self.cfg;
         let (changed_tx, changed_rx) = mpsc::unbounded_channel();
+        let (roots_asked, asked) = watch::channel(false);
         let handler = Handler {
+            roots_asked,
             changed: changed_tx,
             server: cfg.name.clone(),
             elicitation: cfg.elicitation,
             calls: self.calls.clone(),
             relays: self.relays.clone(),
+            root: self
+                .placement
+                .workspace
+                .as_ref()
+                .map(|w| std::fs::canonicalize(w).unwrap_or_else(|_| w.clone())),
         };
         let connecting = launch::connect(
             cfg,
@@ -587,7 +635,7 @@ impl Run {
             _ = self.shutdown.cancelled() => return ControlFlow::Break(()),
         };
         match connected {
-            Ok(service) => self.serve(service, changed_rx).await,
+            Ok(service) => self.serve(service, changed_rx, asked).await,
             Err(e) => {
                 tracing::warn!(server = %cfg.name, error = %e, "MCP server failed to start");
                 self.down(e, true);
@@ -598,10 +646,21 @@ impl Run {
 
     /// List the tools, then serve calls (they use the peer directly) and re-list on
     /// `list_changed` until the connection ends or the instance is shut down.
-    async fn serve(&self, service: launch::Service, mut changed: mpsc::UnboundedReceiver<()>) {
+    async fn serve(
+        &self,
+        service: launch::Service,
+        mut changed: mpsc::UnboundedReceiver<()>,
+        mut roots_asked: watch::Receiver<bool>,
+    ) {
         let peer = service.peer().clone();
         match tokio::time::timeout(self.cfg.startup_timeout, list(&peer)).await {
             Ok(Ok(listed)) => {
+                if self.placement.workspace.is_some() {
+                    // A server that uses roots asks for them as soon as it is initialized:
+                    // give it a moment, so that its first call already knows its root.
+                    let asked = roots_asked.wait_for(|asked| *asked);
+                    let _ = tokio::time::timeout(ROOTS_GRACE, asked).await;
+                }
                 self.tools.send_replace(Arc::new(listed));
                 self.link.send_replace(Link::Ready(peer.clone()));
             }
