@@ -66,18 +66,7 @@ pub(super) fn oauth(
         ));
     }
     let o = table.get_ref();
-    let grant = match &o.grant {
-        None => OAuthGrant::AuthorizationCode,
-        Some(v) => match cx.choice(
-            v,
-            &k("grant"),
-            "grant",
-            &["authorization_code", "client_credentials"],
-        )? {
-            "client_credentials" => OAuthGrant::ClientCredentials,
-            _ => OAuthGrant::AuthorizationCode,
-        },
-    };
+    let grant = grant(cx, o.grant.as_ref(), &k("grant"))?;
     let client_id = match &o.client_id {
         None => None,
         Some(v) => Some(cx.non_empty(v, &k("client_id"), "the client id")?),
@@ -130,6 +119,24 @@ pub(super) fn oauth(
         signing_algorithm,
         redirect_port: cx.int(o.redirect_port.as_ref(), &k("redirect_port"), 0, 0, 65535)? as u16,
     }))
+}
+
+/// `grant`: `"authorization_code"` (default) or `"client_credentials"`.
+fn grant(cx: &Cx<'_>, v: Option<&Spanned<String>>, key: &str) -> Result<OAuthGrant, ConfigError> {
+    let Some(v) = v else {
+        return Ok(OAuthGrant::AuthorizationCode);
+    };
+    Ok(
+        match cx.choice(
+            v,
+            key,
+            "grant",
+            &["authorization_code", "client_credentials"],
+        )? {
+            "client_credentials" => OAuthGrant::ClientCredentials,
+            _ => OAuthGrant::AuthorizationCode,
+        },
+    )
 }
 
 #[cfg(test)]
