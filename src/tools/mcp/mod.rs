@@ -154,7 +154,7 @@ impl McpHost {
         config: Arc<Config>,
         progress: &(dyn Fn(ServerProgress) + Sync),
     ) -> Result<(Arc<McpHost>, StartReport), FederationError> {
-        warn_about_sandboxes(&config);
+        warn_at_start(&config);
         let oauth: HashMap<usize, Arc<oauth::OAuth>> = config
             .mcp_servers
             .iter()
@@ -417,9 +417,15 @@ impl McpHost {
     }
 }
 
-/// Servers with `sandbox = "landlock"` on a kernel that cannot (fully) confine them: said once
-/// at start-up.
-fn warn_about_sandboxes(config: &Config) {
+/// Said once at start-up: servers with `sampling = true` (not answered yet), and servers with
+/// `sandbox = "landlock"` on a kernel that cannot (fully) confine them.
+fn warn_at_start(config: &Config) {
+    for s in config.mcp_servers.iter().filter(|s| s.sampling) {
+        tracing::warn!(
+            server = %s.name,
+            "sampling = true: this turnstile does not answer sampling requests yet; the capability is not declared, so the server gets none"
+        );
+    }
     let confined: Vec<&str> = config
         .mcp_servers
         .iter()
