@@ -166,3 +166,88 @@ async fn an_elicitation_no_one_can_answer_is_declined_and_the_capability_is_decl
         );
     }
 }
+
+/// An MCP client of `/mcp` that answers every elicitation with `content`.
+struct Answering {
+    content: Value,
+    asked: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl rmcp::ClientHandler for Answering {
+    async fn create_elicitation(
+        &self,
+        request: rmcp::model::ElicitRequestParams,
+        _: rmcp::service::RequestContext<rmcp::RoleClient>,
+    ) -> Result<rmcp::model::ElicitResult, rmcp::ErrorData> {
+        if let rmcp::model::ElicitRequestParams::FormElicitationParams { message, .. } = request {
+            self.asked.lock().unwrap().push(message);
+        }
+        Ok(
+            rmcp::model::ElicitResult::new(rmcp::model::ElicitationAction::Accept)
+                .with_content(self.content.clone()),
+        )
+    }
+
+    fn get_info(&self) -> rmcp::model::ClientInfo {
+        let mut info = rmcp::model::ClientInfo::default();
+        let mut caps = rmcp::model::ClientCapabilities::default();
+        caps.elicitation = Some(
+            rmcp::model::ElicitationCapability::new()
+                .with_form(rmcp::model::FormElicitationCapability::new()),
+        );
+        info.capabilities = caps;
+        info
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_elicitation_during_a_call_through_mcp_reaches_that_client_with_defaults_and_validation()
+{
+    use rmcp::ServiceExt;
+    let fake = FakeOpenAi::start().await;
+    let extra = format!(
+        "{}\n[mcp_endpoint]\nenabled = true\nagents = [\"assistant\"]\n",
+        elicit_server("")
+    );
+    let server = TestServer::start(&config_text(&fake, &extra)).await;
+    let url = format!("http://{}/mcp", server.addr);
+    // A valid answer: the defaults fill what it left out (SEP-1034).
+    // An invalid one (count below its minimum): declined, never passed on.
+    for (content, want) in [
+        (
+            json!({"name": "Grace"}),
+            "action=accept content={\"count\": 2, \"name\": \"Grace\"}",
+        ),
+        (json!({"count": 0}), "action=decline content=null"),
+    ] {
+        let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let handler = Answering {
+            content,
+            asked: asked.clone(),
+        };
+        let client = handler
+            .serve(turnstile::tools::mcp::http_client::transport(
+                &url,
+                HashMap::new(),
+                None,
+            ))
+            .await
+            .expect("connect to /mcp");
+        let result = tokio::time::timeout(
+            Duration::from_secs(30),
+            client
+                .peer()
+                .call_tool(rmcp::model::CallToolRequestParams::new("mcp__el__ask")),
+        )
+        .await
+        .expect("the call answered within 30 s")
+        .expect("the call succeeded");
+        let text = serde_json::to_value(&result.content).unwrap().to_string();
+        assert!(
+            text.contains(&want.replace('"', "\\\"")),
+            "{want} not in {text}"
+        );
+        assert_eq!(*asked.lock().unwrap(), vec!["Who are you?".to_string()]);
+        let _ = client.cancel().await;
+    }
+}
