@@ -188,8 +188,8 @@ impl rmcp::ClientHandler for Answering {
         )
     }
 
-    fn get_info(&self) -> rmcp::model::ClientInfo {
-        let mut info = rmcp::model::ClientInfo::default();
+    fn get_info(&self) -> rmcp::model::ClientConfig {
+        let mut info = rmcp::model::ClientConfig::default();
         let mut caps = rmcp::model::ClientCapabilities::default();
         caps.elicitation = Some(
             rmcp::model::ElicitationCapability::new()
