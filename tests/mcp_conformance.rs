@@ -49,7 +49,7 @@ const SUPPORTED: &[&str] = &[
 const NOT_YET: &[(&str, &str)] = &[
     (
         "elicitation-sep1034-client-defaults",
-        "elicitation does not reach an AAP client yet (it is declined with a logged reason)",
+        "elicitation does not reach an AAP client yet (the driver answers as one; turnstile declines with a logged reason)",
     ),
     (
         "auth/cross-app-access-complete-flow",
