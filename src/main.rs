@@ -59,6 +59,14 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Authorize turnstile at an OAuth-protected MCP server: prints the authorization URL to
+    /// open, receives the redirect on a loopback port, stores the tokens encrypted.
+    Login {
+        /// The `[mcp_servers.NAME]` to log in to.
+        server: String,
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
 }
 
 fn config_path(flag: Option<PathBuf>) -> PathBuf {
@@ -97,6 +105,11 @@ fn main() -> ExitCode {
             json: json_out,
         } => turnstile::telemetry::init(json, None, runtime.handle())
             .and_then(|_| runtime.block_on(check(config_path(config), json_out))),
+        Command::Login { server, config } => {
+            turnstile::telemetry::init(json, None, runtime.handle())
+                .and_then(|_| load(&config_path(config)))
+                .and_then(|config| runtime.block_on(login(config, &server)))
+        }
     };
     match result {
         Ok(code) => code,
@@ -109,6 +122,25 @@ fn main() -> ExitCode {
 
 fn load(path: &std::path::Path) -> Result<Config, String> {
     config::load(path).map_err(|e| e.to_string())
+}
+
+/// `turnstile login SERVER`.
+async fn login(config: Config, server: &str) -> Result<ExitCode, String> {
+    let cfg = config
+        .mcp_servers
+        .iter()
+        .find(|s| s.name == server)
+        .ok_or_else(|| format!("{}: no [mcp_servers.{server}]", config.path.display()))?;
+    let oauth = turnstile::tools::mcp::oauth::OAuth::for_server(cfg, &config.server).ok_or_else(|| {
+        format!("[mcp_servers.{server}] is not an HTTP server without its own Authorization header: nothing to log in to")
+    })?;
+    let announce = |url: &str| {
+        println!("Open this URL in a browser to authorize turnstile at {server}:");
+        println!("{url}");
+    };
+    let scope = oauth.login(&announce).await?;
+    println!("Logged in to {server} (scope: {scope:?}); tokens stored encrypted.");
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn serve(

@@ -586,6 +586,7 @@ async fn hostile_paths_through_the_deliver_file_tool_store_nothing_from_outside(
         session_id: "sess_hostile".into(),
         workspace: fx.ws.clone(),
         owner: None,
+        elicitor: None,
     };
     let deliver = |path: String| {
         let (files, ctx) = (&files, &ctx);

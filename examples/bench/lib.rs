@@ -1011,6 +1011,7 @@ async fn mcp(
         session_id: "ses_bench".into(),
         workspace: host_dir.path().join("sandboxes/ses_bench"),
         owner: None,
+        elicitor: None,
     };
     let args = json!({"a": 2, "b": 3});
     let Value::Object(args) = args else {
@@ -1234,6 +1235,7 @@ async fn through_endpoint(
         .serve(turnstile::tools::mcp::http_client::transport(
             &url,
             Default::default(),
+            None,
         ))
         .await
         .context("MCP initialize over /mcp")?;

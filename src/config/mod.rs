@@ -84,6 +84,8 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Serve `/metrics` (no key needed) on this address too. Default none.
     pub metrics_listen: Option<SocketAddr>,
+    /// The variable holding the key that encrypts stored OAuth tokens (read when used).
+    pub secret_key_env: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,6 +152,9 @@ pub struct AgentConfig {
     /// Compact the oldest turns into a summary when the next request would pass this share of
     /// the window. Default 0.8, in (0, 1].
     pub compact_at: f64,
+    /// A client tool of this name receives the MCP elicitations of the session's tool calls.
+    /// Default `"elicitation"`.
+    pub elicitation_tool: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -199,8 +204,55 @@ pub struct McpServerConfig {
     pub sandbox: SandboxKind,
     /// With `sandbox = Landlock`: whether the child may open TCP connections. Default `false`.
     pub network: bool,
+    /// What a server's `elicitation/create` gets. Default `Ask`.
+    pub elicitation: ElicitationMode,
+    /// Answer the server's `sampling/createMessage` from our upstream. Default `false`.
+    pub sampling: bool,
+    /// Per sampling request. Default 1024.
+    pub sampling_max_tokens: u32,
+    /// Sampling requests per turn. Default 4.
+    pub sampling_calls_per_turn: u32,
+    /// `[mcp_servers.X.oauth]` (HTTP servers only).
+    pub oauth: Option<OAuthConfig>,
     /// The 1-based line of the table header, for messages about this server.
     pub line: usize,
+}
+
+/// `[mcp_servers.X] elicitation`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ElicitationMode {
+    /// Ask whoever can answer for the session; decline where no one can.
+    #[default]
+    Ask,
+    /// Decline every elicitation.
+    Decline,
+}
+
+/// `[mcp_servers.X.oauth] grant`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OAuthGrant {
+    /// An operator logs in once (`turnstile login`); refresh tokens keep it going.
+    #[default]
+    AuthorizationCode,
+    /// Machine to machine: the client's own credentials.
+    ClientCredentials,
+}
+
+/// `[mcp_servers.X.oauth]`.
+#[derive(Debug, Clone, Default)]
+pub struct OAuthConfig {
+    pub grant: OAuthGrant,
+    pub client_id: Option<String>,
+    /// The variable holding the client secret (read when used, never logged).
+    pub client_secret_env: Option<String>,
+    pub client_metadata_url: Option<String>,
+    /// Asked for when neither the server's challenge nor its metadata says which.
+    pub scopes: Vec<String>,
+    pub private_key_file: Option<PathBuf>,
+    /// For `private_key_jwt`: `"ES256"` (default) or `"RS256"`.
+    pub signing_algorithm: String,
+    /// The loopback port of `turnstile login`'s redirect listener; 0: any free port.
+    pub redirect_port: u16,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

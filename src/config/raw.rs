@@ -65,6 +65,9 @@ pub(super) struct RawServer {
     pub max_connections: Option<Spanned<i64>>,
     #[serde(default)]
     pub metrics_listen: Option<Spanned<String>>,
+    /// The variable holding the key that encrypts stored OAuth tokens.
+    #[serde(default)]
+    pub secret_key_env: Option<Spanned<String>>,
 }
 
 /// `[upstream]`
@@ -121,6 +124,8 @@ pub(super) struct RawAgent {
     pub context_tokens: Option<Spanned<i64>>,
     #[serde(default)]
     pub compact_at: Option<Spanned<f64>>,
+    #[serde(default)]
+    pub elicitation_tool: Option<Spanned<String>>,
 }
 
 /// `[mcp_servers.NAME]`
@@ -154,6 +159,46 @@ pub(super) struct RawMcpServer {
     /// With `sandbox = "landlock"`: whether the child may open TCP connections.
     #[serde(default)]
     pub network: Option<bool>,
+    /// `"ask"` or `"decline"`.
+    #[serde(default)]
+    pub elicitation: Option<Spanned<String>>,
+    #[serde(default)]
+    pub sampling: Option<bool>,
+    #[serde(default)]
+    pub sampling_max_tokens: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub sampling_calls_per_turn: Option<Spanned<i64>>,
+    /// `[mcp_servers.X.oauth]`: an HTTP server behind OAuth 2.1.
+    #[serde(default)]
+    pub oauth: Option<Spanned<RawOAuth>>,
+}
+
+/// `[mcp_servers.X.oauth]`
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawOAuth {
+    /// `"authorization_code"` (default) or `"client_credentials"`.
+    #[serde(default)]
+    pub grant: Option<Spanned<String>>,
+    /// A pre-registered client id (else a client ID metadata document, else dynamic registration).
+    #[serde(default)]
+    pub client_id: Option<Spanned<String>>,
+    #[serde(default)]
+    pub client_secret_env: Option<Spanned<String>>,
+    /// The URL of this client's metadata document (used as its client id where the server
+    /// supports client ID metadata documents).
+    #[serde(default)]
+    pub client_metadata_url: Option<Spanned<String>>,
+    #[serde(default)]
+    pub scopes: Option<Vec<Spanned<String>>>,
+    /// A PEM private key for `private_key_jwt` client authentication.
+    #[serde(default)]
+    pub private_key_file: Option<Spanned<String>>,
+    #[serde(default)]
+    pub signing_algorithm: Option<Spanned<String>>,
+    /// The loopback port `turnstile login` listens on for the redirect (0: any free port).
+    #[serde(default)]
+    pub redirect_port: Option<Spanned<i64>>,
 }
 
 /// `[policy]`

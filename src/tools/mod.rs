@@ -61,13 +61,16 @@ impl ToolOutput {
 }
 
 /// Where a call runs.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct CallContext {
     pub session_id: String,
     /// The session's workspace folder (`sandboxes/<session id>/`).
     pub workspace: std::path::PathBuf,
     /// The API key owner of the session (files it delivers belong to it).
     pub owner: Option<String>,
+    /// Who can answer an MCP server's elicitation during the call (`None`: no one; it is
+    /// declined with a logged reason).
+    pub elicitor: Option<Arc<dyn mcp::elicit::Elicitor>>,
 }
 
 /// The server-side tools of this process.

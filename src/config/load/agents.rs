@@ -23,6 +23,9 @@ const DEFAULT_WRAP_UP_S: i64 = 60;
 /// Default `[agents.X] compact_at`.
 const DEFAULT_COMPACT_AT: f64 = 0.8;
 
+/// Default `[agents.X] elicitation_tool`.
+const DEFAULT_ELICITATION_TOOL: &str = "elicitation";
+
 /// The agent a file without `[agents.*]` gets.
 fn default_agent() -> AgentConfig {
     let mut tools = GlobSetBuilder::new();
@@ -46,6 +49,7 @@ fn default_agent() -> AgentConfig {
         wrap_up: Duration::from_secs(DEFAULT_WRAP_UP_S.unsigned_abs()),
         context_tokens: None,
         compact_at: DEFAULT_COMPACT_AT,
+        elicitation_tool: DEFAULT_ELICITATION_TOOL.to_string(),
     }
 }
 
@@ -118,6 +122,10 @@ fn agent(cx: &Cx<'_>, name: &str, table: &Spanned<RawAgent>) -> Result<AgentConf
             )?
             .map(|n| n as u32),
         compact_at: compact_at(cx, t.compact_at.as_ref(), &key("compact_at"))?,
+        elicitation_tool: match &t.elicitation_tool {
+            None => DEFAULT_ELICITATION_TOOL.to_string(),
+            Some(v) => cx.non_empty(v, &key("elicitation_tool"), "the tool name")?,
+        },
     })
 }
 

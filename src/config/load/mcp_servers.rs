@@ -15,6 +15,11 @@ const DEFAULT_MCP_TIMEOUT_S: i64 = 60;
 /// Default `[mcp_servers.X] startup_timeout_s`.
 const DEFAULT_MCP_STARTUP_TIMEOUT_S: i64 = 30;
 
+/// Default `[mcp_servers.X] sampling_max_tokens`.
+const DEFAULT_SAMPLING_MAX_TOKENS: i64 = 1024;
+/// Default `[mcp_servers.X] sampling_calls_per_turn`.
+const DEFAULT_SAMPLING_CALLS_PER_TURN: i64 = 4;
+
 pub(super) fn mcp_servers(
     cx: &Cx<'_>,
     raw: Option<&indexmap::IndexMap<String, Spanned<RawMcpServer>>>,
@@ -53,12 +58,27 @@ fn mcp_server(
         )?,
         sandbox,
         network: t.network.unwrap_or(false),
+        elicitation: super::mcp_client::elicitation(cx, name, t)?,
+        sampling: t.sampling.unwrap_or(false),
+        sampling_max_tokens: super::mcp_client::count(
+            cx,
+            t.sampling_max_tokens.as_ref(),
+            &key(name, "sampling_max_tokens"),
+            DEFAULT_SAMPLING_MAX_TOKENS,
+        )?,
+        sampling_calls_per_turn: super::mcp_client::count(
+            cx,
+            t.sampling_calls_per_turn.as_ref(),
+            &key(name, "sampling_calls_per_turn"),
+            DEFAULT_SAMPLING_CALLS_PER_TURN,
+        )?,
+        oauth: super::mcp_client::oauth(cx, name, t, base_dir)?,
         line: cx.line_of(table.span().start),
     })
 }
 
 /// `mcp_servers.<name>.<k>`
-fn key(name: &str, k: &str) -> String {
+pub(super) fn key(name: &str, k: &str) -> String {
     key_path(&["mcp_servers", name, k])
 }
 

@@ -13,6 +13,7 @@
 mod agents;
 mod files;
 mod limits;
+mod mcp_client;
 mod mcp_endpoint;
 mod mcp_servers;
 mod parse;

@@ -62,6 +62,7 @@ pub(super) fn server(
         data_dir: dir(t.data_dir.as_ref(), "server.data_dir", "data")?,
         sandboxes: dir(t.sandboxes.as_ref(), "server.sandboxes", "sandboxes")?,
         api_keys_env: cx.env_var_name(t.api_keys_env.as_ref(), "server.api_keys_env")?,
+        secret_key_env: cx.env_var_name(t.secret_key_env.as_ref(), "server.secret_key_env")?,
         public_meta: t.public_meta.unwrap_or(true),
         fsync: t.fsync.unwrap_or(false),
         max_body_bytes: cx

@@ -98,6 +98,7 @@ impl Turn {
             session_id: self.session.id.to_string(),
             workspace: self.inner.config.server.sandboxes.join(&*self.session.id),
             owner: self.session.owner.clone(),
+            elicitor: None,
         };
         let ctx = &ctx;
         let listing = host.tools();

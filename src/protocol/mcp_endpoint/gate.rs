@@ -84,6 +84,17 @@ impl Gate {
             owner: parts
                 .and_then(|p| p.extensions.get::<McpCaller>())
                 .and_then(|c| c.owner.clone()),
+            // A federated server's question goes to this client, when it can answer.
+            elicitor: ctx
+                .peer
+                .peer_info()
+                .is_some_and(|i| i.capabilities.elicitation.is_some())
+                .then(|| -> Arc<dyn crate::tools::mcp::elicit::Elicitor> {
+                    Arc::new(super::elicit_relay::ClientElicitor {
+                        peer: ctx.peer.clone(),
+                        ttl: self.agent.approval_ttl,
+                    })
+                }),
         }
     }
 

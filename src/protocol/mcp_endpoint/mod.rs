@@ -9,6 +9,7 @@
 //! what a session offers.
 
 pub mod content;
+mod elicit_relay;
 pub mod gate;
 
 use std::collections::HashMap;

@@ -10,8 +10,10 @@
 //! error result naming the limit.
 
 pub mod content;
+pub mod elicit;
 pub mod http_client;
 pub mod naming;
+pub mod oauth;
 pub mod policy;
 pub mod sandbox;
 pub mod stderr;
@@ -129,6 +131,8 @@ pub struct McpHost {
     evicted: AtomicU64,
     federation: RwLock<Federation>,
     generation: tokio::sync::watch::Sender<u64>,
+    /// The OAuth of each HTTP server, by server index.
+    oauth: HashMap<usize, Arc<oauth::OAuth>>,
 }
 
 /// Errors that stop federation outright (configuration errors).
@@ -150,8 +154,14 @@ impl McpHost {
         config: Arc<Config>,
         progress: &(dyn Fn(ServerProgress) + Sync),
     ) -> Result<(Arc<McpHost>, StartReport), FederationError> {
-        warn_about_sandboxes(&config);
-        let (shared, probes) = spawn_servers(&config);
+        warn_at_start(&config);
+        let oauth: HashMap<usize, Arc<oauth::OAuth>> = config
+            .mcp_servers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| Some((i, oauth::OAuth::for_server(s, &config.server)?)))
+            .collect();
+        let (shared, probes) = spawn_servers(&config, &oauth);
         let report = first_attempts(&config, &shared, &probes, progress).await;
         let mut probed = HashMap::new();
         for (i, s) in probes {
@@ -166,6 +176,7 @@ impl McpHost {
             evicted: AtomicU64::new(0),
             federation: RwLock::new(Federation::default()),
             generation: tokio::sync::watch::channel(0).0,
+            oauth,
         });
         host.refederate(true)?;
         host.follow_tool_lists();
@@ -295,6 +306,7 @@ impl McpHost {
                                 self.config.server.data_dir.clone(),
                                 self.config.server.sandboxes.clone(),
                             ],
+                            oauth: self.oauth.get(&idx).cloned(),
                         },
                     );
                     let inst = map.entry(key).or_insert(SessionInstance {
@@ -405,9 +417,15 @@ impl McpHost {
     }
 }
 
-/// Servers with `sandbox = "landlock"` on a kernel that cannot (fully) confine them: said once
-/// at start-up.
-fn warn_about_sandboxes(config: &Config) {
+/// Said once at start-up: servers with `sampling = true` (not answered yet), and servers with
+/// `sandbox = "landlock"` on a kernel that cannot (fully) confine them.
+fn warn_at_start(config: &Config) {
+    for s in config.mcp_servers.iter().filter(|s| s.sampling) {
+        tracing::warn!(
+            server = %s.name,
+            "sampling = true: this turnstile does not answer sampling requests yet; the capability is not declared, so the server gets none"
+        );
+    }
     let confined: Vec<&str> = config
         .mcp_servers
         .iter()
@@ -430,7 +448,10 @@ fn warn_about_sandboxes(config: &Config) {
 
 /// Start every configured server: the shared instances, and a probe instance (in a scratch
 /// folder) of each session-scoped server, for its tool list.
-fn spawn_servers(config: &Config) -> (HashMap<usize, Arc<Supervisor>>, Probes) {
+fn spawn_servers(
+    config: &Config,
+    oauth: &HashMap<usize, Arc<oauth::OAuth>>,
+) -> (HashMap<usize, Arc<Supervisor>>, Probes) {
     let private = vec![
         config.server.data_dir.clone(),
         config.server.sandboxes.clone(),
@@ -442,6 +463,7 @@ fn spawn_servers(config: &Config) -> (HashMap<usize, Arc<Supervisor>>, Probes) {
             McpScope::Shared => {
                 let placement = Placement {
                     private: private.clone(),
+                    oauth: oauth.get(&i).cloned(),
                     ..Placement::default()
                 };
                 shared.insert(i, Supervisor::start(cfg.clone(), placement));
@@ -453,6 +475,7 @@ fn spawn_servers(config: &Config) -> (HashMap<usize, Arc<Supervisor>>, Probes) {
                     cwd: Some(scratch.clone()),
                     workspace: Some(scratch),
                     private: private.clone(),
+                    oauth: oauth.get(&i).cloned(),
                 };
                 probes.push((i, Supervisor::start(cfg.clone(), placement)));
             }
@@ -512,10 +535,14 @@ impl ToolHost for McpHost {
             let Some((idx, tool)) = self.route(name) else {
                 return ToolOutput::error(format!("Unknown tool {name}."));
             };
+            let asker = elicit::Asker {
+                session_id: ctx.session_id.clone(),
+                elicitor: ctx.elicitor.clone(),
+            };
             match self.shared.get(&idx) {
-                Some(s) => s.call(&tool, input).await,
+                Some(s) => s.call(&tool, input, asker).await,
                 None => match self.session_instance(idx, ctx).await {
-                    Ok((s, _in_flight)) => s.call(&tool, input).await,
+                    Ok((s, _in_flight)) => s.call(&tool, input, asker).await,
                     Err(refused) => refused,
                 },
             }

@@ -37,6 +37,7 @@ use rmcp::transport::streamable_http_client::{
 };
 use rmcp::transport::StreamableHttpClientTransport;
 
+use super::oauth::OAuth;
 use crate::net::{https_client, HttpsClient};
 use answers::{auth_error, media_type_is, post_failure, preview, read_bounded, status_error};
 use sse::sse_events;
@@ -86,6 +87,8 @@ pub enum HyperMcpError {
 #[derive(Clone)]
 pub struct HyperMcpClient {
     client: HttpsClient,
+    /// The server's OAuth: each request's bearer token, and what a challenge means.
+    oauth: Option<Arc<OAuth>>,
 }
 
 impl Default for HyperMcpClient {
@@ -99,6 +102,15 @@ impl HyperMcpClient {
     pub fn new() -> HyperMcpClient {
         HyperMcpClient {
             client: https_client(Some(CONNECT_TIMEOUT)),
+            oauth: None,
+        }
+    }
+
+    /// A client whose requests carry the server's OAuth token.
+    pub fn with_oauth(oauth: Option<Arc<OAuth>>) -> HyperMcpClient {
+        HyperMcpClient {
+            oauth,
+            ..HyperMcpClient::new()
         }
     }
 
@@ -133,7 +145,40 @@ impl HyperMcpClient {
         Ok(builder)
     }
 
+    /// Send a request built by `build` (given the bearer token); on a 401/403 challenge that
+    /// the server's OAuth answers with a new token, once more.
     async fn send(
+        &self,
+        build: impl Fn(Option<String>) -> Result<http::request::Builder, Error>,
+        body: Bytes,
+    ) -> Result<Response<Incoming>, Error> {
+        let Some(oauth) = &self.oauth else {
+            return self.send_once(build(None)?, body).await;
+        };
+        let response = self
+            .send_once(build(oauth.bearer().await)?, body.clone())
+            .await?;
+        let status = response.status();
+        if status.is_success() {
+            oauth.succeeded().await;
+            return Ok(response);
+        }
+        if !matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) {
+            return Ok(response);
+        }
+        let challenge = response
+            .headers()
+            .get(http::header::WWW_AUTHENTICATE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("Bearer")
+            .to_string();
+        if oauth.challenged(status, &challenge).await {
+            return self.send_once(build(oauth.bearer().await)?, body).await;
+        }
+        Ok(response)
+    }
+
+    async fn send_once(
         &self,
         builder: http::request::Builder,
         body: Bytes,
@@ -204,16 +249,18 @@ impl StreamableHttpClient for HyperMcpClient {
     ) -> Result<StreamableHttpPostResponse, Error> {
         let body = serde_json::to_vec(&message).map_err(|e| Error::Client(e.into()))?;
         let had_session = session_id.is_some();
-        let builder = Self::request(
-            Method::POST,
-            &uri,
-            session_id.as_deref(),
-            auth_token,
-            custom_headers,
-        )?
-        .header(CONTENT_TYPE, JSON)
-        .header(ACCEPT, format!("{JSON}, {EVENT_STREAM}"));
-        let response = self.send(builder, body.into()).await?;
+        let build = |token: Option<String>| {
+            Ok(Self::request(
+                Method::POST,
+                &uri,
+                session_id.as_deref(),
+                token.or_else(|| auth_token.clone()),
+                custom_headers.clone(),
+            )?
+            .header(CONTENT_TYPE, JSON)
+            .header(ACCEPT, format!("{JSON}, {EVENT_STREAM}")))
+        };
+        let response = self.send(build, body.into()).await?;
 
         let status = response.status();
         if let Some(error) = auth_error(&response) {
@@ -278,14 +325,16 @@ impl StreamableHttpClient for HyperMcpClient {
         auth_token: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<(), Error> {
-        let builder = Self::request(
-            Method::DELETE,
-            &uri,
-            Some(&session_id),
-            auth_token,
-            custom_headers,
-        )?;
-        let status = self.send(builder, Bytes::new()).await?.status();
+        let build = |token: Option<String>| {
+            Self::request(
+                Method::DELETE,
+                &uri,
+                Some(&session_id),
+                token.or_else(|| auth_token.clone()),
+                custom_headers.clone(),
+            )
+        };
+        let status = self.send(build, Bytes::new()).await?.status();
         // 405: the server keeps sessions until they expire; nothing to do.
         if status.is_success() || status == StatusCode::METHOD_NOT_ALLOWED {
             Ok(())
@@ -325,18 +374,21 @@ impl StreamableHttpClient for HyperMcpClient {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         max_sse_event_size: usize,
     ) -> Result<BoxedSseResponse, Error> {
-        let mut builder = Self::request(
-            Method::GET,
-            &uri,
-            session_id.as_deref(),
-            auth_token,
-            custom_headers,
-        )?
-        .header(ACCEPT, format!("{EVENT_STREAM}, {JSON}"));
-        if let Some(id) = last_event_id {
-            builder = builder.header(LAST_EVENT_ID, id);
-        }
-        let response = self.send(builder, Bytes::new()).await?;
+        let build = |token: Option<String>| {
+            let mut builder = Self::request(
+                Method::GET,
+                &uri,
+                session_id.as_deref(),
+                token.or_else(|| auth_token.clone()),
+                custom_headers.clone(),
+            )?
+            .header(ACCEPT, format!("{EVENT_STREAM}, {JSON}"));
+            if let Some(id) = &last_event_id {
+                builder = builder.header(LAST_EVENT_ID, id);
+            }
+            Ok(builder)
+        };
+        let response = self.send(build, Bytes::new()).await?;
         let status = response.status();
         if status == StatusCode::METHOD_NOT_ALLOWED {
             return Err(Error::ServerDoesNotSupportSse);
@@ -370,9 +422,10 @@ impl StreamableHttpClient for HyperMcpClient {
 pub fn transport(
     url: &str,
     headers: HashMap<HeaderName, HeaderValue>,
+    oauth: Option<Arc<OAuth>>,
 ) -> StreamableHttpClientTransport<HyperMcpClient> {
     let config = StreamableHttpClientTransportConfig::with_uri(url).custom_headers(headers);
-    StreamableHttpClientTransport::with_client(HyperMcpClient::new(), config)
+    StreamableHttpClientTransport::with_client(HyperMcpClient::with_oauth(oauth), config)
 }
 
 #[cfg(test)]
@@ -506,7 +559,7 @@ mod tests {
     #[tokio::test]
     async fn handshake_session_sse_listing_and_custom_headers() {
         let fake = Fake::start(false).await;
-        let client = ().serve(transport(&fake.url, bearer())).await.expect("handshake");
+        let client = ().serve(transport(&fake.url, bearer(), None)).await.expect("handshake");
         assert_eq!(
             client
                 .peer_info()
@@ -573,7 +626,7 @@ mod tests {
         let fake = Fake::start(true).await;
         let served = tokio::time::timeout(
             Duration::from_secs(20),
-            ().serve(transport(&fake.url, HashMap::new())),
+            ().serve(transport(&fake.url, HashMap::new(), None)),
         )
         .await
         .expect("the handshake must fail, not hang");

@@ -50,10 +50,23 @@ pub(super) async fn connect(
         }
         McpTransport::Http { url, headers } => {
             let headers = expand_headers(headers)?;
-            handler
-                .serve(http_client::transport(url, headers))
+            match handler
+                .serve(http_client::transport(
+                    url,
+                    headers,
+                    placement.oauth.clone(),
+                ))
                 .await
-                .map_err(|e| format!("cannot connect to {url}: {e}"))
+            {
+                Ok(service) => Ok(service),
+                Err(e) => Err(match &placement.oauth {
+                    Some(o) => match o.needs_login().await {
+                        Some(why) => format!("needs a login: {why}"),
+                        None => format!("cannot connect to {url}: {e}"),
+                    },
+                    None => format!("cannot connect to {url}: {e}"),
+                }),
+            }
         }
     }
 }

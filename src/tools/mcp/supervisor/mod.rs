@@ -13,21 +13,21 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rmcp::model::{
-    CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation, ProtocolVersion,
-};
-use rmcp::service::{MaybeSendFuture, NotificationContext, Peer, RoleClient};
-use rmcp::ClientHandler;
+use rmcp::model::CallToolRequestParams;
+use rmcp::service::{Peer, RoleClient};
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::content::to_output;
+use super::elicit::Asker;
 
+mod handler;
 mod launch;
 use crate::config::McpServerConfig;
 use crate::tools::relay::Relays;
 use crate::tools::ToolOutput;
+use handler::{Calls, Handler, Registered};
 
 /// A tool as its server lists it.
 #[derive(Debug, Clone, PartialEq)]
@@ -56,6 +56,9 @@ const KEPT_ENV: &[&str] = &[
 const BACKOFF_START: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
 const SUSTAINED_UPTIME: Duration = Duration::from_secs(60);
+/// How long a session-scoped instance waits, once its tools are listed, for the server to ask
+/// for its roots before its first call goes out.
+const ROOTS_GRACE: Duration = Duration::from_millis(200);
 /// How long a stopped child's stderr is awaited to its end.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(1);
 
@@ -152,6 +155,8 @@ pub struct Placement {
     /// Folders a confined child must never reach (`data_dir`, `sandboxes`): see
     /// [`super::sandbox`].
     pub private: Vec<PathBuf>,
+    /// An HTTP server's OAuth (shared by its instances).
+    pub oauth: Option<Arc<super::oauth::OAuth>>,
 }
 
 /// The handle of a running server instance.
@@ -165,42 +170,11 @@ pub struct Supervisor {
     /// The process group of the current child (stdio servers), for a last-resort kill.
     pgid: Arc<std::sync::atomic::AtomicI32>,
     tracker: Arc<std::sync::Mutex<Tracker>>,
+    calls: Calls,
+    next_call: std::sync::atomic::AtomicU64,
+    oauth: Option<Arc<super::oauth::OAuth>>,
     /// Calls whose progress is relayed, by their progress token.
     relays: Relays,
-}
-
-/// Tells the supervisor a server changed its tool list; relays progress.
-struct Handler {
-    changed: mpsc::UnboundedSender<()>,
-    relays: Relays,
-}
-
-impl ClientHandler for Handler {
-    fn on_tool_list_changed(
-        &self,
-        _: NotificationContext<RoleClient>,
-    ) -> impl std::future::Future<Output = ()> + MaybeSendFuture + '_ {
-        let _ = self.changed.send(());
-        std::future::ready(())
-    }
-
-    fn on_progress(
-        &self,
-        params: rmcp::model::ProgressNotificationParam,
-        _: NotificationContext<RoleClient>,
-    ) -> impl std::future::Future<Output = ()> + MaybeSendFuture + '_ {
-        crate::tools::relay::deliver(&self.relays, params);
-        std::future::ready(())
-    }
-
-    fn get_info(&self) -> ClientConfig {
-        let mut info = ClientConfig::default();
-        // The initialize-based protocol: list_changed arrives as a plain notification.
-        info.protocol_version = ProtocolVersion::LATEST_WITH_INITIALIZE;
-        info.capabilities = ClientCapabilities::default();
-        info.client_info = Implementation::new("turnstile", env!("CARGO_PKG_VERSION"));
-        info
-    }
 }
 
 impl Supervisor {
@@ -211,6 +185,7 @@ impl Supervisor {
         let shutdown = CancellationToken::new();
         let pgid = Arc::new(std::sync::atomic::AtomicI32::new(0));
         let tracker = Arc::new(std::sync::Mutex::new(Tracker::new()));
+        let calls: Calls = Arc::default();
         let relays = Relays::default();
         let sup = Arc::new(Supervisor {
             name: cfg.name.clone(),
@@ -221,6 +196,9 @@ impl Supervisor {
             done: tokio::sync::Mutex::new(None),
             pgid: pgid.clone(),
             tracker: tracker.clone(),
+            calls: calls.clone(),
+            next_call: std::sync::atomic::AtomicU64::new(0),
+            oauth: placement.oauth.clone(),
             relays: relays.clone(),
         });
         let run = Run {
@@ -235,6 +213,7 @@ impl Supervisor {
             shutdown,
             pgid,
             tracker,
+            calls,
             relays,
         };
         let task = tokio::spawn(run.run());
@@ -292,8 +271,16 @@ impl Supervisor {
 
     /// Call a tool; every failure is an error output. Waits for the server to be up (within the
     /// call's timeout) if it is restarting.
-    pub async fn call(&self, tool: &str, input: Value) -> ToolOutput {
+    pub async fn call(&self, tool: &str, input: Value, asker: Asker) -> ToolOutput {
         crate::sync::lock(&self.tracker).last_call = Some(std::time::SystemTime::now());
+        let id = self
+            .next_call
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        crate::sync::lock(&self.calls).push((id, asker));
+        let _registered = Registered {
+            calls: self.calls.clone(),
+            id,
+        };
         let deadline = tokio::time::Instant::now() + self.timeout;
         let mut link = self.link.clone();
         let peer = loop {
@@ -334,7 +321,14 @@ impl Supervisor {
         match tokio::time::timeout_at(deadline, call).await {
             Ok(Ok(result)) => to_output(result),
             Ok(Err(e)) => {
-                ToolOutput::error(format!("MCP server {} failed the call: {e}", self.name))
+                let login = match &self.oauth {
+                    Some(o) => o.needs_login().await,
+                    None => None,
+                };
+                ToolOutput::error(match login {
+                    Some(why) => format!("MCP server {} needs a login: {why}", self.name),
+                    None => format!("MCP server {} failed the call: {e}", self.name),
+                })
             }
             // Spec 003: a call cut short gets "Cancelled."; why goes to the log, not the model.
             Err(_) => {
@@ -381,6 +375,7 @@ struct Run {
     relays: Relays,
     stderr_log: Arc<std::sync::Mutex<super::stderr::StderrLog>>,
     metrics: Arc<crate::metrics::McpMetrics>,
+    calls: Calls,
 }
 
 impl Run {
@@ -442,9 +437,19 @@ impl Run {
     async fn life(&self, drain: &mut Option<tokio::task::JoinHandle<()>>) -> ControlFlow<()> {
         let cfg = &self.cfg;
         let (changed_tx, changed_rx) = mpsc::unbounded_channel();
+        let (roots_asked, asked) = watch::channel(false);
         let handler = Handler {
+            roots_asked,
             changed: changed_tx,
+            server: cfg.name.clone(),
+            elicitation: cfg.elicitation,
+            calls: self.calls.clone(),
             relays: self.relays.clone(),
+            root: self
+                .placement
+                .workspace
+                .as_ref()
+                .map(|w| std::fs::canonicalize(w).unwrap_or_else(|_| w.clone())),
         };
         let connecting = launch::connect(
             cfg,
@@ -461,7 +466,7 @@ impl Run {
             _ = self.shutdown.cancelled() => return ControlFlow::Break(()),
         };
         match connected {
-            Ok(service) => self.serve(service, changed_rx).await,
+            Ok(service) => self.serve(service, changed_rx, asked).await,
             Err(e) => {
                 tracing::warn!(server = %cfg.name, error = %e, "MCP server failed to start");
                 self.down(e, true);
@@ -472,14 +477,31 @@ impl Run {
 
     /// List the tools, then serve calls (they use the peer directly) and re-list on
     /// `list_changed` until the connection ends or the instance is shut down.
-    async fn serve(&self, service: launch::Service, mut changed: mpsc::UnboundedReceiver<()>) {
+    async fn serve(
+        &self,
+        service: launch::Service,
+        mut changed: mpsc::UnboundedReceiver<()>,
+        mut roots_asked: watch::Receiver<bool>,
+    ) {
         let peer = service.peer().clone();
         match tokio::time::timeout(self.cfg.startup_timeout, list(&peer)).await {
             Ok(Ok(listed)) => {
+                if self.placement.workspace.is_some() {
+                    // A server that uses roots asks for them as soon as it is initialized:
+                    // give it a moment, so that its first call already knows its root.
+                    let asked = roots_asked.wait_for(|asked| *asked);
+                    let _ = tokio::time::timeout(ROOTS_GRACE, asked).await;
+                }
                 self.tools.send_replace(Arc::new(listed));
                 self.link.send_replace(Link::Ready(peer.clone()));
             }
-            Ok(Err(e)) => return self.down(format!("listing tools failed: {e}"), true),
+            Ok(Err(e)) => {
+                let why = match &self.placement.oauth {
+                    Some(o) => o.needs_login().await.map(|w| format!("needs a login: {w}")),
+                    None => None,
+                };
+                return self.down(why.unwrap_or(format!("listing tools failed: {e}")), true);
+            }
             Err(_) => return self.down("listing tools timed out".into(), true),
         }
         let _up = self.metrics.up();

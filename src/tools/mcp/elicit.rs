@@ -1,0 +1,278 @@
+//! MCP elicitation (`elicitation/create`): a server asks the person behind the session a
+//! question in the middle of a tool call.
+//!
+//! Who can answer is an [`Elicitor`] the caller of a tool puts in its
+//! [`CallContext`](crate::tools::CallContext) (an AAP client that declared the agent's
+//! `elicitation_tool`); where there is none, or `[mcp_servers.X] elicitation = "decline"`, the
+//! question is declined with a logged reason. An accepted answer gets the schema's defaults
+//! for the fields it left out (SEP-1034) and is validated against the requested schema before
+//! it goes back to the server.
+
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+use serde_json::{Map, Value};
+
+/// A server's question, as whoever answers it sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Question {
+    /// The `[mcp_servers.X]` name.
+    pub server: String,
+    pub message: String,
+    /// The requested schema: an object of primitive-typed properties.
+    pub schema: Value,
+}
+
+/// An answer to a [`Question`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    Accept(Map<String, Value>),
+    Decline,
+    Cancel,
+}
+
+/// Someone who can answer a session's elicitations.
+pub trait Elicitor: Send + Sync {
+    /// Ask; `Err` says why no answer can come (then the question is declined).
+    fn ask(&self, question: Question) -> BoxFuture<'static, Result<Answer, String>>;
+}
+
+/// The answerer of a call: the session it belongs to and who can answer for it, if anyone.
+#[derive(Clone, Default)]
+pub struct Asker {
+    pub session_id: String,
+    pub elicitor: Option<Arc<dyn Elicitor>>,
+}
+
+/// A client's answer, from its tool result: `{"action": "accept", "content": {...}}`,
+/// `{"action": "decline"}` or `{"action": "cancel"}`, as a JSON object or as a string holding
+/// one. A bare object without `action` is taken as accepted content.
+pub fn parse_answer(v: &Value) -> Result<Answer, String> {
+    let parsed;
+    let v = match v {
+        Value::String(s) => {
+            parsed = serde_json::from_str::<Value>(s).map_err(|_| {
+                "the answer must be a JSON object: {\"action\": \"accept\" | \"decline\" | \"cancel\", \"content\": {...}}".to_string()
+            })?;
+            &parsed
+        }
+        v => v,
+    };
+    let Value::Object(o) = v else {
+        return Err("the answer must be a JSON object with an \"action\"".into());
+    };
+    match o.get("action").and_then(Value::as_str) {
+        Some("accept") => match o.get("content") {
+            None | Some(Value::Null) => Ok(Answer::Accept(Map::new())),
+            Some(Value::Object(c)) => Ok(Answer::Accept(c.clone())),
+            Some(_) => Err("content: must be an object of the requested fields".into()),
+        },
+        Some("decline") => Ok(Answer::Decline),
+        Some("cancel") => Ok(Answer::Cancel),
+        Some(other) => Err(format!(
+            "action: {other:?} is not one of \"accept\", \"decline\", \"cancel\""
+        )),
+        None if !o.contains_key("action") => Ok(Answer::Accept(o.clone())),
+        None => Err("action: must be \"accept\", \"decline\" or \"cancel\"".into()),
+    }
+}
+
+/// SEP-1034: a field the answer leaves out that has a `default` in the schema gets it.
+pub fn apply_defaults(schema: &Value, content: &mut Map<String, Value>) {
+    let Some(props) = schema.get("properties").and_then(Value::as_object) else {
+        return;
+    };
+    for (name, prop) in props {
+        if let Some(d) = prop.get("default") {
+            if !content.contains_key(name) {
+                content.insert(name.clone(), d.clone());
+            }
+        }
+    }
+}
+
+/// Check accepted content against the requested schema (required fields, primitive types,
+/// enums, string lengths and formats' bounds, number ranges). The error names the field.
+pub fn validate(schema: &Value, content: &Map<String, Value>) -> Result<(), String> {
+    let empty = Map::new();
+    let props = schema
+        .get("properties")
+        .and_then(Value::as_object)
+        .unwrap_or(&empty);
+    for r in schema
+        .get("required")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+    {
+        if !content.contains_key(r) {
+            return Err(format!("{r}: required by the requested schema, missing"));
+        }
+    }
+    for (name, value) in content {
+        let Some(prop) = props.get(name) else {
+            return Err(format!("{name}: not a field of the requested schema"));
+        };
+        check_field(prop, value).map_err(|why| format!("{name}: {why}"))?;
+    }
+    Ok(())
+}
+
+fn check_field(prop: &Value, value: &Value) -> Result<(), String> {
+    let ty = prop.get("type").and_then(Value::as_str);
+    let ok = match ty {
+        Some("string") => value.is_string(),
+        Some("number") => value.is_number(),
+        Some("integer") => value.is_i64() || value.is_u64(),
+        Some("boolean") => value.is_boolean(),
+        Some("array") => value.is_array(),
+        _ => true,
+    };
+    if !ok {
+        return Err(format!("expected a {}, got {value}", ty.unwrap_or("value")));
+    }
+    let allowed = allowed_values(prop);
+    if let Some(allowed) = &allowed {
+        let items: Vec<&Value> = match value {
+            Value::Array(a) => a.iter().collect(),
+            v => vec![v],
+        };
+        if let Some(bad) = items.iter().find(|v| !allowed.contains(v)) {
+            return Err(format!("{bad} is not one of the allowed values"));
+        }
+    }
+    if let Some(s) = value.as_str() {
+        let n = s.chars().count() as u64;
+        if let Some(min) = prop.get("minLength").and_then(Value::as_u64) {
+            if n < min {
+                return Err(format!("shorter than {min} characters"));
+            }
+        }
+        if let Some(max) = prop.get("maxLength").and_then(Value::as_u64) {
+            if n > max {
+                return Err(format!("longer than {max} characters"));
+            }
+        }
+    }
+    if let Some(x) = value.as_f64() {
+        if let Some(min) = prop.get("minimum").and_then(Value::as_f64) {
+            if x < min {
+                return Err(format!("{x} is below the minimum {min}"));
+            }
+        }
+        if let Some(max) = prop.get("maximum").and_then(Value::as_f64) {
+            if x > max {
+                return Err(format!("{x} is above the maximum {max}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The values an enum field allows: `enum`, titled `oneOf`/`anyOf` consts (SEP-1330), or the
+/// same under `items` for a multi-select.
+fn allowed_values(prop: &Value) -> Option<Vec<&Value>> {
+    enum_of(prop).or_else(|| prop.get("items").and_then(enum_of))
+}
+
+fn enum_of(p: &Value) -> Option<Vec<&Value>> {
+    if let Some(e) = p.get("enum").and_then(Value::as_array) {
+        return Some(e.iter().collect());
+    }
+    let alts = p
+        .get("oneOf")
+        .or_else(|| p.get("anyOf"))
+        .and_then(Value::as_array)?;
+    Some(alts.iter().filter_map(|a| a.get("const")).collect())
+}
+
+/// The answer an accepted content makes, defaults applied and validated.
+pub fn complete(schema: &Value, answer: Answer) -> Result<Answer, String> {
+    match answer {
+        Answer::Accept(mut content) => {
+            apply_defaults(schema, &mut content);
+            validate(schema, &content)?;
+            Ok(Answer::Accept(content))
+        }
+        other => Ok(other),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn schema() -> Value {
+        json!({"type": "object", "properties": {
+            "name": {"type": "string", "default": "John Doe", "maxLength": 20},
+            "age": {"type": "integer", "default": 30, "minimum": 0},
+            "score": {"type": "number", "default": 95.5},
+            "status": {"type": "string", "enum": ["active", "inactive"], "default": "active"},
+            "verified": {"type": "boolean", "default": true},
+            "email": {"type": "string"}
+        }, "required": ["email"]})
+    }
+
+    #[test]
+    fn defaults_fill_what_the_answer_left_out_and_keep_what_it_gave() {
+        let mut c = Map::new();
+        c.insert("name".into(), json!("Ada"));
+        apply_defaults(&schema(), &mut c);
+        assert_eq!(
+            Value::Object(c),
+            json!({"name": "Ada", "age": 30, "score": 95.5, "status": "active", "verified": true})
+        );
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        let ok = |v: Value| complete(&schema(), Answer::Accept(v.as_object().unwrap().clone()));
+        assert!(ok(json!({"email": "a@b"})).is_ok());
+        assert_eq!(
+            ok(json!({})).unwrap_err(),
+            "email: required by the requested schema, missing"
+        );
+        assert!(ok(json!({"email": "x", "age": "old"}))
+            .unwrap_err()
+            .starts_with("age: expected a integer"));
+        assert!(ok(json!({"email": "x", "status": "gone"}))
+            .unwrap_err()
+            .starts_with("status: "));
+        assert!(ok(json!({"email": "x", "age": -1}))
+            .unwrap_err()
+            .starts_with("age: "));
+        assert!(ok(json!({"email": "x", "nick": "y"}))
+            .unwrap_err()
+            .starts_with("nick: not a field"));
+        assert_eq!(
+            complete(&schema(), Answer::Decline).unwrap(),
+            Answer::Decline
+        );
+    }
+
+    #[test]
+    fn answers_parse_from_objects_and_strings() {
+        assert_eq!(
+            parse_answer(&json!({"action": "accept"})).unwrap(),
+            Answer::Accept(Map::new())
+        );
+        assert_eq!(
+            parse_answer(&json!("{\"action\": \"decline\"}")).unwrap(),
+            Answer::Decline
+        );
+        assert_eq!(
+            parse_answer(&json!({"action": "cancel"})).unwrap(),
+            Answer::Cancel
+        );
+        assert!(parse_answer(&json!({"action": "maybe"}))
+            .unwrap_err()
+            .starts_with("action:"));
+        assert!(parse_answer(&json!("not json")).is_err());
+        assert_eq!(
+            parse_answer(&json!({"email": "a"})).unwrap(),
+            Answer::Accept(json!({"email": "a"}).as_object().unwrap().clone())
+        );
+    }
+}

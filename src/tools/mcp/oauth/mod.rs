@@ -1,0 +1,360 @@
+//! OAuth 2.1 for streamable-HTTP MCP servers, per the MCP authorization spec.
+//!
+//! An [`OAuth`] per HTTP server gives the transport the bearer token of each request
+//! ([`OAuth::bearer`]: stored, refreshed before expiry, or fetched by client credentials) and is
+//! told of each 401/403 challenge ([`OAuth::challenged`]: refresh, a new client-credentials
+//! token with the challenged scope (step-up, at most [`STEP_UPS`] times), or "needs a login").
+//! An operator logs in once with `turnstile login SERVER` ([`OAuth::login`]): discovery,
+//! registration (pre-registered id, client ID metadata document, or dynamic registration),
+//! PKCE, `resource`, the redirect received on a loopback port. Tokens are stored encrypted
+//! ([`store`]), never logged, and only ever sent to the server they were issued for.
+
+pub mod discovery;
+mod login;
+pub mod store;
+mod tokens;
+pub mod web;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::config::{McpServerConfig, McpTransport, OAuthConfig, OAuthGrant, ServerConfig};
+use discovery::Challenge;
+use store::{ClientReg, Saved, TokenStore};
+
+/// Step-ups (a new token for a challenged scope) in a row before giving up.
+pub const STEP_UPS: u32 = 3;
+/// A token this close to its expiry is refreshed first.
+const REFRESH_AHEAD_S: u64 = 60;
+
+/// One server's OAuth state.
+pub struct OAuth {
+    pub server: String,
+    url: String,
+    cfg: OAuthConfig,
+    store: TokenStore,
+    state: tokio::sync::Mutex<State>,
+}
+
+impl std::fmt::Debug for OAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OAuth")
+            .field("server", &self.server)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Default)]
+struct State {
+    saved: Option<Saved>,
+    stamp: Option<std::time::SystemTime>,
+    step_ups: u32,
+    refreshed_for_401: bool,
+    /// Why a login is needed, when it is.
+    needs_login: Option<String>,
+}
+
+impl OAuth {
+    /// The OAuth handling of an HTTP server (`None` for stdio, or when the operator set an
+    /// `Authorization` header of their own).
+    pub fn for_server(cfg: &McpServerConfig, server: &ServerConfig) -> Option<Arc<OAuth>> {
+        let McpTransport::Http { url, headers } = &cfg.transport else {
+            return None;
+        };
+        if headers
+            .keys()
+            .any(|k| k.eq_ignore_ascii_case("authorization"))
+        {
+            return None;
+        }
+        Some(Arc::new(Self::new(
+            &cfg.name,
+            url,
+            cfg.oauth.clone().unwrap_or_default(),
+            &server.data_dir,
+            server.secret_key_env.as_deref(),
+        )))
+    }
+
+    pub fn new(
+        name: &str,
+        url: &str,
+        cfg: OAuthConfig,
+        data_dir: &Path,
+        secret_key_env: Option<&str>,
+    ) -> OAuth {
+        OAuth {
+            server: name.to_string(),
+            url: url.to_string(),
+            cfg,
+            store: TokenStore::new(data_dir, name, url, secret_key_env),
+            state: tokio::sync::Mutex::new(State::default()),
+        }
+    }
+
+    fn login_hint(&self) -> String {
+        format!("run `turnstile login {}`", self.server)
+    }
+
+    /// Why this server needs an operator's login, if it does (for `check` and `/status`).
+    pub async fn needs_login(&self) -> Option<String> {
+        self.state.lock().await.needs_login.clone()
+    }
+
+    /// The stored state, re-read when another process (a login) changed the file.
+    fn reload(&self, st: &mut State) {
+        let stamp = self.store.stamp();
+        if stamp != st.stamp || st.saved.is_none() {
+            st.stamp = stamp;
+            if let Some(s) = self.store.load() {
+                st.saved = Some(s);
+                st.needs_login = None;
+                st.refreshed_for_401 = false;
+            }
+        }
+    }
+
+    /// The bearer token for the next request, if any: refreshed when it is about to expire;
+    /// for client credentials, fetched when there is none.
+    pub async fn bearer(&self) -> Option<String> {
+        let mut st = self.state.lock().await;
+        self.reload(&mut st);
+        if st.saved.is_none() && self.cfg.grant == OAuthGrant::ClientCredentials {
+            if let Err(e) = self.client_credentials(&mut st, None).await {
+                tracing::warn!(server = %self.server, error = %e, "OAuth client-credentials token request failed");
+            }
+        }
+        let expiring = st
+            .saved
+            .as_ref()
+            .and_then(|s| s.expires_at)
+            .is_some_and(|at| at <= tokens::now() + REFRESH_AHEAD_S);
+        if expiring {
+            self.renew(&mut st).await;
+        }
+        st.saved.as_ref().map(|s| s.access_token.clone())
+    }
+
+    /// A new token without the person: refresh, else client credentials.
+    async fn renew(&self, st: &mut State) -> bool {
+        let Some(s) = st.saved.clone() else {
+            return false;
+        };
+        if s.refresh_token.is_some() {
+            match tokens::refresh(&s).await {
+                Ok(new) => {
+                    self.keep(st, new);
+                    tracing::info!(server = %self.server, "OAuth token refreshed");
+                    return true;
+                }
+                Err(e) => tracing::warn!(server = %self.server, error = %e, "OAuth refresh failed"),
+            }
+        }
+        if self.cfg.grant == OAuthGrant::ClientCredentials {
+            return self.client_credentials(st, s.scope.clone()).await.is_ok();
+        }
+        false
+    }
+
+    fn keep(&self, st: &mut State, saved: Saved) {
+        if let Err(e) = self.store.save(&saved) {
+            if self.store.has_key() {
+                tracing::warn!(server = %self.server, error = %e, "OAuth tokens could not be stored");
+            }
+        }
+        st.stamp = self.store.stamp();
+        st.saved = Some(saved);
+        st.needs_login = None;
+    }
+
+    /// A 401 or 403 came with `header`: whether a new token was obtained (retry the request).
+    pub async fn challenged(&self, status: http::StatusCode, header: &str) -> bool {
+        let challenge = discovery::parse_challenge(header);
+        let mut st = self.state.lock().await;
+        self.reload(&mut st);
+        let insufficient = status == http::StatusCode::FORBIDDEN
+            || challenge.error.as_deref() == Some("insufficient_scope");
+        if insufficient {
+            if st.step_ups >= STEP_UPS {
+                st.needs_login = Some(format!(
+                    "the server still refuses the scope {:?} after {STEP_UPS} step-ups",
+                    challenge.scope.as_deref().unwrap_or("")
+                ));
+                return false;
+            }
+            st.step_ups += 1;
+            let scope = union(
+                st.saved.as_ref().and_then(|s| s.scope.as_deref()),
+                challenge.scope.as_deref(),
+            );
+            if self.cfg.grant == OAuthGrant::ClientCredentials {
+                return self.client_credentials(&mut st, scope).await.is_ok();
+            }
+            login::remember_scope(&self.store_dir(), &self.server, scope.as_deref());
+            st.needs_login = Some(format!(
+                "the server asks for the scope {:?}: {}",
+                scope.unwrap_or_default(),
+                self.login_hint()
+            ));
+            return false;
+        }
+        // 401.
+        if self.cfg.grant == OAuthGrant::ClientCredentials {
+            if st.step_ups >= STEP_UPS {
+                return false;
+            }
+            st.step_ups += 1;
+            return self
+                .client_credentials(&mut st, challenge.scope.clone())
+                .await
+                .is_ok();
+        }
+        if st.saved.is_some() && !st.refreshed_for_401 {
+            st.refreshed_for_401 = true;
+            if self.renew(&mut st).await {
+                return true;
+            }
+        }
+        st.needs_login = Some(if self.store.has_key() {
+            format!("the server needs an authorization: {}", self.login_hint())
+        } else {
+            "the server needs an OAuth login, and tokens can only be stored with [server] secret_key_env set".into()
+        });
+        false
+    }
+
+    /// A request went through: the step-up budget is whole again.
+    pub async fn succeeded(&self) {
+        if let Ok(mut st) = self.state.try_lock() {
+            st.step_ups = 0;
+            st.refreshed_for_401 = false;
+        }
+    }
+
+    fn store_dir(&self) -> std::path::PathBuf {
+        self.store.dir()
+    }
+
+    /// Client credentials: discovery (once per token), then the grant.
+    async fn client_credentials(
+        &self,
+        st: &mut State,
+        scope: Option<String>,
+    ) -> Result<(), String> {
+        let (found_as, resource) = match &st.saved {
+            Some(s) => (s.auth_server.clone(), s.resource.clone()),
+            None => {
+                let f = discovery::discover(&self.url, &Challenge::default())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                (f.auth_server, f.resource)
+            }
+        };
+        let client_id = self
+            .cfg
+            .client_id
+            .clone()
+            .ok_or("no client_id configured")?;
+        let secret = self.secret();
+        let (method, assertion) = match &self.cfg.private_key_file {
+            Some(path) => {
+                let pem = std::fs::read_to_string(path)
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                let aud = if found_as.issuer.is_empty() {
+                    found_as.token_endpoint.clone()
+                } else {
+                    found_as.issuer.clone()
+                };
+                (
+                    "private_key_jwt".to_string(),
+                    Some(tokens::client_assertion(&pem, &client_id, &aud)?),
+                )
+            }
+            None => (
+                pick_method(
+                    found_as.token_endpoint_auth_methods_supported.as_ref(),
+                    secret.is_some(),
+                ),
+                None,
+            ),
+        };
+        let reg = ClientReg {
+            client_id,
+            client_secret: secret,
+            auth_method: method,
+            redirect_uri: None,
+        };
+        let scope =
+            scope.or_else(|| (!self.cfg.scopes.is_empty()).then(|| self.cfg.scopes.join(" ")));
+        let saved =
+            tokens::client_credentials(&found_as, &reg, &resource, scope.as_deref(), assertion)
+                .await?;
+        self.keep(st, saved);
+        Ok(())
+    }
+
+    fn secret(&self) -> Option<String> {
+        self.cfg
+            .client_secret_env
+            .as_ref()
+            .and_then(|v| std::env::var(v).ok())
+            .filter(|s| !s.is_empty())
+    }
+
+    /// `turnstile login`: the whole authorization-code flow; `announce` gets the URL to open.
+    pub async fn login(&self, announce: &(dyn Fn(&str) + Sync)) -> Result<String, String> {
+        let saved = login::run(self, announce).await?;
+        let scope = saved.scope.clone();
+        let mut st = self.state.lock().await;
+        self.store.save(&saved)?;
+        self.keep(&mut st, saved);
+        login::remember_scope(&self.store_dir(), &self.server, None);
+        Ok(scope.unwrap_or_default())
+    }
+}
+
+/// The space-separated union of two scope lists, in order.
+pub fn union(a: Option<&str>, b: Option<&str>) -> Option<String> {
+    let mut out: Vec<&str> = Vec::new();
+    for s in a.into_iter().chain(b).flat_map(str::split_whitespace) {
+        if !out.contains(&s) {
+            out.push(s);
+        }
+    }
+    (!out.is_empty()).then(|| out.join(" "))
+}
+
+/// The token endpoint auth method to use among what the server supports (RFC 8414's default
+/// when it says nothing: `client_secret_basic`).
+pub fn pick_method(supported: Option<&Vec<String>>, has_secret: bool) -> String {
+    let supports = |m: &str| supported.is_none_or(|s| s.iter().any(|x| x == m));
+    if has_secret {
+        for m in ["client_secret_basic", "client_secret_post"] {
+            if supports(m) {
+                return m.to_string();
+            }
+        }
+    }
+    if supported.is_some_and(|s| s.iter().any(|x| x == "none")) || !has_secret {
+        return "none".to_string();
+    }
+    "client_secret_basic".to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scopes_union_and_methods() {
+        assert_eq!(union(Some("a b"), Some("b c")).as_deref(), Some("a b c"));
+        assert_eq!(union(None, None), None);
+        let v = |s: &[&str]| s.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(pick_method(None, true), "client_secret_basic");
+        assert_eq!(
+            pick_method(Some(&v(&["client_secret_post"])), true),
+            "client_secret_post"
+        );
+        assert_eq!(pick_method(Some(&v(&["none"])), false), "none");
+    }
+}
