@@ -163,6 +163,27 @@ fn keys(config: &Config, addr: SocketAddr, opts: &StartOptions) -> Result<Keys, 
     Ok(keys)
 }
 
+/// The store `[store]` names: the embedded SQLite file under `data_dir`, or the PostgreSQL
+/// database whose connection string is in the variable `url_env` names (unset or empty: one
+/// line naming it).
+fn open_store(config: &Config) -> Result<Store, StartError> {
+    let store = &config.store;
+    match (store.backend, &store.url_env) {
+        (crate::config::StoreBackendKind::Postgres, Some(var)) => {
+            let url = std::env::var(var).unwrap_or_default();
+            if url.trim().is_empty() {
+                return Err(StartError::Config(format!(
+                    "{}: [store] url_env names {var}, which is unset or empty: set {var} to the PostgreSQL connection string (e.g. postgres://user:password@host/db)",
+                    config.path.display()
+                )));
+            }
+            tracing::info!(lease_s = store.lease.as_secs(), "store: postgres");
+            Ok(Store::open_postgres(url.trim(), config.server.fsync)?)
+        }
+        _ => Ok(Store::open(&config.server.data_dir, config.server.fsync)?),
+    }
+}
+
 /// Start serving on `addr` (port 0 picks a free port).
 pub async fn start(
     config: Config,
@@ -198,7 +219,7 @@ pub async fn start_with(
         Some(p) => p,
         None => provider(&config)?,
     };
-    let store = Store::open(&config.server.data_dir, config.server.fsync)?;
+    let store = open_store(&config)?;
     let files = FileStore::open(
         &config.server.data_dir,
         store.clone(),

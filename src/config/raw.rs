@@ -33,6 +33,8 @@ pub(super) struct RawConfig {
     pub limits: Option<Spanned<RawLimits>>,
     #[serde(default)]
     pub telemetry: Option<Spanned<RawTelemetry>>,
+    #[serde(default)]
+    pub store: Option<Spanned<RawStore>>,
 }
 
 /// `[server]`
@@ -205,4 +207,16 @@ pub(super) struct RawLimits {
 pub(super) struct RawTelemetry {
     #[serde(default)]
     pub otlp_endpoint: Option<Spanned<String>>,
+}
+
+/// `[store]`
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawStore {
+    #[serde(default)]
+    pub backend: Option<Spanned<String>>,
+    #[serde(default)]
+    pub url_env: Option<Spanned<String>>,
+    #[serde(default)]
+    pub lease_s: Option<Spanned<i64>>,
 }

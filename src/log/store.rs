@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use super::backend::{FileRow, SessionRow, StoreBackend, StoreError};
 use super::event::Event;
+use super::postgres::PgStore;
 use super::sqlite::SqliteStore;
 
 /// Handle to the store; cheap to clone.
@@ -28,6 +29,7 @@ pub struct Store {
 #[derive(Clone)]
 pub(in crate::log) enum Backend {
     Sqlite(SqliteStore),
+    Postgres(PgStore),
 }
 
 impl From<SqliteStore> for Store {
@@ -43,6 +45,7 @@ macro_rules! on_backend {
     ($self:ident, $b:ident => $call:expr) => {
         match &$self.backend {
             Backend::Sqlite($b) => $call,
+            Backend::Postgres($b) => $call,
         }
     };
 }
@@ -52,6 +55,14 @@ impl Store {
     /// older. With `fsync`, every commit is synced to disk.
     pub fn open(dir: &Path, fsync: bool) -> Result<Store, StoreError> {
         SqliteStore::open(dir, fsync).map(Store::from)
+    }
+
+    /// Open the shared (PostgreSQL) store at the connection string `url`, migrating its schema
+    /// (refusing one newer than this build knows). With `fsync`, `synchronous_commit = on`.
+    pub fn open_postgres(url: &str, fsync: bool) -> Result<Store, StoreError> {
+        PgStore::open(url, fsync).map(|s| Store {
+            backend: Backend::Postgres(s),
+        })
     }
 
     /// Queue an event for the next commit; its ticket (see [`Store::committed`]).

@@ -7,7 +7,7 @@
 //! No input makes this module panic.
 //!
 //! One file per table of the file ([`server`], [`upstream`], [`agents`], [`mcp_servers`],
-//! [`policy`], [`files`], [`limits`], [`telemetry`]); [`parse`] turns TOML and serde errors into
+//! [`policy`], [`files`], [`limits`], [`telemetry`], [`store`]); [`parse`] turns TOML and serde errors into
 //! [`ConfigError`]s and [`values`] holds the checks on single values that the tables share.
 
 mod agents;
@@ -17,6 +17,7 @@ mod mcp_servers;
 mod parse;
 mod policy;
 mod server;
+mod store;
 mod telemetry;
 #[cfg(test)]
 mod test_support;
@@ -125,6 +126,7 @@ pub fn load_str_with_env(
         files: files::files(&cx, raw.files.as_ref())?,
         limits: limits::limits(&cx, raw.limits.as_ref())?,
         telemetry: telemetry::telemetry(&cx, raw.telemetry.as_ref())?,
+        store: store::store(&cx, raw.store.as_ref())?,
     })
 }
 

@@ -75,6 +75,7 @@ mod hooks {
         pub fn commits(&self) -> u64 {
             match &self.backend {
                 Backend::Sqlite(s) => s.shared.faults.commits.load(Relaxed),
+                Backend::Postgres(p) => p.commits(),
             }
         }
 
@@ -82,6 +83,7 @@ mod hooks {
         pub fn fail_commits(&self, n: u32) {
             match &self.backend {
                 Backend::Sqlite(s) => s.fail_commits(n),
+                Backend::Postgres(p) => p.fail_commits(n),
             }
         }
 
@@ -90,6 +92,9 @@ mod hooks {
         pub fn cap_size(&self, pages: Option<u64>) -> Result<(), StoreError> {
             match &self.backend {
                 Backend::Sqlite(s) => s.cap_size(pages),
+                Backend::Postgres(_) => Err(StoreError::WriteFailed(
+                    "cap_size is a SQLite test hook".into(),
+                )),
             }
         }
     }
