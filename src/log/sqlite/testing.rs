@@ -89,12 +89,15 @@ mod hooks {
 
         /// Testing: cap the database at its present size plus `pages` more pages (`None`: lift
         /// the cap), so that commits needing more fail as on a full disk (`SQLITE_FULL`).
+        /// PostgreSQL: any cap fails every commit until it is lifted.
         pub fn cap_size(&self, pages: Option<u64>) -> Result<(), StoreError> {
             match &self.backend {
                 Backend::Sqlite(s) => s.cap_size(pages),
-                Backend::Postgres(_) => Err(StoreError::WriteFailed(
-                    "cap_size is a SQLite test hook".into(),
-                )),
+                // No size cap to set on a shared server: every commit fails until lifted.
+                Backend::Postgres(p) => {
+                    p.fail_commits(if pages.is_some() { u32::MAX } else { 0 });
+                    Ok(())
+                }
             }
         }
     }
