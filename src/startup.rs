@@ -178,7 +178,11 @@ fn open_store(config: &Config) -> Result<Store, StartError> {
                 )));
             }
             tracing::info!(lease_s = store.lease.as_secs(), "store: postgres");
-            Ok(Store::open_postgres(url.trim(), config.server.fsync)?)
+            Ok(Store::open_postgres(
+                url.trim(),
+                config.server.fsync,
+                store.lease,
+            )?)
         }
         _ => Ok(Store::open(&config.server.data_dir, config.server.fsync)?),
     }

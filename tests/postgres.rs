@@ -19,6 +19,9 @@ use serde_json::{json, Value};
 use turnstile::log::{Event, EventBody, Store};
 use turnstile::testkit::fake_openai::{FakeOpenAi, Gate, Reply};
 
+/// `[store] lease_s` of the stores the tests open themselves.
+const LEASE: Duration = Duration::from_secs(10);
+
 /// The config of a test server on a fresh database of `pg`.
 fn pg_config(pg: &PgCluster, fake: &FakeOpenAi, extra: &str) -> String {
     format!("{}{}", config_text(fake, extra), pg.store_table(""))
@@ -27,7 +30,7 @@ fn pg_config(pg: &PgCluster, fake: &FakeOpenAi, extra: &str) -> String {
 /// A store on a fresh database of `pg`.
 fn pg_store(pg: &PgCluster, db: &str) -> (Store, String) {
     let url = pg.database(db);
-    (Store::open_postgres(&url, false).expect("open"), url)
+    (Store::open_postgres(&url, false, LEASE).expect("open"), url)
 }
 
 fn message(seq: u64, text: &str) -> Event {
@@ -66,14 +69,14 @@ async fn a_fresh_database_is_migrated_and_a_newer_schema_refuses_to_start() {
         "1"
     );
     // Opening again (a restart, or a second instance) migrates nothing and keeps the rows.
-    let again = Store::open_postgres(&url, false).expect("reopen");
+    let again = Store::open_postgres(&url, false, LEASE).expect("reopen");
     drop(again);
     assert_eq!(
         pg.psql("migrate", "SELECT count(*) FROM turnstile_schema"),
         "1"
     );
     pg.psql("migrate", "UPDATE turnstile_schema SET version = 99");
-    let err = Store::open_postgres(&url, false)
+    let err = Store::open_postgres(&url, false, LEASE)
         .err()
         .expect("a newer schema refuses to start")
         .to_string();
@@ -82,7 +85,7 @@ async fn a_fresh_database_is_migrated_and_a_newer_schema_refuses_to_start() {
         "{err}"
     );
     // A wrong address fails at start with a line, not a hang.
-    let err = Store::open_postgres("postgres://postgres@127.0.0.1:1/none", false)
+    let err = Store::open_postgres("postgres://postgres@127.0.0.1:1/none", false, LEASE)
         .err()
         .expect("no server there")
         .to_string();
@@ -488,7 +491,7 @@ async fn group_commit_cost_with_synchronous_commit_on_and_off() {
             db,
             &format!("ALTER DATABASE {db} SET synchronous_commit = {sync}"),
         );
-        let store = Store::open_postgres(&url, false).expect("open");
+        let store = Store::open_postgres(&url, false, LEASE).expect("open");
         let sid: Arc<str> = Arc::from("sess_one");
         let mut times = Vec::new();
         for seq in 1..=200 {
@@ -538,4 +541,90 @@ async fn group_commit_cost_with_synchronous_commit_on_and_off() {
             );
         }
     }
+}
+
+/// Two instances on one database: one writer per session through its lease, renewal while
+/// alive, expiry when the holder dies, release at once, and each hearing the other's commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_share_sessions_through_leases_and_hear_each_others_commits() {
+    use turnstile::log::{Heard, LeaseTaken};
+    let pg = PgCluster::start();
+    let url = pg.database("two");
+    let short = Duration::from_secs(1);
+    let a = Store::open_postgres(&url, false, short).unwrap();
+    let b = Store::open_postgres(&url, false, short).unwrap();
+    assert_ne!(a.instance(), b.instance());
+    let mut b_hears = b.commits_heard().expect("postgres listens");
+
+    assert_eq!(
+        a.take_lease("sess_x").await.unwrap(),
+        LeaseTaken::Held { fresh: true }
+    );
+    assert_eq!(
+        a.take_lease("sess_x").await.unwrap(),
+        LeaseTaken::Held { fresh: false }
+    );
+    assert_eq!(b.take_lease("sess_x").await.unwrap(), LeaseTaken::Busy);
+    // A's lease outlives lease_s while A is alive (renewed every third of it).
+    tokio::time::sleep(short * 2).await;
+    assert_eq!(b.take_lease("sess_x").await.unwrap(), LeaseTaken::Busy);
+    assert!(b.expired_leases().await.unwrap().is_empty());
+
+    // A runs a turn: its session is unfinished, but not for B to close while A holds it.
+    let sid: Arc<str> = Arc::from("sess_x");
+    a.put_session(turnstile::log::SessionRow {
+        id: "sess_x".into(),
+        owner: None,
+        created_at: "2026-01-01T00:00:00.000Z".into(),
+        record: "{}".into(),
+    });
+    a.append(&sid, &message(1, "a writes"));
+    a.flush().await.unwrap();
+    assert!(b.unfinished_sessions().await.unwrap().is_empty());
+    let heard = tokio::time::timeout(Duration::from_secs(5), b_hears.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        heard,
+        Heard::Commit {
+            session_id: "sess_x".into(),
+            seq: 1
+        }
+    );
+    assert_eq!(b.events("sess_x", 0, 10).await.unwrap().len(), 1);
+
+    // Released: B takes it at once, fresh (A wrote meanwhile).
+    a.release_lease("sess_x").await.unwrap();
+    assert_eq!(
+        b.take_lease("sess_x").await.unwrap(),
+        LeaseTaken::Held { fresh: true }
+    );
+    b.release_all_leases().await.unwrap();
+    assert_eq!(
+        a.take_lease("sess_x").await.unwrap(),
+        LeaseTaken::Held { fresh: true }
+    );
+
+    // A dies (renews nothing): within lease_s its lease expires, and B takes it and finds the
+    // turn A left unfinished.
+    let died = Instant::now();
+    drop(a);
+    let deadline = Instant::now() + short * 5;
+    while b.expired_leases().await.unwrap().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the dead instance's lease never expired"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        b.take_lease("sess_x").await.unwrap(),
+        LeaseTaken::Held { fresh: true }
+    );
+    println!(
+        "lease taken over {:?} after its holder died (lease_s = 1)",
+        died.elapsed()
+    );
+    assert_eq!(b.unfinished_sessions().await.unwrap(), ["sess_x"]);
 }

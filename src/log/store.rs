@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use super::backend::{FileRow, SessionRow, StoreBackend, StoreError};
 use super::event::Event;
+use super::postgres::lease::{Heard, LeaseTaken};
 use super::postgres::PgStore;
 use super::sqlite::SqliteStore;
 
@@ -59,10 +60,65 @@ impl Store {
 
     /// Open the shared (PostgreSQL) store at the connection string `url`, migrating its schema
     /// (refusing one newer than this build knows). With `fsync`, `synchronous_commit = on`.
-    pub fn open_postgres(url: &str, fsync: bool) -> Result<Store, StoreError> {
-        PgStore::open(url, fsync).map(|s| Store {
+    /// Leases of sessions last `lease` unless renewed.
+    pub fn open_postgres(
+        url: &str,
+        fsync: bool,
+        lease: std::time::Duration,
+    ) -> Result<Store, StoreError> {
+        PgStore::open(url, fsync, lease).map(|s| Store {
             backend: Backend::Postgres(s),
         })
+    }
+
+    /// Scale-out: take (or keep) the lease of a session, so that this instance is its one
+    /// writer. The embedded store has one process: always held, never fresh.
+    pub async fn take_lease(&self, session_id: &str) -> Result<LeaseTaken, StoreError> {
+        match &self.backend {
+            Backend::Sqlite(_) => Ok(LeaseTaken::Held { fresh: false }),
+            Backend::Postgres(p) => p.take_lease(session_id).await,
+        }
+    }
+
+    /// Scale-out: hand a session's lease back.
+    pub async fn release_lease(&self, session_id: &str) -> Result<(), StoreError> {
+        match &self.backend {
+            Backend::Sqlite(_) => Ok(()),
+            Backend::Postgres(p) => p.release_lease(session_id).await,
+        }
+    }
+
+    /// Scale-out: hand back every lease of this instance (at shutdown).
+    pub async fn release_all_leases(&self) -> Result<(), StoreError> {
+        match &self.backend {
+            Backend::Sqlite(_) => Ok(()),
+            Backend::Postgres(p) => p.release_all_leases().await,
+        }
+    }
+
+    /// Scale-out: sessions whose lease expired (their instance died); none on SQLite.
+    pub async fn expired_leases(&self) -> Result<Vec<String>, StoreError> {
+        match &self.backend {
+            Backend::Sqlite(_) => Ok(Vec::new()),
+            Backend::Postgres(p) => p.expired_leases().await,
+        }
+    }
+
+    /// Scale-out: the commits of every instance sharing the store, as the listener hears them;
+    /// `None` for a store no other process writes.
+    pub fn commits_heard(&self) -> Option<tokio::sync::broadcast::Receiver<Heard>> {
+        match &self.backend {
+            Backend::Sqlite(_) => None,
+            Backend::Postgres(p) => Some(p.commits_heard()),
+        }
+    }
+
+    /// Scale-out: this instance's name in the lease rows (`None` on SQLite).
+    pub fn instance(&self) -> Option<&str> {
+        match &self.backend {
+            Backend::Sqlite(_) => None,
+            Backend::Postgres(p) => Some(p.instance()),
+        }
     }
 
     /// Queue an event for the next commit; its ticket (see [`Store::committed`]).

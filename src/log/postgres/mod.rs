@@ -21,6 +21,7 @@
 //! File bytes stay on disk under `data_dir` as with SQLite (only the metadata is shared).
 
 mod commit;
+pub(crate) mod lease;
 mod read;
 mod schema;
 
@@ -57,6 +58,14 @@ struct Shared {
     /// Whether the last commit failed (`/readyz`).
     last_failed: AtomicBool,
     pool: Pool,
+    /// This instance's name in lease rows (`inst_…`, new at every start).
+    instance: String,
+    /// `[store] lease_s`.
+    lease: Duration,
+    /// The sessions whose lease this instance holds (renewed by `lease::renew_loop`).
+    held: std::sync::Mutex<HashSet<String>>,
+    /// What the listener hears (`lease::listen_loop`).
+    heard: tokio::sync::broadcast::Sender<lease::Heard>,
     /// Testing only: commits to fail, commits counted.
     #[cfg(any(test, feature = "testkit"))]
     pub(crate) faults: Faults,
@@ -104,9 +113,10 @@ fn block_on<T: Send + 'static>(
 }
 
 impl PgStore {
-    /// Connect to the database at `url`, migrate it, and keep a pool. With `fsync`, every
-    /// connection runs with `synchronous_commit = on`.
-    pub(crate) fn open(url: &str, fsync: bool) -> Result<PgStore, StoreError> {
+    /// Connect to the database at `url`, migrate it, and keep a pool; renew this instance's
+    /// leases (of `lease`) and listen for commits. With `fsync`, every connection runs with
+    /// `synchronous_commit = on`.
+    pub(crate) fn open(url: &str, fsync: bool, lease: Duration) -> Result<PgStore, StoreError> {
         let mut cfg: tokio_postgres::Config = url.parse().map_err(|e| {
             StoreError::OpenPostgres(format!("the connection string does not parse: {e}"))
         })?;
@@ -117,6 +127,7 @@ impl PgStore {
         if fsync {
             cfg.options("-c synchronous_commit=on");
         }
+        let listen_cfg = cfg.clone();
         let manager = Manager::from_config(
             cfg,
             NoTls,
@@ -144,17 +155,27 @@ impl PgStore {
                 .map_err(|e| StoreError::OpenPostgres(e.to_string()))?;
             schema::migrate(&mut client).await
         })?;
-        Ok(PgStore {
+        let (heard, _) = tokio::sync::broadcast::channel(4096);
+        let store = PgStore {
             shared: Arc::new(Shared {
                 group: GroupCommit::default(),
                 writer: tokio::sync::Mutex::new(0),
                 last_failed: AtomicBool::new(false),
                 pool,
+                instance: crate::ids::new("inst"),
+                lease,
+                held: Default::default(),
+                heard: heard.clone(),
                 #[cfg(any(test, feature = "testkit"))]
                 faults: Faults::default(),
                 rt,
             }),
-        })
+        };
+        let weak = Arc::downgrade(&store.shared);
+        let handle = store.shared.rt.handle();
+        handle.spawn(lease::renew_loop(weak.clone(), lease / 3));
+        handle.spawn(lease::listen_loop(weak, listen_cfg, heard));
+        Ok(store)
     }
 }
 
@@ -281,7 +302,8 @@ impl StoreBackend for PgStore {
     }
 
     async fn unfinished_sessions(&self) -> Result<Vec<String>, StoreError> {
-        self.run(read::unfinished_sessions).await
+        let me = self.shared.instance.clone();
+        self.run(move |p| read::unfinished_sessions(p, me)).await
     }
 
     async fn awaiting_client(&self, ids: Vec<String>) -> Result<Vec<bool>, StoreError> {

@@ -48,16 +48,22 @@ pub(super) async fn seq_of(
         .map(|r| r.get::<_, i64>(0) as u64))
 }
 
-/// Sessions whose last event is not terminal: turns a previous process left running.
-pub(super) async fn unfinished_sessions(pool: Pool) -> Result<Vec<String>, StoreError> {
+/// Sessions whose last event is not terminal: turns a previous process left running. Not
+/// those whose lease another live instance holds: that one is running them.
+pub(super) async fn unfinished_sessions(
+    pool: Pool,
+    instance: String,
+) -> Result<Vec<String>, StoreError> {
     let c = pool.get().await?;
     let rows = c
         .query(
             "SELECT s.id FROM sessions s
                JOIN LATERAL (SELECT type FROM events e WHERE e.session_id = s.id
                               ORDER BY seq DESC LIMIT 1) last ON true
-              WHERE last.type NOT IN ('turn.completed', 'turn.failed', 'turn.cancelled')",
-            &[],
+              WHERE last.type NOT IN ('turn.completed', 'turn.failed', 'turn.cancelled')
+                AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.session_id = s.id
+                                   AND l.holder <> $1 AND l.expires_at > now())",
+            &[&instance],
         )
         .await?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
