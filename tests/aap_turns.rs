@@ -743,7 +743,7 @@ async fn a_client_that_disconnects_before_a_stream_none_answer_does_not_cancel_t
 
 #[tokio::test]
 async fn a_driven_turn_whose_handle_is_dropped_runs_on_by_itself() {
-    use turnstile::engine::{SessionUpdate, TurnInput, TurnRequest};
+    use turnstile::engine::{Runner, SessionUpdate, TurnInput, TurnOrder};
     let (fake, server) = setup(AGENT).await;
     let sid = server.session(json!({})).await;
     let gate = Gate::new();
@@ -755,8 +755,8 @@ async fn a_driven_turn_whose_handle_is_dropped_runs_on_by_itself() {
         files: vec![],
         skills: vec![],
     };
-    let mut req = TurnRequest::interactive(input, SessionUpdate::default());
-    req.drive = true;
+    let mut req = TurnOrder::attended(input, SessionUpdate::default());
+    req.delivery.runner = Runner::Watcher;
     let mut handle = engine.start_turn(&session, req).unwrap();
     // The turn runs only while its handle is read: read it until the model has the request.
     let asked = fake.wait_requests(1);

@@ -247,6 +247,64 @@ async fn plan_decisions_are_turns_that_history_streams_and_a_restart_show() {
 }
 
 #[tokio::test]
+async fn an_interrupt_while_a_plan_waits_ends_the_run_in_the_log() {
+    let fake = FakeOpenAi::start().await;
+    let config = config_text(&fake, "");
+    let server = TestServer::start(&config).await;
+    let sid = server.session(json!({})).await;
+    fake.push(Reply::text("1. Guess.\n2. Say it."));
+    let (status, v) = server
+        .http
+        .post(
+            &format!("/sessions/{sid}/run"),
+            &json!({"goal": "add 2 and 3", "plan": true}),
+        )
+        .await;
+    assert_eq!(status, 202, "{v}");
+    session_until(&server, &sid, |i| i["status"] == "plan_pending_approval").await;
+    let mut stream = run_events(&server, &sid).await;
+
+    let (status, v) = server
+        .http
+        .post(&format!("/sessions/{sid}/interrupt"), &json!({}))
+        .await;
+    assert_eq!(status, 200, "{v}");
+    let stopped = v["cancelled"][0]
+        .as_str()
+        .expect("the run's last turn")
+        .to_string();
+    // The run stream ends: the plan, then done (cancelled).
+    let frames = whole(&stream.until(|f| f.event == "done").await);
+    let (last, done) = frames.last().unwrap();
+    assert_eq!(last, "done");
+    assert_eq!(done["finish_reason"], "Cancelled", "{done}");
+    // The log: a rejection of the plan that never ran, cancelled with no usage.
+    let evs = check_all(&fake, &server, &sid).await;
+    let turn: Vec<&Value> = evs.iter().filter(|e| e["turn_id"] == stopped).collect();
+    assert_eq!(turn.len(), 2, "{turn:?}");
+    assert_eq!(turn[0]["type"], "user.message");
+    assert_eq!(turn[0]["content"][0]["type"], "plan_decision");
+    assert_eq!(turn[0]["content"][0]["decision"], "rejected");
+    assert_eq!(turn[1]["type"], "turn.cancelled");
+    assert_eq!(turn[1]["usage"], Value::Null);
+    assert_eq!(fake.requests().len(), 1, "the interrupt calls no model");
+    // Nothing waits any more, before and after a restart; a late confirmation is refused.
+    async fn nothing_waits(server: &TestServer, sid: &str) {
+        let (_, info) = server.http.get(&format!("/sessions/{sid}")).await;
+        assert_eq!(info["status"], "idle", "{info}");
+        assert!(info.get("pending_plan").is_none(), "{info}");
+        let (status, _) = server
+            .http
+            .post(&format!("/sessions/{sid}/plan/confirm"), &json!({}))
+            .await;
+        assert_eq!(status, 409);
+    }
+    nothing_waits(&server, &sid).await;
+    let server = TestServer::start_in(server.stop().await, &config).await;
+    nothing_waits(&server, &sid).await;
+}
+
+#[tokio::test]
 async fn a_message_queued_behind_a_tool_use_stop_answers_the_open_calls_first() {
     let (fake, server) = setup("").await;
     let sid = server

@@ -13,7 +13,7 @@
 //!   When other calls are still open (a client tool's result), the expired ones are marked and
 //!   denied at the start of the follow-up, which need not answer them.
 //! - **Binding.** When a turn pauses on a server call, the session's record keeps the call's
-//!   server, tool, argument digest and the verdict and rule that asked ([`AskedCall`]). A grant
+//!   server, tool, argument digest and the verdict and rule that asked (`AskedCall`). A grant
 //!   runs the call only if it is still that call under a policy that allows it: a policy that
 //!   now denies it turns the grant into a denial (`Tool call denied: the policy now denies <tool>
 //!   (rule <rule>)`); one that now trusts or asks lets the grant apply, and the server's log says
@@ -25,12 +25,12 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::catalog::{Catalog, Route};
-use super::session::{AskedCall, Pending, PendingKind, Session, SessionRecord, State};
-use super::turn::{Permission, TurnInput};
-use super::{EngineError, Inner};
+use super::record::{AskedCall, Pending, PendingKind, SessionRecord};
+use super::session::{Session, State};
+use super::shared::Inner;
+use super::types::Client;
 use crate::config::{AgentConfig, Verdict};
 use crate::log::{Event, EventBody, SessionRow, StopReason, Store};
-use crate::message::{Content, Message};
 use crate::tools::ServerTool;
 use crate::{clock, ids};
 
@@ -163,7 +163,7 @@ pub(crate) fn settle_locked(
     let next = stamp(&mut st.pending, ttl, now_ms);
     let all_expired = st.pending.iter().all(|p| p.expired);
     // A turn that runs (or one the log still has open) goes first; it answers the calls.
-    let open_in_log = st.tail.last().is_some_and(|e| !e.body.is_terminal());
+    let open_in_log = st.out.tail.last().is_some_and(|e| !e.body.is_terminal());
     if !all_expired || st.running.is_some() || open_in_log {
         return next;
     }
@@ -280,148 +280,18 @@ pub(crate) fn regrant(
                 "the policy changed since the call asked for permission; re-decided: the client's grant applies");
         }
     }
-    match Catalog::new(agent, host, record, true).route_granted(name) {
+    match Catalog::new(agent, host, record, Client::Attends).route_granted(name) {
         Route::Refuse(msg) => Regrant::Refuse(msg),
         _ => Regrant::Run,
-    }
-}
-
-/// Check a turn's input against the calls the session waits on; the calls it answers.
-/// `history`: the session's history, read only to name settled calls in an error.
-///
-/// 400 when the request is malformed or incomplete (a call answered twice or with the wrong
-/// role, a pending call left unanswered); 409 when it is complete but names calls that are not,
-/// or no longer, pending (unknown, settled, or expired). Either way the message names what is
-/// still outstanding.
-pub(crate) fn check_answers(
-    pending: &[Pending],
-    input: &TurnInput,
-    history: &dyn Fn() -> Vec<Message>,
-) -> Result<Vec<Pending>, EngineError> {
-    let live = || pending.iter().filter(|p| !p.expired);
-    let ids = |kind: PendingKind| -> Vec<&str> {
-        pending
-            .iter()
-            .filter(|p| p.kind == kind)
-            .map(|p| p.call_id.as_str())
-            .collect()
-    };
-    let (results, permissions) = match input {
-        // (Expired calls are settled before this is asked, unless a turn is open.)
-        TurnInput::User { .. } if !pending.is_empty() => {
-            return Err(EngineError::Conflict(format!(
-                "the session waits for tool results ({}) and permissions ({}); send them all in one request as role \"tool\" and \"tool_permission\" messages before a new user message",
-                ids(PendingKind::Client).join(", "),
-                ids(PendingKind::Permission).join(", ")
-            )))
-        }
-        TurnInput::User { .. } => return Ok(Vec::new()),
-        TurnInput::Resume {
-            results,
-            permissions,
-        } => (results, permissions),
-    };
-    let mut answered = std::collections::HashMap::new();
-    let mut malformed = Vec::new();
-    let mut stale = Vec::new();
-    let answers = results
-        .iter()
-        .map(|r| (r.call_id.as_str(), None))
-        .chain(permissions.iter().map(|p| (p.call_id.as_str(), Some(p))));
-    for (id, perm) in answers {
-        let role = if perm.is_some() {
-            "tool_permission"
-        } else {
-            "tool"
-        };
-        if answered.insert(id, role).is_some() {
-            malformed.push(format!("toolCallId {id} is answered twice"));
-            continue;
-        }
-        match pending.iter().find(|p| p.call_id == id) {
-            None => stale.push(id),
-            Some(p) if p.kind == PendingKind::Client && perm.is_some() => malformed.push(format!(
-                "toolCallId {id} is client tool {}: answer it with a role \"tool\" message carrying its result",
-                p.name
-            )),
-            Some(p) if p.kind == PendingKind::Permission && perm.is_none() => malformed.push(format!(
-                "toolCallId {id} is server tool {}: answer it with a role \"tool_permission\" message (granted true or false)",
-                p.name
-            )),
-            Some(p) if p.expired && perm.is_some_and(|g: &Permission| g.granted) => {
-                stale.push(id);
-            }
-            Some(_) => {}
-        }
-    }
-    let missing: Vec<&str> = live()
-        .filter(|p| !answered.contains_key(p.call_id.as_str()))
-        .map(|p| p.call_id.as_str())
-        .collect();
-    if !missing.is_empty() {
-        malformed.push(format!(
-            "missing answers for toolCallId {}: every pending call needs its result or permission in this one request",
-            missing.join(", ")
-        ));
-    }
-    if malformed.is_empty() && stale.is_empty() {
-        return Ok(pending.to_vec());
-    }
-    let mut errors: Vec<String> = stale
-        .iter()
-        .map(|id| stale_call(pending, id, history))
-        .collect();
-    errors.extend(malformed.iter().cloned());
-    let outstanding: Vec<String> = live()
-        .map(|p| {
-            let what = match p.kind {
-                PendingKind::Client => "client tool, answer with role \"tool\"",
-                PendingKind::Permission => "server tool, answer with role \"tool_permission\"",
-            };
-            format!("{} ({}: {what})", p.call_id, p.name)
-        })
-        .collect();
-    let outstanding = if outstanding.is_empty() {
-        "no tool calls are pending in this session: send a user message instead".to_string()
-    } else {
-        format!("still outstanding: {}", outstanding.join(", "))
-    };
-    let message = format!("{}; {outstanding}", errors.join("; "));
-    if malformed.is_empty() {
-        Err(EngineError::Conflict(message))
-    } else {
-        Err(EngineError::Invalid(message))
-    }
-}
-
-/// Why `id` cannot be answered: it expired, was settled already, or was never a call here.
-fn stale_call(pending: &[Pending], id: &str, history: &dyn Fn() -> Vec<Message>) -> String {
-    if let Some(p) = pending.iter().find(|p| p.call_id == id && p.expired) {
-        return format!(
-            "toolCallId {id} ({}) has expired: its permission was not given within [agents] approval_ttl_s (by {}), so it is denied (approval expired); ask the model to call it again",
-            p.name,
-            p.expires_at.as_deref().unwrap_or("its deadline")
-        );
-    }
-    let settled = history().into_iter().find_map(|m| match m {
-        Message::Tool {
-            tool_call_id,
-            content,
-        } if tool_call_id == id => Some(content),
-        _ => None,
-    });
-    match settled {
-        Some(Content::Text(t)) if t == expired_result() => format!(
-            "toolCallId {id} has expired: its permission was not given within [agents] approval_ttl_s, so it was denied (approval expired); ask the model to call it again"
-        ),
-        Some(_) => format!("toolCallId {id} is already settled: it has its result"),
-        None => format!("toolCallId {id} is not a call of this session"),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::answers::check_answers;
+    use crate::engine::types::{EngineError, Permission, TurnInput};
+    use crate::message::{Content, Message};
 
     fn pending(id: &str, kind: PendingKind, asked_at: &str) -> Pending {
         Pending {
@@ -439,7 +309,7 @@ mod tests {
         TurnInput::Resume {
             results: results
                 .iter()
-                .map(|id| super::super::turn::ClientResult {
+                .map(|id| crate::engine::types::ClientResult {
                     call_id: id.to_string(),
                     content: json!("r"),
                     is_error: false,

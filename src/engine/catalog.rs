@@ -4,7 +4,8 @@
 //! record, so a changed tool list or a changed grant applies from the next step on.
 
 use crate::config::{AgentConfig, Verdict};
-use crate::engine::session::SessionRecord;
+use crate::engine::record::SessionRecord;
+use crate::engine::types::Client;
 use crate::message::ToolSpec;
 use crate::tools::ServerTool;
 use crate::upstream::ToolDef;
@@ -49,8 +50,8 @@ pub struct Catalog<'a> {
     /// Every server tool the host has (to tell "denied" from "unknown").
     all: &'a [ServerTool],
     agent: &'a AgentConfig,
-    /// Whether a client is attached that can run client tools and answer permissions.
-    interactive: bool,
+    /// Whether a client attends, to run client tools and answer permissions.
+    attendance: Client,
 }
 
 impl<'a> Catalog<'a> {
@@ -58,7 +59,7 @@ impl<'a> Catalog<'a> {
         agent: &'a AgentConfig,
         host: &'a [ServerTool],
         record: &'a SessionRecord,
-        interactive: bool,
+        attendance: Client,
     ) -> Catalog<'a> {
         let server = exposed(agent, host)
             .into_iter()
@@ -75,7 +76,7 @@ impl<'a> Catalog<'a> {
             server,
             all: host,
             agent,
-            interactive,
+            attendance,
         }
     }
 
@@ -96,25 +97,26 @@ impl<'a> Catalog<'a> {
 
     pub fn route(&self, name: &str) -> Route {
         if self.client.iter().any(|t| t.name == name) {
-            return if self.interactive {
-                Route::Client
-            } else {
-                Route::Refuse(format!(
+            return match self.attendance {
+                Client::Attends => Route::Client,
+                Client::Absent { attend_at } => Route::Refuse(format!(
                     "Tool {name} is a client tool and no client is attached to run it; \
-                     client tools run only in turns made with POST /sessions/{{id}}/turns."
-                ))
+                     client tools run only in turns made with {attend_at}."
+                )),
             };
         }
         if let Some((tool, session_trust)) = self.server.iter().find(|(t, _)| t.spec.name == name) {
             return match tool.verdict {
                 Verdict::Trust if *session_trust => Route::Inline,
                 Verdict::Deny => Route::Refuse(format!("Tool {name} is denied by policy.")),
-                _ if self.interactive => Route::Ask,
-                _ => Route::Refuse(format!(
-                    "Tool {name} needs a client's permission and none can be asked here; \
-                     call it in a turn made with POST /sessions/{{id}}/turns, where the client \
-                     can grant it, or have the operator trust it."
-                )),
+                _ => match self.attendance {
+                    Client::Attends => Route::Ask,
+                    Client::Absent { attend_at } => Route::Refuse(format!(
+                        "Tool {name} needs a client's permission and none can be asked here; \
+                         call it in a turn made with {attend_at}, where the client \
+                         can grant it, or have the operator trust it."
+                    )),
+                },
             };
         }
         match self.all.iter().find(|t| t.spec.name == name) {

@@ -111,7 +111,24 @@ impl Calibration {
 
 /// The bytes a message counts for.
 pub fn message_bytes(m: &Message) -> usize {
-    serde_json::to_vec(m).map_or(0, |v| v.len())
+    json_len(m)
+}
+
+/// The length of `v` as compact JSON, counted as it is written: nothing is buffered (this runs
+/// over every message before every model call).
+fn json_len<T: serde::Serialize + ?Sized>(v: &T) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    serde_json::to_writer(&mut count, v).map_or(0, |()| count.0)
 }
 
 /// The bytes a request counts for: its system prompt, messages and tools.
@@ -121,7 +138,7 @@ pub fn request_bytes(req: &ModelRequest) -> usize {
     let tools: usize = req
         .tools
         .iter()
-        .map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len() + 32)
+        .map(|t| t.name.len() + t.description.len() + json_len(&t.parameters) + 32)
         .sum();
     system + messages + tools
 }
@@ -245,6 +262,25 @@ fn shorten(text: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_are_the_json_lengths() {
+        let m = Message::Assistant {
+            content: Content::Blocks(vec![
+                Block::Text {
+                    text: "h\u{e9}llo \"quoted\"\n".into(),
+                },
+                Block::ToolUse {
+                    tool_call_id: "call_1".into(),
+                    name: "read".into(),
+                    input: serde_json::json!({"path": "a b", "n": [1, 2.5, null]}),
+                },
+            ]),
+        };
+        assert_eq!(message_bytes(&m), serde_json::to_vec(&m).unwrap().len());
+        let v = serde_json::json!({"type": "object", "properties": {"x": {"type": "string"}}});
+        assert_eq!(json_len(&v), v.to_string().len());
+    }
 
     #[test]
     fn known_models_have_their_window_else_the_default() {

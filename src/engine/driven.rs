@@ -1,4 +1,4 @@
-//! Turns run by the task that watches them (see [`super::TurnRequest::drive`]), and the sweeper
+//! Turns run by the task that watches them (see [`Runner::Watcher`](super::types::Runner::Watcher)), and the sweeper
 //! that moves a stalled one to a task of its own.
 //!
 //! A watcher that runs its turn saves a hand-off between tasks at every step: what the
@@ -21,7 +21,6 @@ use std::time::Duration;
 use futures_util::task::AtomicWaker;
 use tokio_util::task::TaskTracker;
 
-use super::Inner;
 use crate::sync::lock;
 
 /// How often the sweeper looks: a turn whose watcher stopped polling it moves to a task of its
@@ -91,18 +90,18 @@ impl Slot {
 }
 
 impl Driven {
-    pub(crate) fn new(inner: &Arc<Inner>, turn: TurnFuture) -> Driven {
+    pub(crate) fn new(sweeper: &Sweeper, tracker: &TaskTracker, turn: TurnFuture) -> Driven {
         let slot = Arc::new(Slot {
             turn: Mutex::new(Some(turn)),
             watcher: AtomicWaker::new(),
             woken: AtomicBool::new(false),
             suspect: AtomicBool::new(false),
         });
-        inner.sweeper.watch(&slot, inner);
+        sweeper.watch(&slot, tracker);
         Driven {
             waker: Waker::from(slot.clone()),
             slot,
-            tracker: inner.tracker.clone(),
+            tracker: tracker.clone(),
         }
     }
 
@@ -133,7 +132,8 @@ impl Driven {
 /// The driven turns, looked at every [`TICK`] by a task that runs while there are any.
 #[derive(Default)]
 pub(crate) struct Sweeper {
-    state: Mutex<SweepState>,
+    /// Shared with the sweeper's task, which holds it weakly: it ends with the engine.
+    state: Arc<Mutex<SweepState>>,
 }
 
 #[derive(Default)]
@@ -143,25 +143,25 @@ struct SweepState {
 }
 
 impl Sweeper {
-    fn watch(&self, slot: &Arc<Slot>, inner: &Arc<Inner>) {
+    fn watch(&self, slot: &Arc<Slot>, tracker: &TaskTracker) {
         let mut st = lock(&self.state);
         st.slots.push(Arc::downgrade(slot));
         if !st.running && tokio::runtime::Handle::try_current().is_ok() {
             st.running = true;
-            tokio::spawn(sweep(Arc::downgrade(inner)));
+            tokio::spawn(sweep(Arc::downgrade(&self.state), tracker.clone()));
         }
     }
 }
 
-async fn sweep(inner: Weak<Inner>) {
+async fn sweep(state: Weak<Mutex<SweepState>>, tracker: TaskTracker) {
     let mut idle = 0;
     loop {
         tokio::time::sleep(TICK).await;
-        let Some(inner) = inner.upgrade() else {
+        let Some(state) = state.upgrade() else {
             return;
         };
         let stalled: Vec<Arc<Slot>> = {
-            let mut st = lock(&inner.sweeper.state);
+            let mut st = lock(&state);
             st.slots.retain(|s| s.strong_count() > 0);
             if st.slots.is_empty() {
                 idle += 1;
@@ -182,7 +182,7 @@ async fn sweep(inner: Weak<Inner>) {
             tracing::debug!(
                 "a driven turn's watcher stopped polling it: the turn goes on on a task of its own"
             );
-            slot.detach(&inner.tracker, false);
+            slot.detach(&tracker, false);
         }
     }
 }

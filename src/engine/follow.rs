@@ -15,7 +15,9 @@ use std::sync::Arc;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::broadcast::Receiver;
 
-use super::{Engine, EngineError, Feed, Session};
+use super::session::Session;
+use super::shared::Engine;
+use super::types::{EngineError, Feed};
 use crate::log::Event;
 
 /// Replay page size when refilling from the store.
@@ -69,7 +71,7 @@ impl Follow {
                     session.id
                 ),
                 server_wide: false,
-                retry_after: super::SUBSCRIBERS_RETRY_AFTER,
+                retry_after: SUBSCRIBERS_RETRY_AFTER,
             });
         }
         let slot = StreamSlot(session.clone());
@@ -183,5 +185,66 @@ impl Follow {
     /// The last stored event sent.
     pub fn last_seq(&self) -> u64 {
         self.last_seq
+    }
+}
+
+/// `Retry-After` (seconds) of a session with all the streams it may have.
+const SUBSCRIBERS_RETRY_AFTER: u64 = 5;
+
+impl Engine {
+    /// A session's events after `after` (an event id; `None` from the start), at most `limit`,
+    /// and whether more follow.
+    pub async fn events_after(
+        &self,
+        session: &Session,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<(Vec<Arc<crate::log::Event>>, bool), EngineError> {
+        let after_seq = match after {
+            None => 0,
+            Some(id) => self.seq_of(session, id).await?,
+        };
+        self.events_after_seq(session, after_seq, limit).await
+    }
+
+    /// A session's events with `seq > after_seq`: the store's, then the current turn's events
+    /// the store does not hold yet.
+    pub async fn events_after_seq(
+        &self,
+        session: &Session,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<(Vec<Arc<crate::log::Event>>, bool), EngineError> {
+        let tail = session.tail();
+        let mut out: Vec<Arc<crate::log::Event>> = self
+            .inner
+            .store
+            .events(&session.id, after_seq, limit + 1)
+            .await?
+            .into_iter()
+            .map(Arc::new)
+            .collect();
+        let last = out.last().map_or(after_seq, |e| e.seq);
+        if out.len() <= limit {
+            out.extend(tail.into_iter().filter(|e| e.seq > last));
+        }
+        let more = out.len() > limit;
+        out.truncate(limit);
+        Ok((out, more))
+    }
+
+    /// The position of an event id in a session's log; an unknown id is an error, never a
+    /// silent restart from the beginning.
+    pub async fn seq_of(&self, session: &Session, event_id: &str) -> Result<u64, EngineError> {
+        if let Some(ev) = session.tail().iter().find(|e| e.id == event_id) {
+            return Ok(ev.seq);
+        }
+        match self.inner.store.seq_of(&session.id, event_id).await? {
+            Some(seq) => Ok(seq),
+            None => Err(EngineError::Invalid(format!(
+                "event {event_id} is not in session {}'s log; pass the id of an event you received, or omit the cursor to start from the beginning",
+                session.id
+            ))),
+        }
     }
 }

@@ -3,253 +3,23 @@
 //! All state of a session sits behind one mutex that is never held across an await. Appending an
 //! event assigns its sequence number and id, queues it for the store and folds it into the
 //! history projection, under that lock, so the log and the projection see one order. An event
-//! is published to live subscribers only once it is durable ([`Session::publish_durable`], after
+//! is published to live subscribers only once it is durable (`Session::publish_durable`, after
 //! a [`Store::flush`]): nobody ever sees an event that a crash could take back.
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
-use tokio_util::sync::CancellationToken;
 
+use super::delivery::outbox::Outbox;
 use super::history::Projector;
-use crate::log::{Event, EventBody, FailReason, StopReason, Store};
-use crate::message::{Message, ToolCall, ToolSpec};
+use super::job::{Job, TurnControl};
+use super::record::{Pending, SessionRecord};
+use super::replay::{open_calls, starts_run, LogCopy, Logged, PlanWait};
+use super::types::{DeltaKind, Feed};
+use crate::log::{Event, EventBody, FailReason, Store};
+use crate::message::Message;
 use crate::sync::lock;
 use crate::{clock, ids};
-
-/// A server tool enabled for a session, and whether the session trusts it (AAP `ServerToolRef`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ToolGrant {
-    pub name: String,
-    #[serde(default)]
-    pub trust: bool,
-}
-
-/// What is persisted about a session besides its events.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct SessionRecord {
-    pub agent: String,
-    /// `None`: made without an `agent` object, so every permitted tool is enabled and trusted
-    /// per policy. `Some(list)`: exactly these server tools are enabled.
-    pub tools: Option<Vec<ToolGrant>>,
-    pub options: BTreeMap<String, String>,
-    pub client_tools: Vec<ToolSpec>,
-    /// Seed history (`POST /sessions` `messages`).
-    pub seed: Vec<Message>,
-    /// What each server call the last turn paused on was bound to when it asked for
-    /// permission (see `engine/approvals.rs`): a grant applies to exactly that call.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub asked: Vec<AskedCall>,
-}
-
-/// A paused server call as it was when it asked for the client's permission. A grant binds to
-/// it: the same server and tool, the same arguments (their digest, as logged), and the policy
-/// verdict and rule that asked. When any of these differ at the grant, the call is re-decided.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AskedCall {
-    pub call_id: String,
-    /// The MCP server (`builtin` for built-in tools) and the tool's own name on it.
-    pub server: String,
-    pub tool: String,
-    /// SHA-256 (hex) of the call's arguments as logged in its `agent.tool_use`.
-    pub input_sha256: String,
-    /// The operator's verdict then (`ask`, or `trust` when the session did not trust the
-    /// tool), and the rule that decided it.
-    pub verdict: String,
-    pub rule: String,
-}
-
-/// Which text a delta extends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeltaKind {
-    Message,
-    Thinking,
-}
-
-impl DeltaKind {
-    /// The spec 003 event type of a delta of this kind.
-    pub fn type_name(self) -> &'static str {
-        match self {
-            DeltaKind::Message => "agent.message.delta",
-            DeltaKind::Thinking => "agent.thinking.delta",
-        }
-    }
-}
-
-/// A live item: a stored event, or streamed text (never stored).
-#[derive(Debug, Clone)]
-pub enum Feed {
-    Event(Arc<Event>),
-    /// A fragment exactly as the upstream streamed it: sent only to the watcher of the turn
-    /// (AAP `delta` mode), never to session subscribers.
-    Fragment {
-        kind: DeltaKind,
-        text: String,
-    },
-    /// A coalesced delta (at most 200 characters, or what 50 ms gathered), for subscribers.
-    Delta {
-        turn_id: Arc<str>,
-        kind: DeltaKind,
-        text: Arc<str>,
-    },
-}
-
-/// Deltas are pushed when this many characters are buffered...
-pub const DELTA_CHARS: usize = 200;
-/// ...or this long after the first buffered fragment, whichever comes first.
-pub const DELTA_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
-
-/// Gathers a turn's streamed fragments into deltas (spec 003).
-#[derive(Debug)]
-pub(crate) struct Coalescer {
-    turn_id: Arc<str>,
-    kind: DeltaKind,
-    buf: String,
-    chars: usize,
-    /// When the buffer must be pushed (50 ms after its first fragment).
-    pub deadline: Option<tokio::time::Instant>,
-}
-
-/// A proposed plan waiting for the client's decision (runs API plan mode): the plan turn has
-/// ended (or is ending) with it, and the decision starts the next turn. Rebuilt from the log
-/// (a turn that completed with a plan as its last message) after a restart.
-#[derive(Debug)]
-pub(crate) struct PlanWait {
-    pub plan: String,
-}
-
-/// The client's decision on a proposed plan. Logged as the content block that starts the
-/// decision's turn (`{"type": "plan_decision", "decision": "confirmed", "edits"?}` or
-/// `{"type": "plan_decision", "decision": "rejected", "reason"?}`).
-#[derive(Debug, Clone, PartialEq)]
-pub enum PlanDecision {
-    /// Go on, with the plan replaced by `edits` when given.
-    Confirm { edits: Option<String> },
-    /// Propose another plan; the reason is given to the model.
-    Reject { reason: Option<String> },
-}
-
-impl PlanDecision {
-    /// The `user.message` content block the decision is logged as.
-    pub fn block(&self) -> serde_json::Value {
-        let mut b = serde_json::Map::new();
-        b.insert("type".into(), "plan_decision".into());
-        match self {
-            PlanDecision::Confirm { edits } => {
-                b.insert("decision".into(), "confirmed".into());
-                if let Some(e) = edits {
-                    b.insert("edits".into(), e.clone().into());
-                }
-            }
-            PlanDecision::Reject { reason } => {
-                b.insert("decision".into(), "rejected".into());
-                if let Some(r) = reason {
-                    b.insert("reason".into(), r.clone().into());
-                }
-            }
-        }
-        serde_json::Value::Object(b)
-    }
-
-    /// The decision a `user.message`'s content carries, if it is a plan decision.
-    pub fn of_content(content: &serde_json::Value) -> Option<PlanDecision> {
-        let b = content
-            .as_array()?
-            .iter()
-            .find(|b| b.get("type").and_then(|t| t.as_str()) == Some("plan_decision"))?;
-        let text = |k: &str| b.get(k).and_then(|v| v.as_str()).map(String::from);
-        match b.get("decision").and_then(|d| d.as_str())? {
-            "confirmed" => Some(PlanDecision::Confirm {
-                edits: text("edits"),
-            }),
-            "rejected" => Some(PlanDecision::Reject {
-                reason: text("reason"),
-            }),
-            _ => None,
-        }
-    }
-}
-
-/// Who must act on a pending tool call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PendingKind {
-    /// A client tool: the client runs it and posts the result.
-    Client,
-    /// A server tool that needs the client's permission.
-    Permission,
-}
-
-/// A tool call the last turn stopped on.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Pending {
-    #[serde(rename = "toolCallId")]
-    pub call_id: String,
-    pub name: String,
-    pub input: serde_json::Value,
-    pub kind: PendingKind,
-    /// When the call was logged: its `agent.tool_use`'s `created_at` (so expiry survives a
-    /// restart).
-    #[serde(skip)]
-    pub asked_at: String,
-    /// A permission's deadline (`asked_at` plus the agent's `approval_ttl_s`): then the call
-    /// is denied with reason "approval expired".
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub expires_at: Option<String>,
-    /// Past its deadline: denied ("approval expired") when the session goes on; a grant for it
-    /// is refused, and the follow-up need not answer it.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub expired: bool,
-}
-
-impl Pending {
-    pub fn call(&self) -> ToolCall {
-        ToolCall {
-            id: self.call_id.clone(),
-            name: self.name.clone(),
-            input: self.input.clone(),
-        }
-    }
-}
-
-/// Why a running turn is being stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StopCause {
-    Cancelled,
-    Shutdown,
-}
-
-/// The handle of a running turn.
-#[derive(Debug)]
-pub struct TurnControl {
-    pub turn_id: String,
-    pub token: CancellationToken,
-    cause: Mutex<Option<StopCause>>,
-}
-
-impl TurnControl {
-    pub fn new(turn_id: String) -> Arc<TurnControl> {
-        Arc::new(TurnControl {
-            turn_id,
-            token: CancellationToken::new(),
-            cause: Mutex::new(None),
-        })
-    }
-
-    /// Ask the turn to stop; the first cause wins.
-    pub fn stop(&self, cause: StopCause) {
-        let mut c = lock(&self.cause);
-        c.get_or_insert(cause);
-        self.token.cancel();
-    }
-
-    pub fn cause(&self) -> Option<StopCause> {
-        *lock(&self.cause)
-    }
-}
 
 pub(crate) struct State {
     /// Shared with readers (a turn reads it at every step); replaced, never changed in place.
@@ -259,12 +29,9 @@ pub(crate) struct State {
     pub pending: Vec<Pending>,
     pub running: Option<Arc<TurnControl>>,
     /// Turns waiting for the running one to end, in order.
-    pub queue: std::collections::VecDeque<super::turn::Queued>,
-    /// The published events of the current (or last) turn, for subscribers that join mid-turn.
-    pub tail: Vec<Arc<Event>>,
-    /// Events appended but not yet published, with their store tickets, in order.
-    pub held: Vec<(u64, Arc<Event>)>,
-    pub coalescer: Option<Coalescer>,
+    pub queue: std::collections::VecDeque<Job>,
+    /// Events and deltas on their way to live subscribers (and the current turn's events).
+    pub out: Outbox,
     pub plan: Option<PlanWait>,
     /// The seq of the first event of the session's current (or last) run: the `user.message`
     /// of its first turn (a plan decision's turn goes on its plan's run).
@@ -277,36 +44,18 @@ pub(crate) struct State {
     pub record_written: u64,
     /// The timer that expires pending permissions: its deadline (ms since the epoch) and task.
     pub expiry_timer: Option<(i64, tokio::task::AbortHandle)>,
-    /// The live feed, made when the first subscriber comes and dropped when the last has gone
-    /// (its buffer is sizeable, and most sessions never have a subscriber).
-    feed: Option<broadcast::Sender<Feed>>,
 }
 
 impl State {
-    /// Send an item to live subscribers, if there are any.
-    fn send(&mut self, item: Feed) {
-        if let Some(tx) = &self.feed {
-            if tx.send(item).is_err() {
-                self.feed = None;
-            }
-        }
-    }
-
-    /// End every live subscription (the session is gone).
-    pub fn close_feed(&mut self) {
-        self.feed = None;
-    }
-
     /// Whether the session holds nothing that is not in the log: no turn running or queued, no
     /// live subscriber, every event and record write committed (a plan waiting for approval is
-    /// read back from the log). Such a
-    /// session can be dropped from memory and read back from the log as it is.
+    /// read back from the log). Such a session can be dropped from memory and read back as is.
     pub fn at_rest(&self, committed: u64) -> bool {
         self.running.is_none()
             && self.queue.is_empty()
-            && self.held.is_empty()
+            && self.out.held.is_empty()
             && self.record_written <= committed
-            && self.feed.as_ref().is_none_or(|tx| tx.receiver_count() == 0)
+            && !self.out.watched()
     }
 }
 
@@ -324,9 +73,6 @@ pub struct Session {
     /// What protocol adapters keep per session, one value per type (see [`Session::extension`]).
     extensions: Mutex<Vec<Arc<dyn std::any::Any + Send + Sync>>>,
 }
-
-/// Live subscribers may lag this many items behind before they must refill from the log.
-const FEED_CAPACITY: usize = 4096;
 
 impl Session {
     /// A session with this record and these stored events.
@@ -359,16 +105,13 @@ impl Session {
                 pending,
                 running: None,
                 queue: Default::default(),
-                tail: last_turn,
-                held: Vec::new(),
-                coalescer: None,
+                out: Outbox::with_tail(last_turn),
                 plan,
                 run_start,
                 deleted: false,
                 diverged: false,
                 record_written: 0,
                 expiry_timer: None,
-                feed: None,
             }),
         }
     }
@@ -378,7 +121,7 @@ impl Session {
     /// events of the turn that made it.)
     pub(crate) fn lost_writes(&self, store: &Store) -> bool {
         let st = self.lock();
-        st.diverged || st.held.iter().any(|(ticket, _)| store.failed(*ticket))
+        st.diverged || st.out.held.iter().any(|(ticket, _)| store.failed(*ticket))
     }
 
     /// The session as the log holds it, for [`Session::rebuild_locked`]; `None` (logged) if it
@@ -423,16 +166,16 @@ impl Session {
             let logged = Logged::read(&st.record, copy.events.clone());
             st.history = logged.history;
             st.next_seq = logged.next_seq;
-            st.tail = logged.tail;
+            st.out.tail = logged.tail;
             st.pending = logged.pending;
             st.plan = logged.plan;
             st.run_start = logged.run_start;
-            st.held.clear();
+            st.out.held.clear();
             st.diverged = false;
         };
         reset(st);
         tracing::warn!(session = %self.id, seq = st.next_seq, "the session was read back from the log after a failed commit");
-        if st.tail.last().is_none_or(|e| e.turn_id != turn_id)
+        if st.out.tail.last().is_none_or(|e| e.turn_id != turn_id)
             || self
                 .close_open_locked(st, store, FailReason::InternalError, why)
                 .is_none()
@@ -460,9 +203,9 @@ impl Session {
         reason: FailReason,
         why: &str,
     ) -> Option<String> {
-        let last = st.tail.last().filter(|e| !e.body.is_terminal())?;
+        let last = st.out.tail.last().filter(|e| !e.body.is_terminal())?;
         let turn_id = last.turn_id.clone();
-        for call in open_calls(&st.tail, &turn_id) {
+        for call in open_calls(&st.out.tail, &turn_id) {
             let result = EventBody::ToolResult {
                 tool_use_id: call,
                 content: "Cancelled.".into(),
@@ -512,7 +255,7 @@ impl Session {
             return None;
         }
         // Deltas gathered so far go out before any other event.
-        self.flush_deltas(st);
+        st.out.flush_deltas();
         st.next_seq += 1;
         let ev = Arc::new(Event::new(
             st.next_seq,
@@ -526,14 +269,8 @@ impl Session {
         if starts_run(&ev.body) {
             st.run_start = ev.seq;
         }
-        st.held.push((ticket, ev.clone()));
+        st.out.held.push((ticket, ev.clone()));
         Some(ev)
-    }
-
-    /// Whether the session has live subscribers.
-    pub(crate) fn watched(&self) -> bool {
-        let st = self.lock();
-        st.feed.as_ref().is_some_and(|tx| tx.receiver_count() > 0)
     }
 
     /// Publish, in order, the held events the store has committed; returns them.
@@ -542,107 +279,29 @@ impl Session {
         self.publish_durable_locked(&mut st, store)
     }
 
+    /// [`Session::publish_durable`] with the session's lock held.
     pub(crate) fn publish_durable_locked(&self, st: &mut State, store: &Store) -> Vec<Arc<Event>> {
-        let committed = store.committed();
-        let n = st.held.iter().take_while(|(t, _)| *t <= committed).count();
-        let mut out = Vec::with_capacity(n);
-        let held: Vec<_> = st.held.drain(..n).collect();
-        for (ticket, ev) in held {
-            if store.failed(ticket) {
-                // Not in the log: nobody sees it.
-                st.diverged = true;
-                continue;
-            }
-            if matches!(ev.body, EventBody::UserMessage { .. }) {
-                st.tail.clear();
-            }
-            st.tail.push(ev.clone());
-            st.send(Feed::Event(ev.clone()));
-            out.push(ev);
-        }
-        out
+        st.out.publish_durable(store, &mut st.diverged)
     }
 
-    /// Add a streamed fragment to the turn's coalescer, pushing a delta at every 200 characters.
-    /// Returns whether the buffer now waits on its 50 ms deadline (someone must push it then:
-    /// see [`Session::flush_due`]). Without live subscribers there is nobody to coalesce for.
+    /// Whether the session has live subscribers.
+    pub(crate) fn watched(&self) -> bool {
+        self.lock().out.watched()
+    }
+
+    /// Add a streamed fragment to the turn's coalescer (see [`Outbox::push_fragment`]).
     pub(crate) fn push_fragment(
         &self,
         turn_id: &Arc<str>,
         kind: DeltaKind,
         fragment: &str,
     ) -> bool {
-        let mut st = self.lock();
-        if st.feed.is_none() {
-            st.coalescer = None;
-            return false;
-        }
-        if st
-            .coalescer
-            .as_ref()
-            .is_some_and(|c| c.kind != kind || c.turn_id != *turn_id)
-        {
-            self.flush_deltas(&mut st);
-        }
-        let c = st.coalescer.get_or_insert_with(|| Coalescer {
-            turn_id: turn_id.clone(),
-            kind,
-            buf: String::new(),
-            chars: 0,
-            deadline: None,
-        });
-        c.kind = kind;
-        let mut full = Vec::new();
-        for ch in fragment.chars() {
-            c.buf.push(ch);
-            c.chars += 1;
-            if c.chars == DELTA_CHARS {
-                full.push(std::mem::take(&mut c.buf));
-                c.chars = 0;
-                c.deadline = None;
-            }
-        }
-        if !c.buf.is_empty() && c.deadline.is_none() {
-            c.deadline = Some(tokio::time::Instant::now() + DELTA_WAIT);
-        }
-        let turn_id = c.turn_id.clone();
-        let waits = c.deadline.is_some();
-        for text in full {
-            st.send(Feed::Delta {
-                turn_id: turn_id.clone(),
-                kind,
-                text: text.into(),
-            });
-        }
-        waits
+        self.lock().out.push_fragment(turn_id, kind, fragment)
     }
 
-    /// Push what the coalescer holds (called before every stored event, and by the timer).
-    pub(crate) fn flush_deltas(&self, st: &mut State) {
-        if let Some(c) = st.coalescer.as_mut() {
-            c.deadline = None;
-            c.chars = 0;
-            if !c.buf.is_empty() {
-                let item = Feed::Delta {
-                    turn_id: c.turn_id.clone(),
-                    kind: c.kind,
-                    text: std::mem::take(&mut c.buf).into(),
-                };
-                st.send(item);
-            }
-        }
-    }
-
-    /// Push the buffer if its 50 ms are up; when the next push is due otherwise.
+    /// Push the coalesced deltas if their 50 ms are up; when the next push is due otherwise.
     pub(crate) fn flush_due(&self) -> Option<tokio::time::Instant> {
-        let mut st = self.lock();
-        let deadline = st.coalescer.as_ref().and_then(|c| c.deadline)?;
-        if deadline <= tokio::time::Instant::now() {
-            self.flush_deltas(&mut st);
-            None
-        } else {
-            Some(deadline)
-        }
+        self.lock().out.flush_due()
     }
 
     /// The adapter's value of type `T` for this session, made on first use. Adapters keep
@@ -679,22 +338,15 @@ impl Session {
         let mut st = self.lock();
         if st.deleted {
             // A closed feed: the subscriber ends at once.
-            return (st.tail.clone(), broadcast::channel(1).1);
+            return (st.out.tail.clone(), broadcast::channel(1).1);
         }
-        let rx = match &st.feed {
-            Some(tx) => tx.subscribe(),
-            None => {
-                let (tx, rx) = broadcast::channel(FEED_CAPACITY);
-                st.feed = Some(tx);
-                rx
-            }
-        };
-        (st.tail.clone(), rx)
+        let rx = st.out.subscribe();
+        (st.out.tail.clone(), rx)
     }
 
     /// The events of the current (or last) turn.
     pub fn tail(&self) -> Vec<Arc<Event>> {
-        self.lock().tail.clone()
+        self.lock().out.tail.clone()
     }
 
     pub fn record(&self) -> Arc<SessionRecord> {
@@ -737,110 +389,6 @@ impl Session {
     }
 }
 
-/// The tool uses of `turn_id` among `events` that have no result.
-fn open_calls(events: &[Arc<Event>], turn_id: &str) -> Vec<String> {
-    let mut open = Vec::new();
-    for ev in events.iter().filter(|e| e.turn_id == turn_id) {
-        match &ev.body {
-            EventBody::ToolUse { tool_use_id, .. } => open.push(tool_use_id.clone()),
-            EventBody::ToolResult { tool_use_id, .. } => open.retain(|i| i != tool_use_id),
-            _ => {}
-        }
-    }
-    open
-}
-
-/// A session's row and events as read from the log.
-pub(crate) struct LogCopy {
-    row: Option<crate::log::SessionRow>,
-    events: Vec<Event>,
-}
-
-/// What a session's log gives its state in memory.
-struct Logged {
-    history: Projector,
-    next_seq: u64,
-    /// The last turn's events.
-    tail: Vec<Arc<Event>>,
-    pending: Vec<Pending>,
-    plan: Option<PlanWait>,
-    run_start: u64,
-}
-
-/// Whether an event starts a run (a `user.message` that is not a plan decision).
-fn starts_run(body: &EventBody) -> bool {
-    matches!(body, EventBody::UserMessage { content, .. } if PlanDecision::of_content(content).is_none())
-}
-
-/// The plan a turn ended on: its last message, when it is a plan and the turn completed.
-fn waiting_plan(turn: &[Arc<Event>]) -> Option<PlanWait> {
-    if !matches!(
-        turn.last().map(|e| &e.body),
-        Some(EventBody::TurnCompleted { .. })
-    ) {
-        return None;
-    }
-    turn.iter().rev().find_map(|e| match &e.body {
-        EventBody::AgentMessage {
-            content,
-            plan,
-            compaction: false,
-            ..
-        } if !content.is_empty() => Some(plan.then(|| PlanWait {
-            plan: content.clone(),
-        })),
-        _ => None,
-    })?
-}
-
-impl Logged {
-    fn read(record: &SessionRecord, events: Vec<Event>) -> Logged {
-        let mut history = Projector::with_seed(&record.seed);
-        let mut next_seq = 0;
-        let mut tail: Vec<Arc<Event>> = Vec::new();
-        // The last turn that ran: a queued turn cancelled before it started (its `user.message`
-        // then `turn.cancelled`) leaves the calls of the turn before it open, as they stay open
-        // in memory. (A waiting plan does not survive it: accepting any turn ends the wait.)
-        let mut ran: Vec<Arc<Event>> = Vec::new();
-        let mut run_start = 0;
-        for ev in events {
-            history.apply_event(&ev);
-            next_seq = ev.seq;
-            if starts_run(&ev.body) {
-                run_start = ev.seq;
-            }
-            if matches!(ev.body, EventBody::UserMessage { .. }) {
-                let last = std::mem::take(&mut tail);
-                if !never_ran(&last) {
-                    ran = last;
-                }
-            }
-            tail.push(Arc::new(ev));
-        }
-        let open = if never_ran(&tail) { &ran } else { &tail };
-        let pending = pending_calls(open, record);
-        let plan = waiting_plan(&tail);
-        Logged {
-            history,
-            next_seq,
-            tail,
-            pending,
-            plan,
-            run_start,
-        }
-    }
-}
-
-/// Whether a turn is one cancelled while it was queued: its `user.message` and `turn.cancelled`,
-/// nothing between (a turn that started answers the calls left open first).
-fn never_ran(turn: &[Arc<Event>]) -> bool {
-    matches!(
-        turn,
-        [first, last] if matches!(first.body, EventBody::UserMessage { .. })
-            && matches!(last.body, EventBody::TurnCancelled { .. })
-    )
-}
-
 /// The turns still waiting behind the running one (a cancelled one waits only to be logged).
 pub(crate) fn live_queue(st: &State) -> Vec<String> {
     st.queue
@@ -848,44 +396,4 @@ pub(crate) fn live_queue(st: &State) -> Vec<String> {
         .filter(|q| !q.control.token.is_cancelled())
         .map(|q| q.control.turn_id.clone())
         .collect()
-}
-
-/// The calls a turn stopped on: its `agent.tool_use`s without a result, when it completed with
-/// `stop_reason: tool_use`.
-fn pending_calls(turn: &[Arc<Event>], record: &SessionRecord) -> Vec<Pending> {
-    let stopped_on_tools = matches!(
-        turn.last().map(|e| &e.body),
-        Some(EventBody::TurnCompleted {
-            stop_reason: StopReason::ToolUse,
-            ..
-        })
-    );
-    if !stopped_on_tools {
-        return Vec::new();
-    }
-    let mut out: Vec<Pending> = Vec::new();
-    for ev in turn {
-        match &ev.body {
-            EventBody::ToolUse {
-                tool_use_id,
-                name,
-                input,
-            } => out.push(Pending {
-                call_id: tool_use_id.clone(),
-                name: name.clone(),
-                input: input.clone(),
-                kind: if record.client_tools.iter().any(|t| &t.name == name) {
-                    PendingKind::Client
-                } else {
-                    PendingKind::Permission
-                },
-                asked_at: ev.created_at.clone(),
-                expires_at: None,
-                expired: false,
-            }),
-            EventBody::ToolResult { tool_use_id, .. } => out.retain(|p| &p.call_id != tool_use_id),
-            _ => {}
-        }
-    }
-    out
 }

@@ -8,10 +8,22 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::engine::follow::Follow;
-use crate::engine::{Feed, TurnInput, TurnRequest};
+use crate::engine::{DeltaKind, Feed, TurnInput, TurnOrder};
 use crate::http::{body, json_response, query_param, sse, ApiError, Request, Response};
 use crate::message::Content;
 use crate::protocol::context::{App, Caller};
+
+/// Where a client can attend a turn (run client tools, answer permissions): named in the error
+/// result of such a call in a turn started here, which no client attends.
+const ATTEND_AT: &str = "POST /sessions/{id}/turns";
+
+/// The spec 003 event type of a delta of this kind.
+fn delta_type(kind: DeltaKind) -> &'static str {
+    match kind {
+        DeltaKind::Message => "agent.message.delta",
+        DeltaKind::Thinking => "agent.thinking.delta",
+    }
+}
 
 /// Events per page of `events/history` by default, and at most.
 const DEFAULT_LIMIT: usize = 100;
@@ -55,27 +67,7 @@ pub async fn send_message(
             ));
         }
     }
-    // A repeated id is one attachment, copied once.
-    let mut seen = std::collections::HashSet::new();
-    let ids: Vec<&String> = msg.files.iter().filter(|id| seen.insert(*id)).collect();
-    let max = app.engine.config().limits.files_per_message;
-    if ids.len() > max {
-        return Err(ApiError::bad_request(format!(
-            "this message names {} files (limit: [limits] files_per_message in tools.toml, {max}); send fewer, or in several messages",
-            ids.len()
-        )));
-    }
-    // Every file is checked before any is copied: a refused message leaves the workspace as it was.
-    let mut rows = Vec::with_capacity(ids.len());
-    for id in ids {
-        let row = app.files.get(caller.owner.as_deref(), id).await;
-        rows.push(row.map_err(|e| match e {
-            crate::files::FileError::NotFound(_) => ApiError::not_found(format!(
-                "files names {id}, which is not a file of yours: upload it with POST /files first"
-            )),
-            e => e.into(),
-        })?);
-    }
+    let rows = attachments(app, caller, &msg.files).await?;
     // Attached files are copied into the session's workspace, so tools can use them too.
     let workspace = app.engine.workspace(&session.id);
     let names = app.files.copy_all_into(&rows, &workspace).await?;
@@ -92,11 +84,14 @@ pub async fn send_message(
         files.iter().map(|f| workspace.join(&f.filename)).collect();
     let started = app.engine.start_turn(
         &session,
-        TurnRequest::unattended(TurnInput::User {
-            content: serde_json::to_value(&msg.content).unwrap_or(Value::Null),
-            files,
-            skills: msg.skills,
-        }),
+        TurnOrder::unattended(
+            TurnInput::User {
+                content: serde_json::to_value(&msg.content).unwrap_or(Value::Null),
+                files,
+                skills: msg.skills,
+            },
+            ATTEND_AT,
+        ),
     );
     let handle = match started {
         Ok(h) => h,
@@ -111,6 +106,36 @@ pub async fn send_message(
         StatusCode::ACCEPTED,
         &json!({ "turn_id": handle.turn_id }),
     ))
+}
+
+/// The files a message names, each once, all checked before any is copied: a refused message
+/// leaves the workspace as it was.
+async fn attachments(
+    app: &App,
+    caller: &Caller,
+    named: &[String],
+) -> Result<Vec<crate::log::FileRow>, ApiError> {
+    // A repeated id is one attachment, copied once.
+    let mut seen = std::collections::HashSet::new();
+    let ids: Vec<&String> = named.iter().filter(|id| seen.insert(*id)).collect();
+    let max = app.engine.config().limits.files_per_message;
+    if ids.len() > max {
+        return Err(ApiError::bad_request(format!(
+            "this message names {} files (limit: [limits] files_per_message in tools.toml, {max}); send fewer, or in several messages",
+            ids.len()
+        )));
+    }
+    let mut rows = Vec::with_capacity(ids.len());
+    for id in ids {
+        let row = app.files.get(caller.owner.as_deref(), id).await;
+        rows.push(row.map_err(|e| match e {
+            crate::files::FileError::NotFound(_) => ApiError::not_found(format!(
+                "files names {id}, which is not a file of yours: upload it with POST /files first"
+            )),
+            e => e.into(),
+        })?);
+    }
+    Ok(rows)
 }
 
 /// `GET /sessions/{id}/events/history?after=&limit=`.
@@ -193,8 +218,8 @@ pub async fn stream(
                     text,
                 } => {
                     let data =
-                        json!({"type": kind.type_name(), "turn_id": &*turn_id, "content": &*text});
-                    sse::format_event(kind.type_name(), &data.to_string(), None)
+                        json!({"type": delta_type(kind), "turn_id": &*turn_id, "content": &*text});
+                    sse::format_event(delta_type(kind), &data.to_string(), None)
                 }
                 Feed::Fragment { .. } => continue,
             };

@@ -21,13 +21,17 @@ use serde_json::{json, Value};
 use crate::engine::follow::Follow;
 use crate::engine::history::Projector;
 use crate::engine::{
-    DeltaKind, Feed, NewSession, PlanDecision, TurnHandle, TurnInput, TurnRequest,
+    DeltaKind, Feed, NewSession, PlanDecision, Runner, TurnHandle, TurnInput, TurnOrder,
 };
 use crate::http::detached::detached;
 use crate::http::{body, json_response, sse, ApiError, Request, Response};
 use crate::log::{EventBody, StopReason};
 use crate::message::Message;
 use crate::protocol::context::{App, Caller};
+
+/// Where a client can attend a turn (run client tools, answer permissions): named in the error
+/// result of such a call in a run, which no client attends.
+const ATTEND_AT: &str = "POST /sessions/{id}/turns";
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -257,13 +261,11 @@ async fn run_detached(app: &App, caller: &Caller, req: Request) -> Result<Respon
         .session(caller.owner.as_deref(), &view.id)
         .await?;
     // Runs on a task of its own (see `run`), which reads it to its end.
-    let started = app.engine.start_turn(
-        &session,
-        TurnRequest {
-            drive: true,
-            ..TurnRequest::unattended(goal(body.goal)).with_max_steps(body.max_steps)
-        },
-    );
+    let started = app.engine.start_turn(&session, {
+        let mut order = TurnOrder::unattended(goal(body.goal), ATTEND_AT);
+        order.delivery.runner = Runner::Watcher;
+        order.with_max_steps(body.max_steps)
+    });
     let result = match started {
         Ok(handle) => run_to_end(handle).await,
         Err(e) => Err(e.into()),
@@ -338,9 +340,9 @@ pub async fn session_run(
     }
     let handle = app.engine.start_turn(
         &session,
-        TurnRequest {
+        TurnOrder {
             plan: body.plan,
-            ..TurnRequest::unattended(goal(body.goal))
+            ..TurnOrder::unattended(goal(body.goal), ATTEND_AT)
         },
     )?;
     Ok(json_response(
@@ -381,9 +383,11 @@ pub async fn confirm(
 ) -> Result<Response, ApiError> {
     let session = app.engine.session(caller.owner.as_deref(), id).await?;
     let body: Confirm = body::json(req.into_body(), app.max_body()).await?;
-    let turn_id = app
-        .engine
-        .decide_plan(&session, PlanDecision::Confirm { edits: body.edits })?;
+    let turn_id = app.engine.decide_plan(
+        &session,
+        PlanDecision::Confirm { edits: body.edits },
+        ATTEND_AT,
+    )?;
     Ok(json_response(
         StatusCode::OK,
         &json!({"status": "confirmed", "turn_id": turn_id}),
@@ -404,6 +408,7 @@ pub async fn reject(
         PlanDecision::Reject {
             reason: body.reason,
         },
+        ATTEND_AT,
     )?;
     Ok(json_response(
         StatusCode::OK,

@@ -50,7 +50,10 @@ pub fn script(name: &str) -> PathBuf {
     let dir = deps();
     let src = manifest_dir().join("tests/console").join(name);
     let dest = dir.join(name);
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    // Tests run side by side in one process: each copy gets a name of its own.
+    static COPIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COPIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(".{name}.{}.{n}.tmp", std::process::id()));
     fs::copy(&src, &tmp).unwrap_or_else(|e| panic!("copy {}: {e}", src.display()));
     fs::rename(&tmp, &dest).unwrap_or_else(|e| panic!("rename to {}: {e}", dest.display()));
     dest

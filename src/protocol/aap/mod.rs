@@ -13,7 +13,8 @@ use http::StatusCode;
 use serde_json::Value;
 
 use crate::engine::{
-    ClientResult, EngineError, Feed, Permission, SessionUpdate, TurnHandle, TurnInput, TurnRequest,
+    ClientResult, EngineError, Feed, Permission, Runner, SessionUpdate, ShownText, TurnHandle,
+    TurnInput, TurnOrder,
 };
 use crate::http::detached::{detached, Reply};
 use crate::http::{body, json_response, sse, ApiError, Request, Response};
@@ -236,10 +237,12 @@ async fn start_turn(
         update.options = agent.options;
     }
     let input = turn_input(body.messages)?;
-    let mut req = TurnRequest::interactive(input, update);
+    let mut req = TurnOrder::attended(input, update);
     // Delta mode shows text as it streams and the AAP wire cannot take it back.
-    req.irrevocable = body.stream == StreamMode::Delta;
-    req.drive = true;
+    if body.stream == StreamMode::Delta {
+        req.delivery.text = ShownText::Irrevocable;
+    }
+    req.delivery.runner = Runner::Watcher;
     let after_seq = session.tail().last().map_or(0, |e| e.seq);
     let handle = app.engine.start_turn(&session, req)?;
     if let Some(ticket) = ticket {

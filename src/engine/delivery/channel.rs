@@ -20,7 +20,7 @@ use std::sync::Arc;
 use futures_util::task::AtomicWaker;
 use tokio::sync::mpsc::{self, error::TrySendError};
 
-use super::session::{DeltaKind, Feed};
+use crate::engine::types::{DeltaKind, Feed};
 use crate::log::Event;
 
 /// Items a watcher may have unread before its turn stops sending to it.

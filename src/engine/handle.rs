@@ -1,0 +1,165 @@
+//! A started turn as its watcher holds it: what the turn sends, read from its bounded channel,
+//! then from the log if the watcher fell behind; and, for a turn its watcher runs, the turn
+//! itself, polled as the watcher reads.
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+use super::delivery::channel::Overflow;
+use super::driven::Driven;
+use super::follow::Follow;
+use super::session::Session;
+use super::shared::Engine;
+use super::types::Feed;
+
+/// A started turn: its id and what it sends as it runs (stored events and deltas), read with
+/// [`TurnHandle::recv`]. The turn goes on if this is dropped. What it sends waits here bounded
+/// (see `delivery/channel.rs`): a reader that falls too far behind reads the rest of the turn from the log.
+pub struct TurnHandle {
+    pub turn_id: String,
+    feed: mpsc::Receiver<Feed>,
+    overflow: Arc<Overflow>,
+    /// Once the channel overflowed: the rest of the turn, from the log.
+    follow: Option<Box<Follow>>,
+    /// For reading from the log.
+    engine: Engine,
+    session: Arc<Session>,
+    /// The turn's terminal event has been returned (read from the log).
+    done: bool,
+    /// The turn itself, when its watcher runs it (see [`Runner::Watcher`](super::types::Runner::Watcher)).
+    driven: Option<Driven>,
+    /// Counts a driven turn among the running ones until everything it sent is read, so that a
+    /// shutdown waits for its watcher to have its terminal event.
+    running: Option<tokio_util::task::task_tracker::TaskTrackerToken>,
+}
+
+/// What the channel gave a [`TurnHandle`].
+enum Step {
+    Item(Feed),
+    /// The turn has ended and everything it sent is read.
+    End,
+    /// The channel overflowed: the turn's events from after this seq are in the log only.
+    Missed(u64),
+}
+
+/// What a [`TurnHandle`] reads: the turn's channel and its overflow, the turn itself when its
+/// watcher runs it, and the token that counts it among the running turns meanwhile.
+pub(crate) type HandleParts = (
+    mpsc::Receiver<Feed>,
+    Arc<Overflow>,
+    Option<Driven>,
+    Option<tokio_util::task::task_tracker::TaskTrackerToken>,
+);
+
+impl TurnHandle {
+    pub(crate) fn new(
+        turn_id: String,
+        engine: Engine,
+        session: Arc<Session>,
+        (feed, overflow, driven, running): HandleParts,
+    ) -> TurnHandle {
+        TurnHandle {
+            turn_id,
+            feed,
+            overflow,
+            follow: None,
+            engine,
+            session,
+            done: false,
+            driven,
+            running,
+        }
+    }
+
+    /// The next thing the turn sends: `None` once it has ended and everything it sent is read.
+    /// A driven turn runs while this is polled; if it is not polled for a second or two after
+    /// the turn was woken, the turn goes on on a task of its own (see `driven.rs`).
+    pub async fn recv(&mut self) -> Option<Feed> {
+        loop {
+            if self.done {
+                self.running = None;
+                return None;
+            }
+            if let Some(follow) = self.follow.as_mut() {
+                match follow.next().await {
+                    Some(Feed::Event(ev)) if *ev.turn_id == *self.turn_id => {
+                        self.done = ev.body.is_terminal();
+                        return Some(Feed::Event(ev));
+                    }
+                    Some(_) => continue,
+                    None => {
+                        self.done = true;
+                        continue;
+                    }
+                }
+            }
+            match std::future::poll_fn(|cx| self.poll_step(cx)).await {
+                Step::Item(item) => return Some(item),
+                Step::End => return None,
+                Step::Missed(after) => {
+                    tracing::debug!(turn = %self.turn_id, "a turn's watcher fell behind: it reads the rest of the turn from the log");
+                    if let Some(driven) = self.driven.take() {
+                        driven.detach();
+                    }
+                    let session = self.session.clone();
+                    match Follow::new(&self.engine, session, after).await {
+                        Ok(f) => self.follow = Some(Box::new(f)),
+                        Err(e) => {
+                            tracing::warn!(turn = %self.turn_id, error = %e, "a turn's watcher could not read the rest of its turn from the log");
+                            self.done = true;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether streamed fragments were dropped (the watcher fell behind): the stored text then
+    /// holds what they missed.
+    pub fn fragments_lost(&self) -> bool {
+        self.overflow.fragments_lost()
+    }
+
+    fn poll_step(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Step> {
+        use std::task::Poll;
+        // The turn first: what it sends as it runs is then read in the same poll.
+        if let Some(driven) = &self.driven {
+            if driven.poll(cx).is_ready() {
+                self.driven = None;
+            }
+        }
+        match self.feed.poll_recv(cx) {
+            Poll::Ready(Some(item)) => Poll::Ready(Step::Item(item)),
+            Poll::Ready(None) => match self.overflow.dropped_from() {
+                Some(seq) => Poll::Ready(Step::Missed(seq - 1)),
+                None => {
+                    self.running = None;
+                    Poll::Ready(Step::End)
+                }
+            },
+            Poll::Pending => {
+                self.overflow.register(cx.waker());
+                let Some(seq) = self.overflow.dropped_from() else {
+                    return Poll::Pending;
+                };
+                // Nothing is sent after the first missed event: what the channel still holds
+                // (sent since it was last seen empty) comes first.
+                match self.feed.try_recv() {
+                    Ok(item) => Poll::Ready(Step::Item(item)),
+                    Err(_) => Poll::Ready(Step::Missed(seq - 1)),
+                }
+            }
+        }
+    }
+}
+
+impl Drop for TurnHandle {
+    /// A watcher that goes away mid-turn (a client that disconnects) leaves its turn to a task
+    /// of its own.
+    fn drop(&mut self) {
+        if let Some(driven) = self.driven.take() {
+            driven.detach();
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! The engine handle and what its sessions and turns share: the config, the store, the upstream
+//! provider, the tool host and the counters of `[limits]`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio_util::task::TaskTracker;
+
+use super::catalog;
+use super::driven::Sweeper;
+use super::session::Session;
+use super::types::EngineError;
+use crate::config::{AgentConfig, Config};
+use crate::log::Store;
+use crate::tools::{ServerTool, ToolHost};
+use crate::upstream::Provider;
+
+pub(crate) struct Inner {
+    pub(crate) config: Arc<Config>,
+    pub(crate) store: Store,
+    pub(crate) provider: Arc<dyn Provider>,
+    pub(crate) tools: Arc<dyn ToolHost>,
+    pub(crate) files: Option<crate::files::FileStore>,
+    pub(crate) sessions: Mutex<HashMap<String, Arc<Session>>>,
+    /// Counts takings from `sessions`: a session's `used` is the tick of its last.
+    pub(crate) tick: std::sync::atomic::AtomicU64,
+    pub(crate) tracker: TaskTracker,
+    pub(crate) shutting_down: std::sync::atomic::AtomicBool,
+    /// [`turn::SYNC_AFTER`], in µs; tests may change it ([`Engine::set_sync_after`]).
+    pub(crate) sync_after_us: std::sync::atomic::AtomicU64,
+    /// The turns their watchers run, for a turn whose watcher stops polling to go on.
+    pub(crate) sweeper: Sweeper,
+    /// Turns running now, server-wide (`[limits] running_turns`).
+    pub(crate) running_turns: Arc<AtomicUsize>,
+    /// Sessions per owner (`[limits] sessions_per_key`): counted from the store on an owner's
+    /// first create, then kept here as sessions are made and deleted.
+    pub(crate) owned: Mutex<HashMap<Option<String>, usize>>,
+}
+
+impl Inner {
+    /// How long an event may wait to be committed while its turn waits on a model or tool call
+    /// (see [`turn::SYNC_AFTER`]).
+    pub(crate) fn sync_after(&self) -> std::time::Duration {
+        let us = self
+            .sync_after_us
+            .load(std::sync::atomic::Ordering::Relaxed);
+        std::time::Duration::from_micros(us)
+    }
+
+    /// The counter of running turns, for [`RunSlot`].
+    pub(crate) fn running_turns(&self) -> &Arc<AtomicUsize> {
+        &self.running_turns
+    }
+}
+
+/// The engine; cheap to clone.
+#[derive(Clone)]
+pub struct Engine {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl Engine {
+    pub fn config(&self) -> &Arc<Config> {
+        &self.inner.config
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    /// Testing: how long an event may wait to be committed while its turn waits on a model or
+    /// tool call (1 ms; see `SYNC_AFTER` in `engine/turn.rs`).
+    #[doc(hidden)]
+    pub fn set_sync_after(&self, after: std::time::Duration) {
+        let us = after.as_micros().min(u64::MAX as u128) as u64;
+        self.inner
+            .sync_after_us
+            .store(us, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The tool host's current tools.
+    pub fn host_tools(&self) -> Arc<Vec<ServerTool>> {
+        self.inner.tools.tools()
+    }
+
+    /// Every MCP server's state (`GET /status`, `/readyz`).
+    pub fn host_servers(&self) -> Vec<crate::tools::mcp::ServerReport> {
+        self.inner.tools.servers()
+    }
+
+    /// A session's workspace folder: `sandboxes/<session id>/`.
+    pub fn workspace(&self, session_id: &str) -> std::path::PathBuf {
+        self.inner.config.server.sandboxes.join(session_id)
+    }
+
+    /// Moves whenever the tool host's tool set changes.
+    pub fn tools_changed(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.tools.generation()
+    }
+
+    /// An agent's exposed server tools (`GET /meta`).
+    pub fn exposed_tools(&self, agent: &AgentConfig) -> Vec<ServerTool> {
+        let host = self.inner.tools.tools();
+        catalog::exposed(agent, &host)
+            .into_iter()
+            .cloned()
+            .collect()
+    }
+
+    pub(crate) fn check_open(&self) -> Result<(), EngineError> {
+        if self.inner.shutting_down.load(Ordering::Acquire) {
+            return Err(EngineError::ShuttingDown);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,326 @@
+//! One turn: the loop of model calls and tool calls, from `user.message` to its terminal event.
+//!
+//! A turn runs on a task of its own: one spawned for it, or the task of the request that started
+//! it, which then runs it as it reads what it sends ([`Runner::Watcher`](super::types::Runner::Watcher)) and hands it
+//! to a spawned task if it stops reading. Whoever started it only watches (through an optional
+//! sink), so a client that goes away never cancels it. Every exit path ends in exactly one
+//! terminal event, and every `agent.tool_use` gets exactly one `agent.tool_result` (a tool cut
+//! short by a cancel, a timeout or a shutdown gets `"Cancelled."`).
+
+mod attach;
+mod compact;
+mod end;
+mod model;
+mod step;
+mod tools;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::delivery::to_watcher;
+use super::driven::Driven;
+use super::job::{Job, RunSlot};
+use super::record::{AskedCall, Pending};
+use super::session::{Session, State};
+use super::shared::Inner;
+use super::types::{Client, ShownText, TurnInput};
+use crate::log::{Event, EventBody, FailReason};
+use crate::message::{Message, Usage};
+use crate::sync::lock;
+use crate::tools::ToolOutput;
+
+/// The result of a call the session waited on when a new message went on without its answer.
+pub const NOT_ANSWERED: &str = "Not answered: the session went on with a new message.";
+
+/// How long an event of a turn may wait to be committed while the turn waits on a model call or
+/// server tool calls: when it is due, what the turn has said is committed and published while
+/// the calls go on. Calls that answer sooner have those events committed with what comes next
+/// (their answer, their results: in the commit that comes next anyway, the next call's or the
+/// turn's end). A turn whose upstream and tools answer at once commits once, not once per call
+/// (a commit here costs ~30 µs of CPU; run beside a call, it slowed the call down by as much on
+/// 2 cores). The price: an event is durable and visible to subscribers up to this much later
+/// than it was said (the wait counts from the oldest event not committed, so a turn of many
+/// short calls commits on time too). Nothing is shown to anyone before it is durable, either way.
+pub(crate) const SYNC_AFTER: Duration = Duration::from_millis(1);
+
+/// The `user.message` a turn input is logged as.
+pub(crate) fn user_message(input: &TurnInput) -> EventBody {
+    match input {
+        TurnInput::User {
+            content,
+            files,
+            skills,
+        } => EventBody::UserMessage {
+            content: content.clone(),
+            files: files.clone(),
+            skills: skills.clone(),
+        },
+        TurnInput::Resume {
+            results,
+            permissions,
+        } => {
+            let mut blocks = Vec::with_capacity(results.len() + permissions.len());
+            for r in results {
+                blocks.push(json!({"type": "tool_result", "tool_use_id": r.call_id,
+                                   "content": r.content, "is_error": r.is_error}));
+            }
+            for p in permissions {
+                let mut b = json!({"type": "tool_permission", "tool_use_id": p.call_id, "granted": p.granted});
+                if let Some(reason) = &p.reason {
+                    b["reason"] = Value::String(reason.clone());
+                }
+                blocks.push(b);
+            }
+            EventBody::UserMessage {
+                content: Value::Array(blocks),
+                files: vec![],
+                skills: vec![],
+            }
+        }
+    }
+}
+
+/// How a turn ended early.
+enum End {
+    Stopped,
+    Failed(FailReason, String),
+}
+
+struct Turn {
+    inner: Arc<Inner>,
+    session: Arc<Session>,
+    turn_id: Arc<str>,
+    sink: Option<super::delivery::channel::WatcherSink>,
+    client: Client,
+    usage: Usage,
+    /// Whether a model call has answered (its usage counted).
+    model_called: bool,
+    /// Whether the turn has said anything (a non-empty `agent.message`).
+    said: bool,
+    /// `agent.tool_use` ids without a result yet.
+    open: Vec<String>,
+    /// The calls the turn stops on, when it stops with `tool_use`.
+    stop_on: Vec<Pending>,
+    /// What each server call it stops on is bound to (see `engine/approvals.rs`).
+    asked: Vec<AskedCall>,
+    /// Instructions for the model that are not history (plan mode), after the history.
+    extra: Vec<Message>,
+    /// The turn proposed a plan (which waits for a decision if the turn completes).
+    proposed: bool,
+    /// Text was streamed since the last stored event (a call cut off must retract it).
+    streamed: std::sync::atomic::AtomicBool,
+    /// Attached files as the model sees them, read once per turn.
+    inlined: HashMap<String, Vec<crate::message::Block>>,
+    /// The watcher shows streamed text as it comes and cannot take it back (AAP `delta`).
+    irrevocable: bool,
+    /// Pushes coalesced deltas whose 50 ms are up while the turn waits on the upstream; started
+    /// with the first delta that has to wait.
+    flusher: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// When the oldest event not yet committed was emitted (`None`: all are committed).
+    unsynced_since: std::sync::Mutex<Option<tokio::time::Instant>>,
+    /// The agent's turn metrics, and when the turn started.
+    metrics: (Arc<crate::metrics::TurnMetrics>, std::time::Instant),
+    /// Model calls made (retries not counted) and when the turn started, for its end's log line.
+    steps: u32,
+    started: std::time::Instant,
+}
+
+/// Start `job` on a task spawned for it.
+pub(crate) fn spawn(inner: &Arc<Inner>, session: Arc<Session>, job: Job) {
+    crate::metrics::inc(&crate::metrics::TURNS_STARTED);
+    let span = span(&session, &job);
+    let turn = run(inner.clone(), session, job);
+    inner
+        .tracker
+        .spawn(tracing::Instrument::instrument(turn, span));
+}
+
+/// `job` for its watcher to run (see [`Runner::Watcher`](crate::engine::types::Runner::Watcher)).
+pub(crate) fn drive(inner: &Arc<Inner>, session: Arc<Session>, job: Job) -> Driven {
+    crate::metrics::inc(&crate::metrics::TURNS_STARTED);
+    let span = span(&session, &job);
+    let turn = run(inner.clone(), session, job);
+    let turn = Box::pin(tracing::Instrument::instrument(turn, span));
+    Driven::new(&inner.sweeper, &inner.tracker, turn)
+}
+
+/// The turn's span (see `telemetry.rs`), made when it starts to run.
+fn span(session: &Session, job: &Job) -> tracing::Span {
+    let agent = &session.record().agent;
+    let (session, turn) = (&*session.id, &*job.control.turn_id);
+    crate::telemetry::turn_span(&job.parent, session, turn, agent)
+}
+
+async fn run(inner: Arc<Inner>, session: Arc<Session>, job: Job) {
+    let Job {
+        control,
+        input,
+        answering,
+        sink,
+        client,
+        plan,
+        max_steps,
+        text,
+        slot,
+        parent: _,
+    } = job;
+    // Counted among the running turns until this task ends.
+    let _slot = slot.unwrap_or_else(|| RunSlot::take(inner.running_turns()));
+    let session_agent = session.record().agent.clone();
+    let (timeout, wrap_up) = inner
+        .config
+        .agent(&session_agent)
+        .map_or((Duration::from_secs(3600), Duration::from_secs(60)), |a| {
+            (a.turn_timeout, a.wrap_up)
+        });
+    let mut turn = Turn {
+        inner,
+        session,
+        turn_id: control.turn_id.as_str().into(),
+        sink,
+        client,
+        usage: Usage::default(),
+        model_called: false,
+        said: false,
+        open: Vec::new(),
+        stop_on: Vec::new(),
+        asked: Vec::new(),
+        extra: Vec::new(),
+        proposed: false,
+        streamed: Default::default(),
+        inlined: HashMap::new(),
+        irrevocable: text == ShownText::Irrevocable,
+        flusher: Default::default(),
+        unsynced_since: Default::default(),
+        metrics: (
+            crate::metrics::turns(&session_agent),
+            std::time::Instant::now(),
+        ),
+        steps: 0,
+        started: std::time::Instant::now(),
+    };
+    let timed_out = Err(End::Failed(FailReason::Timeout, String::new()));
+    let mut result = tokio::select! {
+        r = turn.body(input, answering, plan, max_steps) => r,
+        _ = control.token.cancelled() => Err(End::Stopped),
+        _ = tokio::time::sleep(timeout) => timed_out,
+    };
+    if matches!(result, Err(End::Failed(FailReason::Timeout, ref m)) if m.is_empty()) {
+        // Spec 003: a turn that can stop normally when its time is up does.
+        result = tokio::select! {
+            r = turn.wrap_up(timeout, wrap_up) => r,
+            _ = control.token.cancelled() => Err(End::Stopped),
+        };
+    }
+    if let Some(flusher) = lock(&turn.flusher).take() {
+        flusher.abort();
+    }
+    turn.finish(result, &control).await;
+}
+
+impl Turn {
+    fn emit(&mut self, body: EventBody) -> Option<Arc<Event>> {
+        self.streamed
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        match &body {
+            EventBody::ToolUse { tool_use_id, .. } => self.open.push(tool_use_id.clone()),
+            EventBody::ToolResult { tool_use_id, .. } => self.open.retain(|id| id != tool_use_id),
+            EventBody::AgentMessage {
+                content,
+                compaction: false,
+                ..
+            } if !content.is_empty() => self.said = true,
+            _ => {}
+        }
+        let unsynced = self.unsynced_since.get_mut();
+        let unsynced = unsynced.unwrap_or_else(|p| p.into_inner());
+        unsynced.get_or_insert_with(tokio::time::Instant::now);
+        self.session.append(&self.inner.store, &self.turn_id, body)
+    }
+
+    /// How long the turn may go on before what it has said must be committed: [`SYNC_AFTER`]
+    /// after the oldest event not yet committed. `None` when there is none.
+    fn sync_due(&self) -> Option<Duration> {
+        let since = *lock(&self.unsynced_since);
+        let due = since? + self.inner.sync_after();
+        Some(due.saturating_duration_since(tokio::time::Instant::now()))
+    }
+
+    /// Make the events emitted so far durable, then let the watcher and the session's
+    /// subscribers see them. Called before the turn waits on the client or a backoff, and when
+    /// a commit is due ([`Turn::sync_due`]) while it waits on a model or tool call, so nothing it
+    /// has said is lost to a crash or held back for longer than [`SYNC_AFTER`].
+    async fn sync(&self) -> Result<(), End> {
+        if let Err(e) = self.inner.store.flush().await {
+            return Err(End::Failed(
+                FailReason::InternalError,
+                format!("the log could not be written: {e}"),
+            ));
+        }
+        *lock(&self.unsynced_since) = None;
+        let published = self.session.publish_durable(&self.inner.store);
+        to_watcher(self.sink.as_ref(), published);
+        Ok(())
+    }
+
+    fn emit_result(&mut self, call_id: &str, out: ToolOutput) {
+        self.emit(EventBody::ToolResult {
+            tool_use_id: call_id.to_string(),
+            content: out.content,
+            is_error: out.is_error,
+            files: out.files,
+        });
+    }
+}
+
+/// Logs a turn cancelled before it started (with the session's lock held): its `user.message`
+/// then `turn.cancelled` with no usage. It never reaches the model. The events published.
+pub(crate) fn log_unstarted(
+    session: &Session,
+    st: &mut State,
+    store: &crate::log::Store,
+    turn_id: &str,
+    input: &TurnInput,
+) -> Vec<Arc<Event>> {
+    for body in [
+        user_message(input),
+        EventBody::TurnCancelled { usage: None },
+    ] {
+        session.append_locked(st, store, turn_id, body);
+    }
+    // Rare enough to commit here, under the session's lock, so that the events are published
+    // in their place.
+    if let Err(e) = store.commit() {
+        tracing::error!(turn = %turn_id, error = %e, "a turn cancelled before it started could not be logged");
+    }
+    // `st` is the session's state under its lock: read the agent from it, not through
+    // `session.record()` (which takes the lock again).
+    crate::metrics::turns(&st.record.agent).ended(crate::metrics::TurnOutcome::Cancelled, None);
+    session.publish_durable_locked(st, store)
+}
+
+/// Take the next queued turn for the session (with its lock held). Queued turns cancelled
+/// while they waited are logged now, `user.message` then `turn.cancelled` with no usage, and
+/// never reach the model.
+pub(crate) fn next_queued(
+    session: &Session,
+    st: &mut State,
+    store: &crate::log::Store,
+) -> Option<Job> {
+    if st.running.is_some() {
+        return None;
+    }
+    while let Some(q) = st.queue.pop_front() {
+        if q.control.token.is_cancelled() {
+            let published = log_unstarted(session, st, store, &q.control.turn_id, &q.input);
+            to_watcher(q.sink.as_ref(), published);
+            continue;
+        }
+        st.running = Some(q.control.clone());
+        return Some(q);
+    }
+    None
+}
