@@ -182,9 +182,28 @@ fn open_store(config: &Config) -> Result<Store, StartError> {
                 url.trim(),
                 config.server.fsync,
                 store.lease,
+                Some(instance_name(&config.server.data_dir)?),
             )?)
         }
         _ => Ok(Store::open(&config.server.data_dir, config.server.fsync)?),
+    }
+}
+
+/// This instance's name in the shared store's lease rows: kept in `data_dir/instance`, so that
+/// a restart recognizes the leases its previous life held (and closes their turns at once).
+/// Each instance needs a data folder of its own.
+fn instance_name(data_dir: &std::path::Path) -> Result<String, StartError> {
+    let path = data_dir.join("instance");
+    let bad =
+        |e: std::io::Error| StartError::Config(format!("cannot keep {}: {e}", path.display()));
+    match std::fs::read_to_string(&path) {
+        Ok(s) if crate::ids::is_valid("inst", s.trim()) => Ok(s.trim().to_string()),
+        Ok(_) | Err(_) => {
+            std::fs::create_dir_all(data_dir).map_err(bad)?;
+            let name = crate::ids::new("inst");
+            std::fs::write(&path, &name).map_err(bad)?;
+            Ok(name)
+        }
     }
 }
 

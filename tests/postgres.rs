@@ -30,7 +30,10 @@ fn pg_config(pg: &PgCluster, fake: &FakeOpenAi, extra: &str) -> String {
 /// A store on a fresh database of `pg`.
 fn pg_store(pg: &PgCluster, db: &str) -> (Store, String) {
     let url = pg.database(db);
-    (Store::open_postgres(&url, false, LEASE).expect("open"), url)
+    (
+        Store::open_postgres(&url, false, LEASE, None).expect("open"),
+        url,
+    )
 }
 
 fn message(seq: u64, text: &str) -> Event {
@@ -69,14 +72,14 @@ async fn a_fresh_database_is_migrated_and_a_newer_schema_refuses_to_start() {
         "1"
     );
     // Opening again (a restart, or a second instance) migrates nothing and keeps the rows.
-    let again = Store::open_postgres(&url, false, LEASE).expect("reopen");
+    let again = Store::open_postgres(&url, false, LEASE, None).expect("reopen");
     drop(again);
     assert_eq!(
         pg.psql("migrate", "SELECT count(*) FROM turnstile_schema"),
         "1"
     );
     pg.psql("migrate", "UPDATE turnstile_schema SET version = 99");
-    let err = Store::open_postgres(&url, false, LEASE)
+    let err = Store::open_postgres(&url, false, LEASE, None)
         .err()
         .expect("a newer schema refuses to start")
         .to_string();
@@ -85,7 +88,7 @@ async fn a_fresh_database_is_migrated_and_a_newer_schema_refuses_to_start() {
         "{err}"
     );
     // A wrong address fails at start with a line, not a hang.
-    let err = Store::open_postgres("postgres://postgres@127.0.0.1:1/none", false, LEASE)
+    let err = Store::open_postgres("postgres://postgres@127.0.0.1:1/none", false, LEASE, None)
         .err()
         .expect("no server there")
         .to_string();
@@ -491,7 +494,7 @@ async fn group_commit_cost_with_synchronous_commit_on_and_off() {
             db,
             &format!("ALTER DATABASE {db} SET synchronous_commit = {sync}"),
         );
-        let store = Store::open_postgres(&url, false, LEASE).expect("open");
+        let store = Store::open_postgres(&url, false, LEASE, None).expect("open");
         let sid: Arc<str> = Arc::from("sess_one");
         let mut times = Vec::new();
         for seq in 1..=200 {
@@ -551,8 +554,8 @@ async fn two_instances_share_sessions_through_leases_and_hear_each_others_commit
     let pg = PgCluster::start();
     let url = pg.database("two");
     let short = Duration::from_secs(1);
-    let a = Store::open_postgres(&url, false, short).unwrap();
-    let b = Store::open_postgres(&url, false, short).unwrap();
+    let a = Store::open_postgres(&url, false, short, None).unwrap();
+    let b = Store::open_postgres(&url, false, short, None).unwrap();
     assert_ne!(a.instance(), b.instance());
     let mut b_hears = b.commits_heard().expect("postgres listens");
 
@@ -627,4 +630,180 @@ async fn two_instances_share_sessions_through_leases_and_hear_each_others_commit
         died.elapsed()
     );
     assert_eq!(b.unfinished_sessions().await.unwrap(), ["sess_x"]);
+}
+
+/// Two real instances on one database, each with its own data folder.
+struct Pair {
+    dirs: [tempfile::TempDir; 2],
+    url: String,
+}
+
+fn pair(pg: &PgCluster, fake: &FakeOpenAi, lease_s: u64) -> Pair {
+    let (table, url) = pg.store_table_and_url(&format!("lease_s = {lease_s}"));
+    let text = format!("{}{table}", config_text(fake, ""));
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    for d in &dirs {
+        std::fs::write(d.path().join("tools.toml"), &text).unwrap();
+    }
+    Pair { dirs, url }
+}
+
+async fn event_types(http: &Http, sid: &str) -> Vec<Value> {
+    let (status, v) = http
+        .get(&format!("/sessions/{sid}/events/history?limit=1000"))
+        .await;
+    assert_eq!(status, 200, "{v}");
+    v["events"].as_array().unwrap().clone()
+}
+
+/// Polls `check` on the events B reads until it holds or `within` passes; how long it took.
+async fn until_events(
+    http: &Http,
+    sid: &str,
+    within: Duration,
+    check: impl Fn(&[Value]) -> bool,
+) -> Duration {
+    let started = Instant::now();
+    loop {
+        let evs = event_types(http, sid).await;
+        if check(&evs) {
+            return started.elapsed();
+        }
+        assert!(started.elapsed() < within, "not within {within:?}: {evs:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_on_b_while_a_runs_is_busy_and_b_takes_over_within_lease_s_after_kill_9() {
+    let pg = PgCluster::start();
+    let fake = FakeOpenAi::start().await;
+    let lease_s = 2;
+    let p = pair(&pg, &fake, lease_s);
+    let (mut a, a_http) = spawn(p.dirs[0].path()).await;
+    let (mut b, b_http) = spawn(p.dirs[1].path()).await;
+    let (_, created) = a_http.post("/sessions", &json!({})).await;
+    let sid = created["sessionId"].as_str().unwrap().to_string();
+    // A runs a turn, held at the model.
+    let gate = Gate::new();
+    fake.push(Reply::text("never finished").hold(gate.clone()));
+    let (status, _) = a_http
+        .post(
+            &format!("/sessions/{sid}/messages"),
+            &json!({"content": "on A"}),
+        )
+        .await;
+    assert_eq!(status, 202);
+    fake.wait_requests(1).await;
+    // B sees the session and A's stored events, but cannot start a turn on it.
+    until_events(&b_http, &sid, Duration::from_secs(5), |e| {
+        e.iter().any(|e| e["type"] == "user.message")
+    })
+    .await;
+    let (status, err) = b_http
+        .post(
+            &format!("/sessions/{sid}/turns"),
+            &json!({"messages": [{"role": "user", "content": "on B"}]}),
+        )
+        .await;
+    assert_eq!(status, 409, "{err}");
+    assert_eq!(err["error"]["type"], "session_busy");
+    let (status, _) = b_http
+        .post(
+            &format!("/sessions/{sid}/messages"),
+            &json!({"content": "on B"}),
+        )
+        .await;
+    assert_eq!(status, 409);
+
+    // A dies mid-turn: B closes the turn worker_lost within lease_s + 5 s, on its own.
+    let pid = a.id().expect("pid");
+    assert!(std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let _ = a.wait().await;
+    let took = until_events(&b_http, &sid, Duration::from_secs(lease_s + 5), |e| {
+        e.last()
+            .is_some_and(|l| l["type"] == "turn.failed" && l["reason"] == "worker_lost")
+    })
+    .await;
+    println!("worker_lost via B {took:?} after kill -9 of A (lease_s = {lease_s})");
+    // B takes the next turn.
+    fake.push(Reply::text("B answers"));
+    let resp = send_turn(&b_http, &sid, "on B again").await;
+    assert_eq!(resp["messages"][0]["content"], "B answers");
+    let store = Store::open_postgres(&p.url, false, LEASE, None).unwrap();
+    let events = check_log(&store, &sid).await;
+    let types: Vec<&str> = events.iter().map(|e| e.body.type_name()).collect();
+    assert_eq!(
+        types,
+        [
+            "user.message",
+            "turn.failed",
+            "user.message",
+            "agent.message",
+            "turn.completed"
+        ]
+    );
+    gate.open();
+    let _ = b.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_hands_the_leases_back_at_once_and_turns_alternate_between_instances() {
+    let pg = PgCluster::start();
+    let fake = FakeOpenAi::start().await;
+    // A long lease: B could not take A's sessions by expiry within this test.
+    let p = pair(&pg, &fake, 60);
+    let (mut a, a_http) = spawn(p.dirs[0].path()).await;
+    let (mut b, b_http) = spawn(p.dirs[1].path()).await;
+    let (_, created) = a_http.post("/sessions", &json!({})).await;
+    let sid = created["sessionId"].as_str().unwrap().to_string();
+    // Idle sessions have no writer: turns go to either instance, each seeing the other's.
+    for (i, http) in [&a_http, &b_http, &a_http, &b_http].into_iter().enumerate() {
+        fake.push(Reply::text(&format!("answer {i}")));
+        let resp = send_turn(http, &sid, &format!("q{i}")).await;
+        assert_eq!(resp["messages"][0]["content"], format!("answer {i}"));
+    }
+    let (_, hist) = b_http
+        .get(&format!("/sessions/{sid}/history?type=full"))
+        .await;
+    assert_eq!(
+        hist["history"]["full"].as_array().unwrap().len(),
+        8,
+        "{hist}"
+    );
+    // A runs a turn and is stopped with SIGTERM: the turn ends worker_shutdown and B takes
+    // the session at once, not after lease_s.
+    let gate = Gate::new();
+    fake.push(Reply::text("cut").hold(gate.clone()));
+    let (status, _) = a_http
+        .post(
+            &format!("/sessions/{sid}/messages"),
+            &json!({"content": "on A"}),
+        )
+        .await;
+    assert_eq!(status, 202);
+    fake.wait_requests(5).await;
+    let pid = a.id().expect("pid");
+    assert!(std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let status = a.wait().await.unwrap();
+    assert!(status.success(), "{status}");
+    let last = event_types(&b_http, &sid).await;
+    assert_eq!(last.last().unwrap()["reason"], "worker_shutdown");
+    fake.push(Reply::text("B at once"));
+    let started = Instant::now();
+    let resp = send_turn(&b_http, &sid, "after A stopped").await;
+    assert_eq!(resp["messages"][0]["content"], "B at once");
+    assert!(started.elapsed() < Duration::from_secs(30));
+    let store = Store::open_postgres(&p.url, false, LEASE, None).unwrap();
+    check_log(&store, &sid).await;
+    gate.open();
+    let _ = b.kill().await;
 }

@@ -60,13 +60,16 @@ impl Store {
 
     /// Open the shared (PostgreSQL) store at the connection string `url`, migrating its schema
     /// (refusing one newer than this build knows). With `fsync`, `synchronous_commit = on`.
-    /// Leases of sessions last `lease` unless renewed.
+    /// Leases of sessions last `lease` unless renewed; `instance` names this instance in them
+    /// (kept across restarts, it lets a restarted instance close what it left at once; `None`:
+    /// a new name).
     pub fn open_postgres(
         url: &str,
         fsync: bool,
         lease: std::time::Duration,
+        instance: Option<String>,
     ) -> Result<Store, StoreError> {
-        PgStore::open(url, fsync, lease).map(|s| Store {
+        PgStore::open(url, fsync, lease, instance).map(|s| Store {
             backend: Backend::Postgres(s),
         })
     }

@@ -260,6 +260,7 @@ async fn run_detached(app: &App, caller: &Caller, req: Request) -> Result<Respon
         .engine
         .session(caller.owner.as_deref(), &view.id)
         .await?;
+    app.engine.claim(&session).await?;
     // Runs on a task of its own (see `run`), which reads it to its end.
     let started = app.engine.start_turn(&session, {
         let mut order = TurnOrder::unattended(goal(body.goal), ATTEND_AT);
@@ -332,6 +333,7 @@ pub async fn session_run(
     req: Request,
 ) -> Result<Response, ApiError> {
     let session = app.engine.session(caller.owner.as_deref(), id).await?;
+    app.engine.claim(&session).await?;
     let body: SessionRun = body::json(req.into_body(), app.max_body()).await?;
     if body.goal.trim().is_empty() {
         return Err(ApiError::bad_request(

@@ -228,11 +228,17 @@ impl PgCluster {
     /// A `[store]` table (plus `more` lines in it) on a fresh database of this cluster, its URL
     /// in an environment variable of its own (inherited by spawned binaries).
     pub fn store_table(&self, more: &str) -> String {
+        self.store_table_and_url(more).0
+    }
+
+    /// [`PgCluster::store_table`] and the database's connection string.
+    pub fn store_table_and_url(&self, more: &str) -> (String, String) {
         static N: AtomicU32 = AtomicU32::new(0);
         let n = N.fetch_add(1, Ordering::SeqCst);
         let url = self.database(&format!("t{}_{n}", std::process::id()));
         let var = format!("TURNSTILE_TEST_PG_URL_{n}");
-        std::env::set_var(&var, url);
-        format!("\n[store]\nbackend = \"postgres\"\nurl_env = \"{var}\"\n{more}\n")
+        std::env::set_var(&var, &url);
+        let table = format!("\n[store]\nbackend = \"postgres\"\nurl_env = \"{var}\"\n{more}\n");
+        (table, url)
     }
 }

@@ -116,7 +116,12 @@ impl PgStore {
     /// Connect to the database at `url`, migrate it, and keep a pool; renew this instance's
     /// leases (of `lease`) and listen for commits. With `fsync`, every connection runs with
     /// `synchronous_commit = on`.
-    pub(crate) fn open(url: &str, fsync: bool, lease: Duration) -> Result<PgStore, StoreError> {
+    pub(crate) fn open(
+        url: &str,
+        fsync: bool,
+        lease: Duration,
+        instance: Option<String>,
+    ) -> Result<PgStore, StoreError> {
         let mut cfg: tokio_postgres::Config = url.parse().map_err(|e| {
             StoreError::OpenPostgres(format!("the connection string does not parse: {e}"))
         })?;
@@ -162,7 +167,7 @@ impl PgStore {
                 writer: tokio::sync::Mutex::new(0),
                 last_failed: AtomicBool::new(false),
                 pool,
-                instance: crate::ids::new("inst"),
+                instance: instance.unwrap_or_else(|| crate::ids::new("inst")),
                 lease,
                 held: Default::default(),
                 heard: heard.clone(),

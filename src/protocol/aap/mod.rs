@@ -197,6 +197,7 @@ async fn start_turn(
     req: Request,
 ) -> Result<Started, ApiError> {
     let session = app.engine.session(caller.owner.as_deref(), id).await?;
+    app.engine.claim(&session).await?;
     let key = idempotency::key_of(req.headers())?;
     let bytes = body::read_limited(req.into_body(), app.max_body()).await?;
     let body: request::StartTurn = body::parse_json(&bytes)?;

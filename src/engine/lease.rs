@@ -1,0 +1,130 @@
+//! Scale-out on a shared store (PostgreSQL): the instance that runs a session's turns holds
+//! its lease (`Store::take_lease`), so a session has one writer at a time.
+//!
+//! - [`Engine::claim`], before a turn starts: takes the lease, or answers `session_busy` when
+//!   another live instance holds it. A lease newly taken means another instance may have
+//!   written the session since this one last saw it: the session is read back from the log
+//!   first, and a turn its last holder left open (it died) is closed `worker_lost`.
+//! - [`release_when_idle`], when a session's last turn ends: the lease goes back, so that any
+//!   instance may run the next turn.
+//! - [`watch_expired`]: every half `lease_s`, the sessions whose holder stopped renewing
+//!   (killed) are taken over, their open turn closed `worker_lost`, and released.
+//! - `Engine::shutdown` hands back every lease at once.
+//!
+//! On the embedded store (one process) there is no lease: `claim` returns at once.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use super::replay::Logged;
+use super::session::Session;
+use super::shared::{Engine, Inner};
+use super::types::EngineError;
+use crate::log::{FailReason, LeaseTaken};
+
+const WHY: &str = "the instance running this turn stopped before it ended";
+
+impl Engine {
+    /// Make this instance the session's one writer before a turn starts on it (see the module
+    /// documentation); `Busy` while another live instance holds it.
+    pub async fn claim(&self, session: &Arc<Session>) -> Result<(), EngineError> {
+        let store = &self.inner.store;
+        if store.instance().is_none() || session.lock().running.is_some() {
+            return Ok(());
+        }
+        match store.take_lease(&session.id).await? {
+            LeaseTaken::Held { fresh: false } => Ok(()),
+            LeaseTaken::Held { fresh: true } => {
+                refresh(&self.inner, session).await;
+                Ok(())
+            }
+            LeaseTaken::Busy => {
+                let last = store.events(&session.id, 0, usize::MAX >> 1).await?;
+                Err(EngineError::Busy {
+                    turn_id: last.last().map(|e| e.turn_id.clone()).unwrap_or_default(),
+                })
+            }
+        }
+    }
+}
+
+/// The session as the log holds it now (another instance may have run turns on it), and a turn
+/// the lease's last holder left open closed as `worker_lost`.
+async fn refresh(inner: &Arc<Inner>, session: &Arc<Session>) {
+    let store = &inner.store;
+    let Some(copy) = session.read_back(store).await else {
+        return;
+    };
+    let closed = {
+        let mut st = session.lock();
+        if st.running.is_some() || st.deleted {
+            return;
+        }
+        if let Some(record) = copy
+            .row
+            .as_ref()
+            .and_then(|r| serde_json::from_str(&r.record).ok())
+        {
+            st.record = Arc::new(record);
+        }
+        let logged = Logged::read(&st.record, copy.events);
+        st.history = logged.history;
+        st.next_seq = logged.next_seq;
+        st.out.tail = logged.tail;
+        st.pending = logged.pending;
+        st.plan = logged.plan;
+        st.run_start = logged.run_start;
+        session.close_open_locked(&mut st, store, FailReason::WorkerLost, WHY)
+    };
+    if let Some(turn_id) = closed {
+        if let Err(e) = store.flush().await {
+            tracing::error!(session = %session.id, error = %e, "could not close a turn left open by another instance");
+        }
+        session.publish_durable(store);
+        tracing::warn!(session = %session.id, turn = %turn_id, "closed a turn left unfinished by another instance (worker_lost)");
+    }
+}
+
+/// The session's last turn has ended and none is queued: hand its lease back (unless a turn
+/// started meanwhile). One round trip; nothing on the embedded store.
+pub(crate) async fn release_when_idle(inner: &Arc<Inner>, session: &Arc<Session>) {
+    let store = &inner.store;
+    if store.instance().is_none() || session.lock().running.is_some() {
+        return;
+    }
+    if let Err(e) = store.release_lease(&session.id).await {
+        tracing::warn!(session = %session.id, error = %e, "could not hand back a session's lease");
+    }
+}
+
+/// Takes over, every half `lease_s`, the sessions whose lease expired (their instance died):
+/// closes the turn it left open (`worker_lost`) and hands the lease back. Ends with the engine.
+pub(crate) fn watch_expired(inner: &Arc<Inner>) {
+    if inner.store.instance().is_none() {
+        return;
+    }
+    let every = (inner.config.store.lease / 2).max(Duration::from_millis(200));
+    let weak: Weak<Inner> = Arc::downgrade(inner);
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(every).await;
+            let Some(inner) = weak.upgrade() else { return };
+            let engine = Engine { inner };
+            let expired = match engine.inner.store.expired_leases().await {
+                Ok(ids) => ids,
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not read the expired leases");
+                    continue;
+                }
+            };
+            for id in expired {
+                let Ok(Some(session)) = engine.load(&id).await else {
+                    continue;
+                };
+                if engine.claim(&session).await.is_ok() {
+                    release_when_idle(&engine.inner, &session).await;
+                }
+            }
+        }
+    });
+}
