@@ -807,3 +807,79 @@ async fn sigterm_hands_the_leases_back_at_once_and_turns_alternate_between_insta
     gate.open();
     let _ = b.kill().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_on_a_reaches_a_stream_on_b_once_each_and_history_is_identical_on_both() {
+    let pg = PgCluster::start();
+    let fake = FakeOpenAi::start().await;
+    let p = pair(&pg, &fake, 10);
+    let (mut a, a_http) = spawn(p.dirs[0].path()).await;
+    let (mut b, b_http) = spawn(p.dirs[1].path()).await;
+    let (_, created) = a_http.post("/sessions", &json!({})).await;
+    let sid = created["sessionId"].as_str().unwrap().to_string();
+    fake.push(Reply::text("before"));
+    send_turn(&a_http, &sid, "q0").await;
+    let mut on_b = sse_reader::get(&b_http.base, &format!("/sessions/{sid}/events/stream"), &[])
+        .await
+        .ok();
+    let replayed = on_b.take(3).await;
+    assert_eq!(replayed.last().unwrap().event, "turn.completed");
+    // Two turns on A, one by the events API and one by AAP: B's subscriber gets them live.
+    for (i, text) in ["q1", "q2"].iter().enumerate() {
+        fake.push(Reply::text(&format!("answer {i}")));
+        if i == 0 {
+            let (status, _) = a_http
+                .post(
+                    &format!("/sessions/{sid}/messages"),
+                    &json!({"content": text}),
+                )
+                .await;
+            assert_eq!(status, 202);
+        } else {
+            send_turn(&a_http, &sid, text).await;
+        }
+        let frames = on_b.until(|f| f.is_terminal()).await;
+        let stored: Vec<&str> = frames
+            .iter()
+            .filter(|f| f.id.is_some())
+            .map(|f| f.event.as_str())
+            .collect();
+        assert_eq!(stored, ["user.message", "agent.message", "turn.completed"]);
+    }
+    // Each event once, in order, with A's ids; B's history and AAP history equal A's.
+    let a_events = event_types(&a_http, &sid).await;
+    let b_events = event_types(&b_http, &sid).await;
+    assert_eq!(a_events, b_events);
+    assert_eq!(a_events.len(), 9);
+    let (_, a_hist) = a_http
+        .get(&format!("/sessions/{sid}/history?type=full"))
+        .await;
+    let (_, b_hist) = b_http
+        .get(&format!("/sessions/{sid}/history?type=full"))
+        .await;
+    assert_eq!(a_hist, b_hist);
+    // A subscriber on B resuming from any of them gets the rest.
+    let cursor = a_events[2]["id"].as_str().unwrap();
+    let mut resumed = sse_reader::get(
+        &b_http.base,
+        &format!("/sessions/{sid}/events/stream"),
+        &[("last-event-id", cursor)],
+    )
+    .await
+    .ok();
+    let rest: Vec<String> = resumed
+        .take(6)
+        .await
+        .iter()
+        .map(|f| f.id.clone().unwrap())
+        .collect();
+    let want: Vec<String> = a_events[3..]
+        .iter()
+        .map(|e| e["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(rest, want);
+    let store = Store::open_postgres(&p.url, false, LEASE, None).unwrap();
+    check_log(&store, &sid).await;
+    let _ = a.kill().await;
+    let _ = b.kill().await;
+}

@@ -20,7 +20,7 @@ use super::replay::Logged;
 use super::session::Session;
 use super::shared::{Engine, Inner};
 use super::types::EngineError;
-use crate::log::{FailReason, LeaseTaken};
+use crate::log::{Event, FailReason, Heard, LeaseTaken};
 
 const WHY: &str = "the instance running this turn stopped before it ended";
 
@@ -52,30 +52,11 @@ impl Engine {
 /// the lease's last holder left open closed as `worker_lost`.
 async fn refresh(inner: &Arc<Inner>, session: &Arc<Session>) {
     let store = &inner.store;
-    let Some(copy) = session.read_back(store).await else {
-        return;
-    };
-    let closed = {
-        let mut st = session.lock();
-        if st.running.is_some() || st.deleted {
-            return;
-        }
-        if let Some(record) = copy
-            .row
-            .as_ref()
-            .and_then(|r| serde_json::from_str(&r.record).ok())
-        {
-            st.record = Arc::new(record);
-        }
-        let logged = Logged::read(&st.record, copy.events);
-        st.history = logged.history;
-        st.next_seq = logged.next_seq;
-        st.out.tail = logged.tail;
-        st.pending = logged.pending;
-        st.plan = logged.plan;
-        st.run_start = logged.run_start;
-        session.close_open_locked(&mut st, store, FailReason::WorkerLost, WHY)
-    };
+    let closed = reread(inner, session, |st| {
+        session.close_open_locked(st, store, FailReason::WorkerLost, WHY)
+    })
+    .await
+    .flatten();
     if let Some(turn_id) = closed {
         if let Err(e) = store.flush().await {
             tracing::error!(session = %session.id, error = %e, "could not close a turn left open by another instance");
@@ -83,6 +64,96 @@ async fn refresh(inner: &Arc<Inner>, session: &Arc<Session>) {
         session.publish_durable(store);
         tracing::warn!(session = %session.id, turn = %turn_id, "closed a turn left unfinished by another instance (worker_lost)");
     }
+}
+
+/// Makes the session in memory what the log holds now, unless this instance is writing it (a
+/// turn running, events not yet published): its state read again, and the events it had not
+/// seen published to its live subscribers. Then `then`, under the same lock.
+async fn reread<T>(
+    inner: &Arc<Inner>,
+    session: &Arc<Session>,
+    then: impl FnOnce(&mut super::session::State) -> T,
+) -> Option<T> {
+    let idle =
+        |st: &super::session::State| st.running.is_none() && st.out.held.is_empty() && !st.deleted;
+    let seen = {
+        let st = session.lock();
+        if !idle(&st) {
+            return None;
+        }
+        st.next_seq
+    };
+    let copy = session.read_back(&inner.store).await?;
+    let mut st = session.lock();
+    // A turn of this instance started meanwhile: it has the session as it is.
+    if !idle(&st) || st.next_seq != seen {
+        return None;
+    }
+    if let Some(record) = copy
+        .row
+        .as_ref()
+        .and_then(|r| serde_json::from_str(&r.record).ok())
+    {
+        st.record = Arc::new(record);
+    }
+    let unseen: Vec<Arc<Event>> = copy
+        .events
+        .iter()
+        .filter(|e| e.seq > seen)
+        .map(|e| Arc::new(e.clone()))
+        .collect();
+    let logged = Logged::read(&st.record, copy.events);
+    st.history = logged.history;
+    st.next_seq = logged.next_seq;
+    st.out.tail = logged.tail;
+    st.pending = logged.pending;
+    st.plan = logged.plan;
+    st.run_start = logged.run_start;
+    if !unseen.is_empty() && st.out.watched() {
+        let tail = std::mem::take(&mut st.out.tail);
+        for ev in unseen {
+            st.out.publish_heard(ev);
+        }
+        st.out.tail = tail;
+    }
+    Some(then(&mut st))
+}
+
+/// Follows the commits of the other instances sharing the store (`LISTEN`): a session in
+/// memory that another instance wrote is read again, and its live subscribers get the new
+/// events. After the listener reconnects (it may have missed some), every session is.
+pub(crate) fn hear_others(inner: &Arc<Inner>) {
+    let Some(mut heard) = inner.store.commits_heard() else {
+        return;
+    };
+    let weak: Weak<Inner> = Arc::downgrade(inner);
+    tokio::spawn(async move {
+        loop {
+            let heard = match heard.recv().await {
+                Ok(h) => h,
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => Heard::Resync,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            };
+            let Some(inner) = weak.upgrade() else { return };
+            let sessions: Vec<Arc<Session>> = {
+                let map = crate::sync::lock(&inner.sessions);
+                match &heard {
+                    Heard::Commit { session_id, .. } => {
+                        map.get(session_id).cloned().into_iter().collect()
+                    }
+                    Heard::Resync => map.values().cloned().collect(),
+                }
+            };
+            for s in sessions {
+                if let Heard::Commit { seq, .. } = heard {
+                    if s.lock().next_seq >= seq {
+                        continue; // this instance's own commit, or seen already
+                    }
+                }
+                reread(&inner, &s, |_| ()).await;
+            }
+        }
+    });
 }
 
 /// The session's last turn has ended and none is queued: hand its lease back (unless a turn

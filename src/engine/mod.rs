@@ -106,6 +106,7 @@ impl Engine {
         // A shared store: what this instance held before a restart is closed; hand it back.
         engine.inner.store.release_all_leases().await?;
         lease::watch_expired(&engine.inner);
+        lease::hear_others(&engine.inner);
         Ok(engine)
     }
 
