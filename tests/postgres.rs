@@ -415,7 +415,38 @@ async fn files_upload_and_download_and_the_quota_counts_from_the_store_across_a_
 }
 
 async fn spawn(dir: &std::path::Path) -> (tokio::process::Child, Http) {
-    let (child, addr) = common::binary::serve(&dir.join("tools.toml")).await;
+    use tokio::io::AsyncBufReadExt;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .args(["serve", "--config"])
+        .arg(dir.join("tools.toml"))
+        .args(["--listen", "127.0.0.1:0"])
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn turnstile");
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = loop {
+        let line = lines
+            .next_line()
+            .await
+            .unwrap()
+            .expect("exited before listening");
+        if let Some(rest) = line.split("listening on http://").nth(1) {
+            break rest.split_whitespace().next().unwrap().parse().unwrap();
+        }
+    };
+    let log = dir.join("log.txt");
+    tokio::spawn(async move {
+        use std::io::Write;
+        let mut f = std::fs::File::create(log).unwrap();
+        while let Ok(Some(l)) = lines.next_line().await {
+            if l.contains("WARN") || l.contains("ERROR") {
+                let _ = writeln!(f, "{l}");
+            }
+        }
+    });
     (child, Http::new(addr))
 }
 
@@ -598,7 +629,9 @@ async fn two_instances_share_sessions_through_leases_and_hear_each_others_commit
     assert_eq!(b.events("sess_x", 0, 10).await.unwrap().len(), 1);
 
     // Released: B takes it at once, fresh (A wrote meanwhile).
-    a.release_lease("sess_x").await.unwrap();
+    a.release_lease("sess_x", a.lease_mark("sess_x").unwrap())
+        .await
+        .unwrap();
     assert_eq!(
         b.take_lease("sess_x").await.unwrap(),
         LeaseTaken::Held { fresh: true }
@@ -880,6 +913,173 @@ async fn a_turn_on_a_reaches_a_stream_on_b_once_each_and_history_is_identical_on
     assert_eq!(rest, want);
     let store = Store::open_postgres(&p.url, false, LEASE, None).unwrap();
     check_log(&store, &sid).await;
+    let _ = a.kill().await;
+    let _ = b.kill().await;
+}
+
+/// Follows a session's event stream, switching instance (with `Last-Event-ID`) every few
+/// frames, until it has `target` stored events (`target` 0: not known yet); their ids.
+async fn follow_switching(
+    bases: [String; 2],
+    sid: String,
+    target: Arc<std::sync::atomic::AtomicUsize>,
+) -> Vec<String> {
+    use std::sync::atomic::Ordering::SeqCst;
+    let mut ids: Vec<String> = Vec::new();
+    let mut on = fastrand::usize(..2);
+    loop {
+        let last = ids.last().cloned();
+        let headers: Vec<(&str, &str)> = last
+            .iter()
+            .map(|id| ("last-event-id", id.as_str()))
+            .collect();
+        let mut s = sse_reader::get(
+            &bases[on],
+            &format!("/sessions/{sid}/events/stream"),
+            &headers,
+        )
+        .await
+        .ok();
+        for _ in 0..fastrand::usize(3..15) {
+            let t = target.load(SeqCst);
+            if t > 0 && ids.len() >= t {
+                return ids;
+            }
+            match tokio::time::timeout(Duration::from_millis(300), s.next()).await {
+                Ok(Some(f)) => {
+                    if let Some(id) = f.id {
+                        ids.push(id);
+                    }
+                }
+                Ok(None) | Err(_) => break,
+            }
+        }
+        on = 1 - on;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_turns_over_two_instances_with_cancels_and_reconnects_lose_and_repeat_nothing()
+{
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    let pg = PgCluster::start();
+    let fake = FakeOpenAi::start().await;
+    for i in 0..400 {
+        fake.push(Reply::text(&format!("answer {i}")));
+    }
+    let p = pair(&pg, &fake, 10);
+    let (mut a, a_http) = spawn(p.dirs[0].path()).await;
+    let (mut b, b_http) = spawn(p.dirs[1].path()).await;
+    let https = [a_http.clone(), b_http.clone()];
+    let mut sids = Vec::new();
+    for i in 0..4 {
+        let (_, created) = https[i % 2].post("/sessions", &json!({})).await;
+        sids.push(created["sessionId"].as_str().unwrap().to_string());
+    }
+    let targets: Vec<Arc<AtomicUsize>> = sids.iter().map(|_| Arc::default()).collect();
+    let followers: Vec<_> = sids
+        .iter()
+        .zip(&targets)
+        .map(|(sid, t)| {
+            let bases = [a_http.base.clone(), b_http.base.clone()];
+            tokio::spawn(follow_switching(bases, sid.clone(), t.clone()))
+        })
+        .collect();
+    let drivers: Vec<_> = sids
+        .iter()
+        .map(|sid| {
+            let (sid, https) = (sid.clone(), https.clone());
+            tokio::spawn(async move {
+                let (mut accepted, mut busy) = (0, 0);
+                for i in 0..50 {
+                    let deadline = Instant::now() + Duration::from_secs(30);
+                    loop {
+                        let on = fastrand::usize(..2);
+                        let (status, v) = https[on]
+                            .post(
+                                &format!("/sessions/{sid}/messages"),
+                                &json!({"content": format!("m{i}")}),
+                            )
+                            .await;
+                        if status == 202 {
+                            accepted += 1;
+                            if i % 9 == 4 {
+                                let (status, _) = https[on]
+                                    .post(
+                                        &format!("/sessions/{sid}/cancel"),
+                                        &json!({"turn_id": v["turn_id"]}),
+                                    )
+                                    .await;
+                                assert!(status < 300, "cancel: {status}");
+                            }
+                            break;
+                        }
+                        assert_eq!(status, 409, "{v}");
+                        assert_eq!(v["error"]["type"], "session_busy");
+                        busy += 1;
+                        assert!(Instant::now() < deadline, "the session stayed busy");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+                (accepted, busy)
+            })
+        })
+        .collect();
+    let store = Store::open_postgres(&p.url, false, LEASE, None).unwrap();
+    let mut busy_total = 0;
+    for ((sid, driver), target) in sids.iter().zip(drivers).zip(&targets) {
+        let (accepted, busy) = driver.await.unwrap();
+        busy_total += busy;
+        // Every accepted turn ends (completed or cancelled), once.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let events = loop {
+            let evs = store.events(sid, 0, 100_000).await.unwrap();
+            let ended = evs.iter().filter(|e| e.body.is_terminal()).count();
+            if ended == accepted {
+                break evs;
+            }
+            assert!(
+                ended < accepted,
+                "{sid}: {ended} turns ended, {accepted} accepted"
+            );
+            if Instant::now() > deadline {
+                let kinds: Vec<String> = evs
+                    .iter()
+                    .map(|e| format!("{} {} {}", e.seq, e.body.type_name(), e.turn_id))
+                    .collect();
+                let logs: Vec<String> = p
+                    .dirs
+                    .iter()
+                    .map(|d| std::fs::read_to_string(d.path().join("log.txt")).unwrap_or_default())
+                    .collect();
+                panic!(
+                    "{sid}: {ended} of {accepted} turns ended\n{}\n{}\nA:\n{}\nB:\n{}",
+                    kinds.join("\n"),
+                    pg.errors(),
+                    logs[0],
+                    logs[1]
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        common::logcheck::check_events(&events);
+        target.store(events.len(), SeqCst);
+    }
+    for ((sid, follower), _) in sids.iter().zip(followers).zip(&targets) {
+        let seen = follower.await.unwrap();
+        let logged: Vec<String> = store
+            .events(sid, 0, 100_000)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.id.clone())
+            .collect();
+        assert_eq!(
+            seen, logged,
+            "{sid}: what a switching subscriber saw is the log"
+        );
+    }
+    println!("200 turns over 2 instances: {busy_total} answers 409 session_busy on the way");
     let _ = a.kill().await;
     let _ = b.kill().await;
 }

@@ -20,23 +20,27 @@ use super::replay::Logged;
 use super::session::Session;
 use super::shared::{Engine, Inner};
 use super::types::EngineError;
-use crate::log::{Event, FailReason, Heard, LeaseTaken};
+use crate::log::{ClaimGuard, Event, FailReason, Heard, LeaseTaken};
 
 const WHY: &str = "the instance running this turn stopped before it ended";
 
 impl Engine {
     /// Make this instance the session's one writer before a turn starts on it (see the module
-    /// documentation); `Busy` while another live instance holds it.
-    pub async fn claim(&self, session: &Arc<Session>) -> Result<(), EngineError> {
+    /// documentation); `Busy` while another live instance holds it. Keep the claim until the
+    /// turn is started (or refused), then drop it: the lease is not handed back meanwhile.
+    pub async fn claim(&self, session: &Arc<Session>) -> Result<Option<ClaimGuard>, EngineError> {
         let store = &self.inner.store;
-        if store.instance().is_none() || session.lock().running.is_some() {
-            return Ok(());
+        let Some(guard) = store.claiming(&session.id) else {
+            return Ok(None);
+        };
+        if session.lock().running.is_some() {
+            return Ok(Some(guard));
         }
         match store.take_lease(&session.id).await? {
-            LeaseTaken::Held { fresh: false } => Ok(()),
+            LeaseTaken::Held { fresh: false } => Ok(Some(guard)),
             LeaseTaken::Held { fresh: true } => {
                 refresh(&self.inner, session).await;
-                Ok(())
+                Ok(Some(guard))
             }
             LeaseTaken::Busy => {
                 let last = store.events(&session.id, 0, usize::MAX >> 1).await?;
@@ -76,19 +80,25 @@ async fn reread<T>(
 ) -> Option<T> {
     let idle =
         |st: &super::session::State| st.running.is_none() && st.out.held.is_empty() && !st.deleted;
-    let seen = {
+    let (mut st, copy, seen) = loop {
+        let seen = {
+            let st = session.lock();
+            if !idle(&st) {
+                return None;
+            }
+            st.next_seq
+        };
+        let copy = session.read_back(&inner.store).await?;
         let st = session.lock();
+        // A turn of this instance started meanwhile: it has the session as it is.
         if !idle(&st) {
             return None;
         }
-        st.next_seq
+        // Another read was applied meanwhile, perhaps of a later log than ours: read again.
+        if st.next_seq == seen {
+            break (st, copy, seen);
+        }
     };
-    let copy = session.read_back(&inner.store).await?;
-    let mut st = session.lock();
-    // A turn of this instance started meanwhile: it has the session as it is.
-    if !idle(&st) || st.next_seq != seen {
-        return None;
-    }
     if let Some(record) = copy
         .row
         .as_ref()
@@ -156,14 +166,18 @@ pub(crate) fn hear_others(inner: &Arc<Inner>) {
     });
 }
 
-/// The session's last turn has ended and none is queued: hand its lease back (unless a turn
-/// started meanwhile). One round trip; nothing on the embedded store.
+/// The session's last turn has ended and none is queued: hand its lease back, unless a turn
+/// is admitted meanwhile (it takes the lease again first, which the release then sees). One
+/// round trip; nothing on the embedded store.
 pub(crate) async fn release_when_idle(inner: &Arc<Inner>, session: &Arc<Session>) {
     let store = &inner.store;
-    if store.instance().is_none() || session.lock().running.is_some() {
+    let Some(mark) = store.lease_mark(&session.id) else {
+        return;
+    };
+    if session.lock().running.is_some() {
         return;
     }
-    if let Err(e) = store.release_lease(&session.id).await {
+    if let Err(e) = store.release_lease(&session.id, mark).await {
         tracing::warn!(session = %session.id, error = %e, "could not hand back a session's lease");
     }
 }
@@ -192,8 +206,25 @@ pub(crate) fn watch_expired(inner: &Arc<Inner>) {
                 let Ok(Some(session)) = engine.load(&id).await else {
                     continue;
                 };
-                if engine.claim(&session).await.is_ok() {
+                if let Ok(claim) = engine.claim(&session).await {
+                    drop(claim);
                     release_when_idle(&engine.inner, &session).await;
+                }
+            }
+            // Leases taken for turns that were then refused (a bad request after the claim),
+            // or left by a race: a session idle here is handed back.
+            for id in engine.inner.store.held_leases() {
+                let idle = crate::sync::lock(&engine.inner.sessions).get(&id).cloned();
+                match idle {
+                    Some(s) if s.lock().running.is_none() => {
+                        release_when_idle(&engine.inner, &s).await
+                    }
+                    Some(_) => {}
+                    None => {
+                        if let Some(mark) = engine.inner.store.lease_mark(&id) {
+                            let _ = engine.inner.store.release_lease(&id, mark).await;
+                        }
+                    }
                 }
             }
         }

@@ -20,5 +20,5 @@ pub mod store;
 
 pub use backend::{FileRow, SessionRow, StoreError};
 pub use event::{Event, EventBody, FailReason, FileRef, StopReason};
-pub use postgres::lease::{Heard, LeaseTaken};
+pub use postgres::lease::{ClaimGuard, Heard, LeaseTaken};
 pub use store::Store;

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use super::backend::{FileRow, SessionRow, StoreBackend, StoreError};
 use super::event::Event;
-use super::postgres::lease::{Heard, LeaseTaken};
+use super::postgres::lease::{ClaimGuard, Heard, LeaseTaken};
 use super::postgres::PgStore;
 use super::sqlite::SqliteStore;
 
@@ -83,11 +83,38 @@ impl Store {
         }
     }
 
-    /// Scale-out: hand a session's lease back.
-    pub async fn release_lease(&self, session_id: &str) -> Result<(), StoreError> {
+    /// Scale-out: the mark of this instance's last take of a session's lease (`None`: not
+    /// held, or the embedded store), for [`Store::release_lease`].
+    pub fn lease_mark(&self, session_id: &str) -> Option<u64> {
+        match &self.backend {
+            Backend::Sqlite(_) => None,
+            Backend::Postgres(p) => p.lease_mark(session_id),
+        }
+    }
+
+    /// Scale-out: a claim of the session's lease is under way until the guard is dropped
+    /// (`None` on the embedded store).
+    pub fn claiming(&self, session_id: &str) -> Option<ClaimGuard> {
+        match &self.backend {
+            Backend::Sqlite(_) => None,
+            Backend::Postgres(p) => Some(p.claiming(session_id)),
+        }
+    }
+
+    /// Scale-out: the sessions whose lease this instance holds.
+    pub fn held_leases(&self) -> Vec<String> {
+        match &self.backend {
+            Backend::Sqlite(_) => Vec::new(),
+            Backend::Postgres(p) => p.held_leases(),
+        }
+    }
+
+    /// Scale-out: hand a session's lease back, unless it was taken again since `mark`
+    /// ([`Store::lease_mark`]) was read.
+    pub async fn release_lease(&self, session_id: &str, mark: u64) -> Result<(), StoreError> {
         match &self.backend {
             Backend::Sqlite(_) => Ok(()),
-            Backend::Postgres(p) => p.release_lease(session_id).await,
+            Backend::Postgres(p) => p.release_lease(session_id, mark).await,
         }
     }
 

@@ -164,6 +164,16 @@ impl PgCluster {
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     }
 
+    /// The server's log lines that report an error (for a failing test's message).
+    pub fn errors(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("ERROR") || l.contains("STATEMENT"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     fn stop(&self) {
         let mut ctl = as_server_user(&self.bin.join("pg_ctl"));
         ctl.arg("-D")

@@ -53,44 +53,80 @@ impl PgStore {
     pub(crate) async fn take_lease(&self, session_id: &str) -> Result<LeaseTaken, StoreError> {
         let sid = session_id.to_string();
         let shared = self.shared.clone();
-        let taken = self
-            .run(move |pool| async move {
-                let c = pool.get().await?;
-                let stmt = c
-                    .prepare_cached(
-                        "INSERT INTO leases (session_id, holder, expires_at)
-                         VALUES ($1, $2, now() + make_interval(secs => $3))
-                         ON CONFLICT (session_id) DO UPDATE
-                            SET holder = excluded.holder, expires_at = excluded.expires_at
-                          WHERE leases.holder = excluded.holder OR leases.expires_at < now()
-                         RETURNING holder",
-                    )
-                    .await?;
-                let secs = shared.lease.as_secs_f64();
-                Ok(c.query_opt(&stmt, &[&sid, &shared.instance, &secs])
-                    .await?
-                    .is_some())
-            })
-            .await?;
-        if !taken {
-            return Ok(LeaseTaken::Busy);
-        }
-        let fresh = lock(&self.shared.held).insert(session_id.to_string());
-        Ok(LeaseTaken::Held { fresh })
+        self.run(move |pool| async move {
+            let mut marks = shared.lease_ops.lock().await;
+            let c = pool.get().await?;
+            let stmt = c
+                .prepare_cached(
+                    "INSERT INTO leases (session_id, holder, expires_at)
+                     VALUES ($1, $2, now() + make_interval(secs => $3))
+                     ON CONFLICT (session_id) DO UPDATE
+                        SET holder = excluded.holder, expires_at = excluded.expires_at
+                      WHERE leases.holder = excluded.holder OR leases.expires_at < now()
+                     RETURNING holder",
+                )
+                .await?;
+            let secs = shared.lease.as_secs_f64();
+            let taken = c
+                .query_opt(&stmt, &[&sid, &shared.instance, &secs])
+                .await?
+                .is_some();
+            if !taken {
+                return Ok(LeaseTaken::Busy);
+            }
+            *marks += 1;
+            let fresh = lock(&shared.held).insert(sid, *marks).is_none();
+            Ok(LeaseTaken::Held { fresh })
+        })
+        .await
     }
 
-    /// Hand a session's lease back (a no-op unless this instance holds it).
-    pub(crate) async fn release_lease(&self, session_id: &str) -> Result<(), StoreError> {
-        lock(&self.shared.held).remove(session_id);
+    /// The mark of the session's last take by this instance (`None`: not held), for
+    /// [`PgStore::release_lease`].
+    pub(crate) fn lease_mark(&self, session_id: &str) -> Option<u64> {
+        lock(&self.shared.held).get(session_id).copied()
+    }
+
+    /// A claim of a session's lease is under way until the guard is dropped (its turn started,
+    /// or refused): the lease is not released meanwhile.
+    pub(crate) fn claiming(&self, session_id: &str) -> ClaimGuard {
+        *lock(&self.shared.claiming)
+            .entry(session_id.to_string())
+            .or_default() += 1;
+        ClaimGuard {
+            store: self.clone(),
+            session_id: session_id.to_string(),
+        }
+    }
+
+    /// The sessions whose lease this instance holds.
+    pub(crate) fn held_leases(&self) -> Vec<String> {
+        lock(&self.shared.held).keys().cloned().collect()
+    }
+
+    /// Hand a session's lease back, unless it was taken again since `mark` was read (a turn
+    /// was admitted meanwhile: it runs under the lease).
+    pub(crate) async fn release_lease(
+        &self,
+        session_id: &str,
+        mark: u64,
+    ) -> Result<(), StoreError> {
         let sid = session_id.to_string();
-        let me = self.shared.instance.clone();
+        let shared = self.shared.clone();
         self.run(move |pool| async move {
+            let _ops = shared.lease_ops.lock().await;
+            if lock(&shared.held).get(&sid) != Some(&mark)
+                || lock(&shared.claiming).contains_key(&sid)
+            {
+                return Ok(());
+            }
             let c = pool.get().await?;
             c.execute(
                 "DELETE FROM leases WHERE session_id = $1 AND holder = $2",
-                &[&sid, &me],
+                &[&sid, &shared.instance],
             )
             .await?;
+            lock(&shared.held).remove(&sid);
             Ok(())
         })
         .await
@@ -98,12 +134,13 @@ impl PgStore {
 
     /// Hand back every lease of this instance (SIGTERM), so others take its sessions at once.
     pub(crate) async fn release_all_leases(&self) -> Result<(), StoreError> {
-        lock(&self.shared.held).clear();
-        let me = self.shared.instance.clone();
+        let shared = self.shared.clone();
         self.run(move |pool| async move {
+            let _ops = shared.lease_ops.lock().await;
             let c = pool.get().await?;
-            c.execute("DELETE FROM leases WHERE holder = $1", &[&me])
+            c.execute("DELETE FROM leases WHERE holder = $1", &[&shared.instance])
                 .await?;
+            lock(&shared.held).clear();
             Ok(())
         })
         .await
@@ -130,6 +167,24 @@ impl PgStore {
     }
 }
 
+/// See [`PgStore::claiming`].
+pub struct ClaimGuard {
+    store: PgStore,
+    session_id: String,
+}
+
+impl Drop for ClaimGuard {
+    fn drop(&mut self) {
+        let mut claiming = lock(&self.store.shared.claiming);
+        if let Some(n) = claiming.get_mut(&self.session_id) {
+            *n -= 1;
+            if *n == 0 {
+                claiming.remove(&self.session_id);
+            }
+        }
+    }
+}
+
 /// Renews this instance's leases every third of `lease_s` until the store is dropped.
 pub(super) async fn renew_loop(shared: Weak<Shared>, every: Duration) {
     loop {
@@ -138,6 +193,9 @@ pub(super) async fn renew_loop(shared: Weak<Shared>, every: Duration) {
         if lock(&s.held).is_empty() {
             continue;
         }
+        // One at a time with takes and releases: a take between the update and the bookkeeping
+        // below would be forgotten.
+        let _ops = s.lease_ops.lock().await;
         let renewed = async {
             let c = s.pool.get().await?;
             let rows = c
@@ -156,7 +214,7 @@ pub(super) async fn renew_loop(shared: Weak<Shared>, every: Duration) {
         match renewed.await {
             Ok(still) => {
                 let still: std::collections::HashSet<String> = still.into_iter().collect();
-                lock(&s.held).retain(|sid| {
+                lock(&s.held).retain(|sid, _| {
                     let kept = still.contains(sid);
                     if !kept {
                         tracing::warn!(session = %sid, "store: lost the lease of a session (taken over after it expired)");

@@ -62,8 +62,15 @@ struct Shared {
     instance: String,
     /// `[store] lease_s`.
     lease: Duration,
-    /// The sessions whose lease this instance holds (renewed by `lease::renew_loop`).
-    held: std::sync::Mutex<HashSet<String>>,
+    /// The sessions whose lease this instance holds (renewed by `lease::renew_loop`), each with
+    /// the mark of its last take (see `PgStore::release_lease`).
+    held: std::sync::Mutex<std::collections::HashMap<String, u64>>,
+    /// Takes and releases of leases, one at a time: a release decided before a take (of the
+    /// same session) that comes first sees the take's mark and does not happen.
+    lease_ops: tokio::sync::Mutex<u64>,
+    /// Sessions with a claim under way (a lease taken for a turn not started yet), and how
+    /// many: their lease is not released meanwhile.
+    claiming: std::sync::Mutex<std::collections::HashMap<String, usize>>,
     /// What the listener hears (`lease::listen_loop`).
     heard: tokio::sync::broadcast::Sender<lease::Heard>,
     /// Testing only: commits to fail, commits counted.
@@ -170,6 +177,8 @@ impl PgStore {
                 instance: instance.unwrap_or_else(|| crate::ids::new("inst")),
                 lease,
                 held: Default::default(),
+                lease_ops: Default::default(),
+                claiming: Default::default(),
                 heard: heard.clone(),
                 #[cfg(any(test, feature = "testkit"))]
                 faults: Faults::default(),
