@@ -531,6 +531,11 @@ pub fn store_commit<T>(commit: impl FnOnce() -> T) -> T {
     out
 }
 
+/// Record one group commit timed by its caller (an async commit: PostgreSQL's).
+pub fn store_commit_took(elapsed: std::time::Duration) {
+    METRICS.store_commit_seconds.observe(elapsed.as_secs_f64());
+}
+
 /// Every metric in the Prometheus text format, with the engine's gauges as sampled now by the
 /// caller (sessions in memory, tool calls waiting for permission).
 pub fn render(sessions: usize, pending_approvals: usize) -> String {

@@ -164,6 +164,50 @@ fn keys(config: &Config, addr: SocketAddr, opts: &StartOptions) -> Result<Keys, 
     Ok(keys)
 }
 
+/// The store `[store]` names: the embedded SQLite file under `data_dir`, or the PostgreSQL
+/// database whose connection string is in the variable `url_env` names (unset or empty: one
+/// line naming it).
+fn open_store(config: &Config) -> Result<Store, StartError> {
+    let store = &config.store;
+    match (store.backend, &store.url_env) {
+        (crate::config::StoreBackendKind::Postgres, Some(var)) => {
+            let url = std::env::var(var).unwrap_or_default();
+            if url.trim().is_empty() {
+                return Err(StartError::Config(format!(
+                    "{}: [store] url_env names {var}, which is unset or empty: set {var} to the PostgreSQL connection string (e.g. postgres://user:password@host/db)",
+                    config.path.display()
+                )));
+            }
+            tracing::info!(lease_s = store.lease.as_secs(), "store: postgres");
+            Ok(Store::open_postgres(
+                url.trim(),
+                config.server.fsync,
+                store.lease,
+                Some(instance_name(&config.server.data_dir)?),
+            )?)
+        }
+        _ => Ok(Store::open(&config.server.data_dir, config.server.fsync)?),
+    }
+}
+
+/// This instance's name in the shared store's lease rows: kept in `data_dir/instance`, so that
+/// a restart recognizes the leases its previous life held (and closes their turns at once).
+/// Each instance needs a data folder of its own.
+fn instance_name(data_dir: &std::path::Path) -> Result<String, StartError> {
+    let path = data_dir.join("instance");
+    let bad =
+        |e: std::io::Error| StartError::Config(format!("cannot keep {}: {e}", path.display()));
+    match std::fs::read_to_string(&path) {
+        Ok(s) if crate::ids::is_valid("inst", s.trim()) => Ok(s.trim().to_string()),
+        Ok(_) | Err(_) => {
+            std::fs::create_dir_all(data_dir).map_err(bad)?;
+            let name = crate::ids::new("inst");
+            std::fs::write(&path, &name).map_err(bad)?;
+            Ok(name)
+        }
+    }
+}
+
 /// Start serving on `addr` (port 0 picks a free port).
 pub async fn start(
     config: Config,
@@ -199,7 +243,7 @@ pub async fn start_with(
         Some(p) => p,
         None => provider(&config)?,
     };
-    let store = Store::open(&config.server.data_dir, config.server.fsync)?;
+    let store = open_store(&config)?;
     let files = FileStore::open(
         &config.server.data_dir,
         store.clone(),

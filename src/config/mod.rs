@@ -36,6 +36,38 @@ pub struct Config {
     pub telemetry: TelemetryConfig,
     /// `[mcp_endpoint]`: `/mcp`, the federated tools for MCP clients.
     pub mcp_endpoint: McpEndpointConfig,
+    /// `[store]`: where the event log lives.
+    pub store: StoreConfig,
+}
+
+/// `[store]`: the embedded SQLite store (default) or a shared PostgreSQL database.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreConfig {
+    pub backend: StoreBackendKind,
+    /// `url_env`: the environment variable holding the PostgreSQL connection string (required
+    /// with `backend = "postgres"`; the string itself is never in the file).
+    pub url_env: Option<String>,
+    /// `lease_s`: a dead instance's sessions are taken over after this. Default 10 s.
+    pub lease: std::time::Duration,
+}
+
+impl Default for StoreConfig {
+    fn default() -> StoreConfig {
+        StoreConfig {
+            backend: StoreBackendKind::Sqlite,
+            url_env: None,
+            lease: std::time::Duration::from_secs(10),
+        }
+    }
+}
+
+/// `[store] backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreBackendKind {
+    /// `data_dir/turnstile.db` (embedded, the default).
+    Sqlite,
+    /// A PostgreSQL database shared by several instances.
+    Postgres,
 }
 
 /// `[mcp_endpoint]`: whether `/mcp` serves the agents' federated tools over streamable HTTP.

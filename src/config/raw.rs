@@ -35,6 +35,7 @@ pub(super) struct RawConfig {
     pub telemetry: Option<Spanned<RawTelemetry>>,
     #[serde(default)]
     pub mcp_endpoint: Option<Spanned<RawMcpEndpoint>>,
+    pub store: Option<Spanned<RawStore>>,
 }
 
 /// `[server]`
@@ -262,4 +263,16 @@ pub(super) struct RawMcpEndpoint {
     pub enabled: Option<bool>,
     #[serde(default)]
     pub agents: Option<Vec<Spanned<String>>>,
+}
+
+/// `[store]`
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawStore {
+    #[serde(default)]
+    pub backend: Option<Spanned<String>>,
+    #[serde(default)]
+    pub url_env: Option<Spanned<String>>,
+    #[serde(default)]
+    pub lease_s: Option<Spanned<i64>>,
 }

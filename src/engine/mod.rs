@@ -27,6 +27,7 @@
 //! - `registry.rs` (load, cache, count, list, delete sessions), `settings.rs` (create a
 //!   session, validate its settings), `start.rs` (start, queue, cancel turns; plan decisions),
 //!   `handle.rs` (a started turn as its watcher reads it), `follow.rs` (reading a session's log).
+//! - `lease.rs`: scale-out on a shared store (one writer per session through its lease).
 
 mod answers;
 pub mod approvals;
@@ -38,6 +39,7 @@ pub mod follow;
 mod handle;
 pub mod history;
 mod job;
+mod lease;
 pub mod oversize;
 mod record;
 mod registry;
@@ -101,6 +103,10 @@ impl Engine {
             }),
         };
         engine.recover().await?;
+        // A shared store: what this instance held before a restart is closed; hand it back.
+        engine.inner.store.release_all_leases().await?;
+        lease::watch_expired(&engine.inner);
+        lease::hear_others(&engine.inner);
         Ok(engine)
     }
 
@@ -152,6 +158,10 @@ impl Engine {
         self.inner.tools.shutdown().await;
         if let Err(e) = self.inner.store.flush().await {
             tracing::error!(error = %e, "final flush of the store failed");
+        }
+        // A shared store: other instances may take this one's sessions at once.
+        if let Err(e) = self.inner.store.release_all_leases().await {
+            tracing::warn!(error = %e, "could not hand back this instance's leases");
         }
     }
 }

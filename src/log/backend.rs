@@ -85,7 +85,8 @@
 //!
 //! Every fallible call returns [`StoreError`]: `Open` (cannot open or migrate; at start only),
 //! `Sql` (a backend error on a read), `WriteFailed` (the commit that held the caller's writes
-//! failed, or a blocking task died), `Corrupt` (a stored row does not parse).
+//! failed, or a blocking task died), `Corrupt` (a stored row does not parse); PostgreSQL's
+//! `OpenPostgres` (at start) and `Postgres` (a read) carry the server's message.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -106,6 +107,33 @@ pub enum StoreError {
     WriteFailed(String),
     #[error("a stored event is corrupt: {0}")]
     Corrupt(String),
+    /// PostgreSQL: cannot connect, migrate, or the schema is newer than this build (at start).
+    #[error("cannot open the postgres store: {0}")]
+    OpenPostgres(String),
+    /// PostgreSQL: an error on a read (or getting a connection for one).
+    #[error("postgres store error: {0}")]
+    Postgres(String),
+}
+
+impl From<tokio_postgres::Error> for StoreError {
+    fn from(e: tokio_postgres::Error) -> StoreError {
+        StoreError::Postgres(pg_error_text(&e))
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for StoreError {
+    fn from(e: deadpool_postgres::PoolError) -> StoreError {
+        StoreError::Postgres(e.to_string())
+    }
+}
+
+/// A PostgreSQL error with the server's own message when there is one (`Display` alone says
+/// only "db error").
+pub(crate) fn pg_error_text(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{}: {}", db.code().code(), db.message()),
+        None => e.to_string(),
+    }
 }
 
 /// A session row: its id, owner, creation time and its record (JSON, owned by the engine).
@@ -262,4 +290,20 @@ pub(crate) trait StoreBackend: Clone + Send + Sync + 'static {
         &self,
         ids: Vec<String>,
     ) -> impl Future<Output = Result<std::collections::HashSet<String>, StoreError>> + Send;
+}
+
+/// The ids in an event's `files` (a user message's attachments, a tool result's deliveries).
+pub(crate) fn file_ids_in(json: &str) -> Vec<String> {
+    #[derive(serde::Deserialize)]
+    struct Files {
+        #[serde(default)]
+        files: Vec<Id>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Id {
+        id: String,
+    }
+    serde_json::from_str::<Files>(json)
+        .map(|f| f.files.into_iter().map(|f| f.id).collect())
+        .unwrap_or_default()
 }

@@ -8,13 +8,17 @@
 //! - `group.rs`: the backend-neutral half of group commit (queue, tickets, watermark, failed
 //!   commits, waking the flushes that wait on another's commit).
 //! - `sqlite/`: the embedded backend (schema, group commit, reads, file records, test hooks).
+//! - `postgres/`: the shared backend (`[store] backend = "postgres"`): versioned migrations,
+//!   a pipelined group commit with `pg_notify`, reads on a pool.
 
 pub(crate) mod backend;
 pub mod event;
 pub(crate) mod group;
+pub(crate) mod postgres;
 pub(crate) mod sqlite;
 pub mod store;
 
 pub use backend::{FileRow, SessionRow, StoreError};
 pub use event::{Event, EventBody, FailReason, FileRef, StopReason};
+pub use postgres::lease::{ClaimGuard, Heard, LeaseTaken};
 pub use store::Store;

@@ -16,6 +16,8 @@ use std::sync::Arc;
 
 use super::backend::{FileRow, SessionRow, StoreBackend, StoreError};
 use super::event::Event;
+use super::postgres::lease::{ClaimGuard, Heard, LeaseTaken};
+use super::postgres::PgStore;
 use super::sqlite::SqliteStore;
 
 /// Handle to the store; cheap to clone.
@@ -28,6 +30,7 @@ pub struct Store {
 #[derive(Clone)]
 pub(in crate::log) enum Backend {
     Sqlite(SqliteStore),
+    Postgres(PgStore),
 }
 
 impl From<SqliteStore> for Store {
@@ -43,6 +46,7 @@ macro_rules! on_backend {
     ($self:ident, $b:ident => $call:expr) => {
         match &$self.backend {
             Backend::Sqlite($b) => $call,
+            Backend::Postgres($b) => $call,
         }
     };
 }
@@ -52,6 +56,99 @@ impl Store {
     /// older. With `fsync`, every commit is synced to disk.
     pub fn open(dir: &Path, fsync: bool) -> Result<Store, StoreError> {
         SqliteStore::open(dir, fsync).map(Store::from)
+    }
+
+    /// Open the shared (PostgreSQL) store at the connection string `url`, migrating its schema
+    /// (refusing one newer than this build knows). With `fsync`, `synchronous_commit = on`.
+    /// Leases of sessions last `lease` unless renewed; `instance` names this instance in them
+    /// (kept across restarts, it lets a restarted instance close what it left at once; `None`:
+    /// a new name).
+    pub fn open_postgres(
+        url: &str,
+        fsync: bool,
+        lease: std::time::Duration,
+        instance: Option<String>,
+    ) -> Result<Store, StoreError> {
+        PgStore::open(url, fsync, lease, instance).map(|s| Store {
+            backend: Backend::Postgres(s),
+        })
+    }
+
+    /// Scale-out: take (or keep) the lease of a session, so that this instance is its one
+    /// writer. The embedded store has one process: always held, never fresh.
+    pub async fn take_lease(&self, session_id: &str) -> Result<LeaseTaken, StoreError> {
+        match &self.backend {
+            Backend::Sqlite(_) => Ok(LeaseTaken::Held { fresh: false }),
+            Backend::Postgres(p) => p.take_lease(session_id).await,
+        }
+    }
+
+    /// Scale-out: the mark of this instance's last take of a session's lease (`None`: not
+    /// held, or the embedded store), for [`Store::release_lease`].
+    pub fn lease_mark(&self, session_id: &str) -> Option<u64> {
+        match &self.backend {
+            Backend::Sqlite(_) => None,
+            Backend::Postgres(p) => p.lease_mark(session_id),
+        }
+    }
+
+    /// Scale-out: a claim of the session's lease is under way until the guard is dropped
+    /// (`None` on the embedded store).
+    pub fn claiming(&self, session_id: &str) -> Option<ClaimGuard> {
+        match &self.backend {
+            Backend::Sqlite(_) => None,
+            Backend::Postgres(p) => Some(p.claiming(session_id)),
+        }
+    }
+
+    /// Scale-out: the sessions whose lease this instance holds.
+    pub fn held_leases(&self) -> Vec<String> {
+        match &self.backend {
+            Backend::Sqlite(_) => Vec::new(),
+            Backend::Postgres(p) => p.held_leases(),
+        }
+    }
+
+    /// Scale-out: hand a session's lease back, unless it was taken again since `mark`
+    /// ([`Store::lease_mark`]) was read.
+    pub async fn release_lease(&self, session_id: &str, mark: u64) -> Result<(), StoreError> {
+        match &self.backend {
+            Backend::Sqlite(_) => Ok(()),
+            Backend::Postgres(p) => p.release_lease(session_id, mark).await,
+        }
+    }
+
+    /// Scale-out: hand back every lease of this instance (at shutdown).
+    pub async fn release_all_leases(&self) -> Result<(), StoreError> {
+        match &self.backend {
+            Backend::Sqlite(_) => Ok(()),
+            Backend::Postgres(p) => p.release_all_leases().await,
+        }
+    }
+
+    /// Scale-out: sessions whose lease expired (their instance died); none on SQLite.
+    pub async fn expired_leases(&self) -> Result<Vec<String>, StoreError> {
+        match &self.backend {
+            Backend::Sqlite(_) => Ok(Vec::new()),
+            Backend::Postgres(p) => p.expired_leases().await,
+        }
+    }
+
+    /// Scale-out: the commits of every instance sharing the store, as the listener hears them;
+    /// `None` for a store no other process writes.
+    pub fn commits_heard(&self) -> Option<tokio::sync::broadcast::Receiver<Heard>> {
+        match &self.backend {
+            Backend::Sqlite(_) => None,
+            Backend::Postgres(p) => Some(p.commits_heard()),
+        }
+    }
+
+    /// Scale-out: this instance's name in the lease rows (`None` on SQLite).
+    pub fn instance(&self) -> Option<&str> {
+        match &self.backend {
+            Backend::Sqlite(_) => None,
+            Backend::Postgres(p) => Some(p.instance()),
+        }
     }
 
     /// Queue an event for the next commit; its ticket (see [`Store::committed`]).

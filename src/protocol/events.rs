@@ -53,6 +53,7 @@ pub async fn send_message(
     req: Request,
 ) -> Result<Response, ApiError> {
     let session = app.engine.session(caller.owner.as_deref(), id).await?;
+    let claim = app.engine.claim(&session).await?;
     let limit = app.max_body();
     let msg: SendMessage = body::json(req.into_body(), limit).await?;
     if msg.content.is_empty() {
@@ -93,6 +94,7 @@ pub async fn send_message(
             ATTEND_AT,
         ),
     );
+    drop(claim);
     let handle = match started {
         Ok(h) => h,
         Err(e) => {

@@ -260,12 +260,14 @@ async fn run_detached(app: &App, caller: &Caller, req: Request) -> Result<Respon
         .engine
         .session(caller.owner.as_deref(), &view.id)
         .await?;
+    let claim = app.engine.claim(&session).await?;
     // Runs on a task of its own (see `run`), which reads it to its end.
     let started = app.engine.start_turn(&session, {
         let mut order = TurnOrder::unattended(goal(body.goal), ATTEND_AT);
         order.delivery.runner = Runner::Watcher;
         order.with_max_steps(body.max_steps)
     });
+    drop(claim);
     let result = match started {
         Ok(handle) => run_to_end(handle).await,
         Err(e) => Err(e.into()),
@@ -332,6 +334,7 @@ pub async fn session_run(
     req: Request,
 ) -> Result<Response, ApiError> {
     let session = app.engine.session(caller.owner.as_deref(), id).await?;
+    let claim = app.engine.claim(&session).await?;
     let body: SessionRun = body::json(req.into_body(), app.max_body()).await?;
     if body.goal.trim().is_empty() {
         return Err(ApiError::bad_request(
@@ -345,6 +348,7 @@ pub async fn session_run(
             ..TurnOrder::unattended(goal(body.goal), ATTEND_AT)
         },
     )?;
+    drop(claim);
     Ok(json_response(
         StatusCode::ACCEPTED,
         &json!({"turn_id": handle.turn_id, "session_id": &*session.id, "status": "accepted"}),

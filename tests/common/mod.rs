@@ -6,6 +6,7 @@ pub mod binary;
 pub mod console;
 pub mod logcheck;
 pub mod mcp;
+pub mod postgres;
 pub mod provision;
 
 use std::net::SocketAddr;
@@ -28,7 +29,13 @@ pub struct TestServer {
 }
 
 /// The config of a test server: the fake upstream plus `extra` TOML (agents, policy, ...).
+/// With `TURNSTILE_TEST_STORE=postgres`, on a fresh PostgreSQL database (`postgres.rs`).
 pub fn config_text(upstream: &FakeOpenAi, extra: &str) -> String {
+    let store = if postgres::selected() {
+        postgres::store_table()
+    } else {
+        String::new()
+    };
     format!(
         r#"
 [server]
@@ -42,7 +49,7 @@ model = "fake-model"
 retries = 0
 
 {extra}
-"#,
+{store}"#,
         upstream.base_url()
     )
 }

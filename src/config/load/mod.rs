@@ -7,7 +7,7 @@
 //! No input makes this module panic.
 //!
 //! One file per table of the file ([`server`], [`upstream`], [`agents`], [`mcp_servers`],
-//! [`policy`], [`files`], [`limits`], [`telemetry`]); [`parse`] turns TOML and serde errors into
+//! [`policy`], [`files`], [`limits`], [`telemetry`], [`store`]); [`parse`] turns TOML and serde errors into
 //! [`ConfigError`]s and [`values`] holds the checks on single values that the tables share.
 
 mod agents;
@@ -19,6 +19,7 @@ mod mcp_servers;
 mod parse;
 mod policy;
 mod server;
+mod store;
 mod telemetry;
 #[cfg(test)]
 mod test_support;
@@ -130,6 +131,7 @@ pub fn load_str_with_env(
         limits: limits::limits(&cx, raw.limits.as_ref())?,
         telemetry: telemetry::telemetry(&cx, raw.telemetry.as_ref())?,
         mcp_endpoint,
+        store: store::store(&cx, raw.store.as_ref())?,
     })
 }
 

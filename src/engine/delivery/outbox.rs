@@ -113,6 +113,15 @@ impl Outbox {
         out
     }
 
+    /// Publish an event another instance committed (a shared store), as if this one had.
+    pub(crate) fn publish_heard(&mut self, ev: Arc<Event>) {
+        if matches!(ev.body, EventBody::UserMessage { .. }) {
+            self.tail.clear();
+        }
+        self.tail.push(ev.clone());
+        self.send(Feed::Event(ev));
+    }
+
     /// Add a streamed fragment to the turn's coalescer, pushing a delta at every 200 characters.
     /// Returns whether the buffer now waits on its 50 ms deadline (someone must push it then:
     /// see [`Outbox::flush_due`]). Without live subscribers there is nobody to coalesce for.

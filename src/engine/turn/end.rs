@@ -153,6 +153,23 @@ impl Turn {
         });
     }
 
+    /// The watcher hears the end, then the next queued turn runs; when none is queued, the
+    /// session's lease goes back first (a shared store: the client's next turn may go to any
+    /// instance).
+    async fn hand_over(
+        &self,
+        published: Vec<std::sync::Arc<crate::log::Event>>,
+        next: Option<crate::engine::job::Job>,
+    ) {
+        if next.is_none() {
+            crate::engine::lease::release_when_idle(&self.inner, &self.session).await;
+        }
+        to_watcher(self.sink.as_ref(), published);
+        if let Some(job) = next {
+            super::spawn(&self.inner, self.session.clone(), job);
+        }
+    }
+
     /// Write the terminal event, make it durable, then let everyone see it.
     pub(super) async fn finish(mut self, result: Result<StopReason, End>, control: &TurnControl) {
         let terminal = self.terminal(result, control);
@@ -227,10 +244,7 @@ impl Turn {
                 next_queued(&self.session, &mut st, &self.inner.store),
             )
         };
-        to_watcher(self.sink.as_ref(), published);
-        if let Some(job) = next {
-            super::spawn(&self.inner, self.session.clone(), job);
-        }
+        self.hand_over(published, next).await;
         // Paused on permissions: their expiry is timed from now on.
         crate::engine::approvals::settle(&self.inner, &self.session);
     }

@@ -59,7 +59,7 @@ pub(super) fn session_file_ids(c: &Connection, sid: &str) -> Result<Vec<String>,
     let mut rows = stmt.query(params![sid])?;
     while let Some(row) = rows.next()? {
         let json: String = row.get(0)?;
-        for id in file_ids_in(&json) {
+        for id in crate::log::backend::file_ids_in(&json) {
             if seen.insert(id.clone()) {
                 ids.push(id);
             }
@@ -89,7 +89,7 @@ pub(super) fn files_referenced(
         if quick.is_empty() {
             continue;
         }
-        let named = file_ids_in(&json);
+        let named = crate::log::backend::file_ids_in(&json);
         for id in quick {
             if named.contains(id) {
                 found.insert(id.clone());
@@ -100,20 +100,4 @@ pub(super) fn files_referenced(
         }
     }
     Ok(found)
-}
-
-/// The ids in an event's `files` (a user message's attachments, a tool result's deliveries).
-fn file_ids_in(json: &str) -> Vec<String> {
-    #[derive(serde::Deserialize)]
-    struct Files {
-        #[serde(default)]
-        files: Vec<Id>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Id {
-        id: String,
-    }
-    serde_json::from_str::<Files>(json)
-        .map(|f| f.files.into_iter().map(|f| f.id).collect())
-        .unwrap_or_default()
 }

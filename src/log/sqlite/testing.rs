@@ -75,6 +75,7 @@ mod hooks {
         pub fn commits(&self) -> u64 {
             match &self.backend {
                 Backend::Sqlite(s) => s.shared.faults.commits.load(Relaxed),
+                Backend::Postgres(p) => p.commits(),
             }
         }
 
@@ -82,14 +83,21 @@ mod hooks {
         pub fn fail_commits(&self, n: u32) {
             match &self.backend {
                 Backend::Sqlite(s) => s.fail_commits(n),
+                Backend::Postgres(p) => p.fail_commits(n),
             }
         }
 
         /// Testing: cap the database at its present size plus `pages` more pages (`None`: lift
         /// the cap), so that commits needing more fail as on a full disk (`SQLITE_FULL`).
+        /// PostgreSQL: any cap fails every commit until it is lifted.
         pub fn cap_size(&self, pages: Option<u64>) -> Result<(), StoreError> {
             match &self.backend {
                 Backend::Sqlite(s) => s.cap_size(pages),
+                // No size cap to set on a shared server: every commit fails until lifted.
+                Backend::Postgres(p) => {
+                    p.fail_commits(if pages.is_some() { u32::MAX } else { 0 });
+                    Ok(())
+                }
             }
         }
     }

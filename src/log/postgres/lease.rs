@@ -1,0 +1,304 @@
+//! Scale-out on one PostgreSQL: each session has at most one writer, the instance holding its
+//! lease row (`leases`: session, holder, expiry), and every instance hears the others' commits.
+//!
+//! - **Leases.** [`PgStore::take_lease`] inserts the row, or takes it over when it is this
+//!   instance's already or has expired, in one statement (so two instances never both win).
+//!   A task renews this instance's leases every third of `lease_s`; a lease it finds gone
+//!   (taken over after this instance stalled past its expiry) is forgotten. Releasing deletes
+//!   the row; at shutdown every lease of the instance goes at once. An instance killed with
+//!   `kill -9` renews nothing: its leases expire after `lease_s` and another takes them
+//!   ([`PgStore::expired_leases`]).
+//! - **Commits elsewhere.** A connection of its own `LISTEN`s on the channel the commits notify
+//!   (`<session> <last seq>` per session, delivered only at `COMMIT`) and hands each on to
+//!   [`PgStore::commits_heard`] subscribers, who read the rows by cursor (so a lost or repeated
+//!   notification loses or repeats nothing). After the connection is lost and back, a
+//!   [`Heard::Resync`] says that anything may have been missed.
+
+use std::sync::Weak;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio::sync::broadcast;
+
+use super::{PgStore, Shared, EVENTS_CHANNEL};
+use crate::log::StoreError;
+use crate::sync::lock;
+
+/// What the listener heard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Heard {
+    /// A commit (of any instance, this one included) wrote this session's events up to `seq`.
+    Commit { session_id: String, seq: u64 },
+    /// The listening connection was lost and is back: re-read what is followed.
+    Resync,
+}
+
+/// The outcome of [`PgStore::take_lease`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseTaken {
+    /// This instance holds the lease; `fresh`: it did not before (another instance may have
+    /// written the session meanwhile: read it back).
+    Held { fresh: bool },
+    /// Another live instance holds it.
+    Busy,
+}
+
+impl PgStore {
+    /// This instance's name in the lease rows.
+    pub(crate) fn instance(&self) -> &str {
+        &self.shared.instance
+    }
+
+    /// Take (or keep) the lease of a session.
+    pub(crate) async fn take_lease(&self, session_id: &str) -> Result<LeaseTaken, StoreError> {
+        let sid = session_id.to_string();
+        let shared = self.shared.clone();
+        self.run(move |pool| async move {
+            let mut marks = shared.lease_ops.lock().await;
+            let c = pool.get().await?;
+            let stmt = c
+                .prepare_cached(
+                    "INSERT INTO leases (session_id, holder, expires_at)
+                     VALUES ($1, $2, now() + make_interval(secs => $3))
+                     ON CONFLICT (session_id) DO UPDATE
+                        SET holder = excluded.holder, expires_at = excluded.expires_at
+                      WHERE leases.holder = excluded.holder OR leases.expires_at < now()
+                     RETURNING holder",
+                )
+                .await?;
+            let secs = shared.lease.as_secs_f64();
+            let taken = c
+                .query_opt(&stmt, &[&sid, &shared.instance, &secs])
+                .await?
+                .is_some();
+            if !taken {
+                return Ok(LeaseTaken::Busy);
+            }
+            *marks += 1;
+            let fresh = lock(&shared.held).insert(sid, *marks).is_none();
+            Ok(LeaseTaken::Held { fresh })
+        })
+        .await
+    }
+
+    /// The mark of the session's last take by this instance (`None`: not held), for
+    /// [`PgStore::release_lease`].
+    pub(crate) fn lease_mark(&self, session_id: &str) -> Option<u64> {
+        lock(&self.shared.held).get(session_id).copied()
+    }
+
+    /// A claim of a session's lease is under way until the guard is dropped (its turn started,
+    /// or refused): the lease is not released meanwhile.
+    pub(crate) fn claiming(&self, session_id: &str) -> ClaimGuard {
+        *lock(&self.shared.claiming)
+            .entry(session_id.to_string())
+            .or_default() += 1;
+        ClaimGuard {
+            store: self.clone(),
+            session_id: session_id.to_string(),
+        }
+    }
+
+    /// The sessions whose lease this instance holds.
+    pub(crate) fn held_leases(&self) -> Vec<String> {
+        lock(&self.shared.held).keys().cloned().collect()
+    }
+
+    /// Hand a session's lease back, unless it was taken again since `mark` was read (a turn
+    /// was admitted meanwhile: it runs under the lease).
+    pub(crate) async fn release_lease(
+        &self,
+        session_id: &str,
+        mark: u64,
+    ) -> Result<(), StoreError> {
+        let sid = session_id.to_string();
+        let shared = self.shared.clone();
+        self.run(move |pool| async move {
+            let _ops = shared.lease_ops.lock().await;
+            if lock(&shared.held).get(&sid) != Some(&mark)
+                || lock(&shared.claiming).contains_key(&sid)
+            {
+                return Ok(());
+            }
+            let c = pool.get().await?;
+            c.execute(
+                "DELETE FROM leases WHERE session_id = $1 AND holder = $2",
+                &[&sid, &shared.instance],
+            )
+            .await?;
+            lock(&shared.held).remove(&sid);
+            Ok(())
+        })
+        .await
+    }
+
+    /// Hand back every lease of this instance (SIGTERM), so others take its sessions at once.
+    pub(crate) async fn release_all_leases(&self) -> Result<(), StoreError> {
+        let shared = self.shared.clone();
+        self.run(move |pool| async move {
+            let _ops = shared.lease_ops.lock().await;
+            let c = pool.get().await?;
+            c.execute("DELETE FROM leases WHERE holder = $1", &[&shared.instance])
+                .await?;
+            lock(&shared.held).clear();
+            Ok(())
+        })
+        .await
+    }
+
+    /// Sessions whose lease has expired (their holder stopped renewing: killed, or cut off).
+    pub(crate) async fn expired_leases(&self) -> Result<Vec<String>, StoreError> {
+        self.run(|pool| async move {
+            let c = pool.get().await?;
+            let rows = c
+                .query(
+                    "SELECT session_id FROM leases WHERE expires_at < now() ORDER BY session_id",
+                    &[],
+                )
+                .await?;
+            Ok(rows.iter().map(|r| r.get(0)).collect())
+        })
+        .await
+    }
+
+    /// What the listener hears from now on.
+    pub(crate) fn commits_heard(&self) -> broadcast::Receiver<Heard> {
+        self.shared.heard.subscribe()
+    }
+}
+
+/// See [`PgStore::claiming`].
+pub struct ClaimGuard {
+    store: PgStore,
+    session_id: String,
+}
+
+impl Drop for ClaimGuard {
+    fn drop(&mut self) {
+        let mut claiming = lock(&self.store.shared.claiming);
+        if let Some(n) = claiming.get_mut(&self.session_id) {
+            *n -= 1;
+            if *n == 0 {
+                claiming.remove(&self.session_id);
+            }
+        }
+    }
+}
+
+/// Renews this instance's leases every third of `lease_s` until the store is dropped.
+pub(super) async fn renew_loop(shared: Weak<Shared>, every: Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(s) = shared.upgrade() else { return };
+        if lock(&s.held).is_empty() {
+            continue;
+        }
+        // One at a time with takes and releases: a take between the update and the bookkeeping
+        // below would be forgotten.
+        let _ops = s.lease_ops.lock().await;
+        let renewed = async {
+            let c = s.pool.get().await?;
+            let rows = c
+                .query(
+                    "UPDATE leases SET expires_at = now() + make_interval(secs => $2)
+                      WHERE holder = $1 RETURNING session_id",
+                    &[&s.instance, &s.lease.as_secs_f64()],
+                )
+                .await?;
+            Ok::<_, StoreError>(
+                rows.iter()
+                    .map(|r| r.get::<_, String>(0))
+                    .collect::<Vec<_>>(),
+            )
+        };
+        match renewed.await {
+            Ok(still) => {
+                let still: std::collections::HashSet<String> = still.into_iter().collect();
+                lock(&s.held).retain(|sid, _| {
+                    let kept = still.contains(sid);
+                    if !kept {
+                        tracing::warn!(session = %sid, "store: lost the lease of a session (taken over after it expired)");
+                    }
+                    kept
+                });
+            }
+            Err(e) => tracing::warn!(error = %e, "store: could not renew the leases"),
+        }
+    }
+}
+
+/// Listens for commits on a connection of its own, reconnecting when it is lost, until the
+/// store is dropped.
+pub(super) async fn listen_loop(
+    shared: Weak<Shared>,
+    config: tokio_postgres::Config,
+    tx: broadcast::Sender<Heard>,
+) {
+    let mut first = true;
+    loop {
+        if shared.strong_count() == 0 {
+            return;
+        }
+        match config.connect(tokio_postgres::NoTls).await {
+            Ok((client, mut conn)) => {
+                let mut messages = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
+                let sql = format!("LISTEN {EVENTS_CHANNEL}");
+                let listen = client.batch_execute(&sql);
+                // The connection must be driven for LISTEN to be answered.
+                let mut listen = std::pin::pin!(listen);
+                let listening = loop {
+                    tokio::select! {
+                        r = &mut listen => break r.is_ok(),
+                        m = messages.next() => if m.is_none() { break false },
+                    }
+                };
+                if listening {
+                    if !first {
+                        let _ = tx.send(Heard::Resync);
+                    }
+                    first = false;
+                    while let Some(Ok(m)) = messages.next().await {
+                        if shared.strong_count() == 0 {
+                            return;
+                        }
+                        if let tokio_postgres::AsyncMessage::Notification(n) = m {
+                            if let Some(heard) = parse(n.payload()) {
+                                let _ = tx.send(heard);
+                            }
+                        }
+                    }
+                }
+                tracing::warn!("store: lost the postgres listening connection; reconnecting");
+            }
+            Err(e) => tracing::warn!(error = %e, "store: cannot connect to listen for commits"),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// `<session id> <seq>`.
+fn parse(payload: &str) -> Option<Heard> {
+    let (sid, seq) = payload.rsplit_once(' ')?;
+    Some(Heard::Commit {
+        session_id: sid.to_string(),
+        seq: seq.parse().ok()?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_payload_names_its_session_and_seq() {
+        assert_eq!(
+            parse("sess_a 12"),
+            Some(Heard::Commit {
+                session_id: "sess_a".into(),
+                seq: 12
+            })
+        );
+        assert_eq!(parse("garbage"), None);
+        assert_eq!(parse("sess_a x"), None);
+    }
+}

@@ -1,0 +1,94 @@
+//! The PostgreSQL schema and its versioned migrations, run at start.
+//!
+//! `turnstile_schema` holds one row: the version the database is at. Migrations run in one
+//! transaction under an advisory lock, so that instances starting together migrate once; an
+//! instance whose build knows an older version than the database's refuses to start (it would
+//! write rows a newer schema does not expect).
+
+use tokio_postgres::Client;
+
+use crate::log::backend::pg_error_text;
+use crate::log::StoreError;
+
+/// The advisory lock key migrations hold (any constant; "turnstile" in ASCII, truncated).
+const MIGRATION_LOCK: i64 = 0x7475_726e_7374_696c;
+
+/// Migration `i` brings the schema from version `i` to `i + 1`.
+const MIGRATIONS: &[&str] = &[
+    // 1: sessions, events, files, and the lease of each session's writer (used by scale-out).
+    // Events keep their JSON as text: byte-identical in history and stream (jsonb would
+    // reorder keys).
+    "CREATE TABLE sessions (
+        id text PRIMARY KEY,
+        owner text,
+        created_at text NOT NULL,
+        record text NOT NULL
+    );
+    CREATE INDEX sessions_by_owner ON sessions (owner, id);
+    CREATE TABLE events (
+        session_id text NOT NULL,
+        seq bigint NOT NULL,
+        id text NOT NULL,
+        turn_id text NOT NULL,
+        type text NOT NULL,
+        json text NOT NULL,
+        PRIMARY KEY (session_id, seq)
+    );
+    CREATE TABLE files (
+        id text PRIMARY KEY,
+        owner text,
+        filename text NOT NULL,
+        mime_type text NOT NULL,
+        size_bytes bigint NOT NULL,
+        sha256 text NOT NULL,
+        created_at text NOT NULL
+    );
+    CREATE INDEX files_by_owner ON files (owner);
+    CREATE INDEX files_by_sha256 ON files (sha256);
+    CREATE TABLE leases (
+        session_id text PRIMARY KEY,
+        holder text NOT NULL,
+        expires_at timestamptz NOT NULL
+    );",
+];
+
+/// The version this build writes.
+pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// Bring the database to [`SCHEMA_VERSION`]; refuse one that is newer.
+pub(super) async fn migrate(client: &mut Client) -> Result<(), StoreError> {
+    let open = |e: tokio_postgres::Error| StoreError::OpenPostgres(pg_error_text(&e));
+    let tx = client.transaction().await.map_err(open)?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .await
+        .map_err(open)?;
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS turnstile_schema (version bigint NOT NULL);
+         INSERT INTO turnstile_schema (version)
+             SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM turnstile_schema);",
+    )
+    .await
+    .map_err(open)?;
+    let version: i64 = tx
+        .query_one("SELECT version FROM turnstile_schema", &[])
+        .await
+        .map_err(open)?
+        .get(0);
+    if version > SCHEMA_VERSION {
+        return Err(StoreError::OpenPostgres(format!(
+            "the database's schema is version {version}, newer than this turnstile knows \
+             ({SCHEMA_VERSION}): run a turnstile at least as new as the one that migrated it"
+        )));
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+        tx.batch_execute(sql).await.map_err(open)?;
+        tracing::info!(version = i + 1, "store: postgres schema migrated");
+    }
+    tx.execute(
+        "UPDATE turnstile_schema SET version = $1",
+        &[&SCHEMA_VERSION],
+    )
+    .await
+    .map_err(open)?;
+    tx.commit().await.map_err(open)
+}
