@@ -13,19 +13,24 @@
 //!
 //! Imports run one way too: `api` → `protocol::*` → `engine`; `api` and `protocol::*` → `http`;
 //! `http` imports no protocol and no route (it serves the handler `startup` gives it).
+//!
+//! The library's public face is what the binary, the tests and the bench use: `startup` (run a
+//! server in-process), `config`, the `engine` and its `log`, `tools`, `upstream`, `files`,
+//! `message`, `clock`, `ids`, `telemetry` and, behind the `testkit` feature, the fake upstreams.
+//! The serving layers (`api`, `http`, `protocol`) and `metrics`, `net` are private to the crate.
 
-pub mod api;
+pub(crate) mod api;
 pub mod clock;
 pub mod config;
 pub mod engine;
 pub mod files;
-pub mod http;
+pub(crate) mod http;
 pub mod ids;
 pub mod log;
 pub mod message;
-pub mod metrics;
-pub mod net;
-pub mod protocol;
+pub(crate) mod metrics;
+pub(crate) mod net;
+pub(crate) mod protocol;
 pub mod startup;
 mod sync;
 pub mod telemetry;
