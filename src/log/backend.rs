@@ -93,6 +93,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::event::Event;
+use super::group::GroupCommit;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -196,16 +197,30 @@ impl WriteOp {
 pub(crate) trait StoreBackend: Clone + Send + Sync + 'static {
     // --- Writes: queued, never blocking, never failing; each returns its ticket. ---
 
+    /// The backend's write queue (see [`GroupCommit`]): every write below goes there, and the
+    /// backend's commit takes it.
+    fn queue(&self) -> &GroupCommit;
+
     /// Queue an event of `session_id` for the next commit.
-    fn append(&self, session_id: &Arc<str>, ev: &Event) -> u64;
+    fn append(&self, session_id: &Arc<str>, ev: &Event) -> u64 {
+        self.queue().push(WriteOp::event(session_id, ev))
+    }
     /// Queue an insert, or a replacement of the record, of a session row.
-    fn put_session(&self, row: SessionRow) -> u64;
+    fn put_session(&self, row: SessionRow) -> u64 {
+        self.queue().push(WriteOp::PutSession(row))
+    }
     /// Queue the removal of a session and all its events.
-    fn delete_session(&self, id: &str) -> u64;
+    fn delete_session(&self, id: &str) -> u64 {
+        self.queue().push(WriteOp::DeleteSession(id.to_string()))
+    }
     /// Queue a file's metadata.
-    fn put_file(&self, row: FileRow) -> u64;
+    fn put_file(&self, row: FileRow) -> u64 {
+        self.queue().push(WriteOp::PutFile(row))
+    }
     /// Queue the removal of a file's metadata.
-    fn delete_file(&self, id: &str) -> u64;
+    fn delete_file(&self, id: &str) -> u64 {
+        self.queue().push(WriteOp::DeleteFile(id.to_string()))
+    }
 
     // --- Durability. ---
 

@@ -34,7 +34,7 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 
-use super::backend::{FileRow, SessionRow, StoreBackend, StoreError, WriteOp};
+use super::backend::{FileRow, SessionRow, StoreBackend, StoreError};
 use super::event::Event;
 use super::group::GroupCommit;
 
@@ -223,26 +223,8 @@ impl PgStore {
 }
 
 impl StoreBackend for PgStore {
-    fn append(&self, session_id: &Arc<str>, ev: &Event) -> u64 {
-        self.shared.group.push(WriteOp::event(session_id, ev))
-    }
-
-    fn put_session(&self, row: SessionRow) -> u64 {
-        self.shared.group.push(WriteOp::PutSession(row))
-    }
-
-    fn delete_session(&self, id: &str) -> u64 {
-        self.shared
-            .group
-            .push(WriteOp::DeleteSession(id.to_string()))
-    }
-
-    fn put_file(&self, row: FileRow) -> u64 {
-        self.shared.group.push(WriteOp::PutFile(row))
-    }
-
-    fn delete_file(&self, id: &str) -> u64 {
-        self.shared.group.push(WriteOp::DeleteFile(id.to_string()))
+    fn queue(&self) -> &GroupCommit {
+        &self.shared.group
     }
 
     async fn flush(&self) -> Result<(), StoreError> {
