@@ -111,6 +111,8 @@ async fn a_sampling_request_is_answered_by_the_upstream_capped_and_counted_in_th
     assert_eq!(sampled["max_tokens"], 64, "{sampled}");
     assert!(sampled.get("tools").is_none(), "{sampled}");
     assert_eq!(sampled["model"], "fake-model");
+    assert_eq!(sampled["temperature"], json!(0.3));
+    assert_eq!(sampled["stop"], json!(["END"]));
     assert_eq!(
         sampled["messages"][0],
         json!({"role": "system", "content": "Answer briefly."})
@@ -240,4 +242,43 @@ async fn a_server_without_sampling_true_gets_no_capability_and_its_request_is_re
         .await,
         1
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_through_mcp_has_no_turn_to_sample_from_and_is_refused() {
+    use rmcp::ServiceExt;
+    let fake = FakeOpenAi::start().await;
+    let extra = format!(
+        "{}\n[mcp_endpoint]\nenabled = true\nagents = [\"assistant\"]\n",
+        sampling_server("ep", "sampling = true")
+    );
+    let server = TestServer::start(&config_text(&fake, &extra)).await;
+    let url = format!("http://{}/mcp", server.addr);
+    let client = ()
+        .serve(turnstile::tools::mcp::http_client::transport(
+            &url,
+            std::collections::HashMap::new(),
+            None,
+        ))
+        .await
+        .expect("connect to /mcp");
+    let mut params = rmcp::model::CallToolRequestParams::new("mcp__ep__ask");
+    params.arguments = json!({"prompt": "Say hi"}).as_object().cloned();
+    let result = tokio::time::timeout(Duration::from_secs(30), client.peer().call_tool(params))
+        .await
+        .expect("the call answered within 30 s")
+        .expect("the call succeeded");
+    let text = serde_json::to_value(&result.content).unwrap()[0]["text"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        text,
+        "caps_sampling=True\nrefused: sampling refused: the call in flight is not part of a turn (calls through /mcp are not sampled)"
+    );
+    assert!(
+        fake.requests().is_empty(),
+        "the upstream was asked to sample"
+    );
+    let _ = client.cancel().await;
 }

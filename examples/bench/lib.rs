@@ -1046,6 +1046,7 @@ async fn mcp(
         tools: offered,
         max_tokens: None,
         thinking: false,
+        tuning: Default::default(),
     };
     let second = |call_id: &str| ModelRequest {
         messages: vec![

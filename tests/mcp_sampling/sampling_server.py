@@ -26,6 +26,7 @@ async def ask(prompt: str, ctx: Context, max_tokens: int = 50, times: int = 1, i
                 max_tokens=max_tokens,
                 system_prompt="Answer briefly.",
                 temperature=0.3,
+                stop_sequences=["END"],
                 model_preferences=types.ModelPreferences(hints=[types.ModelHint(name="claude")]),
             )
             c = result.content

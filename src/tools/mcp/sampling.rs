@@ -24,7 +24,10 @@ use rmcp::model::{
 };
 
 use crate::message::{Block, Content, Message, Usage};
-use crate::upstream::{ModelOutput, ModelRequest, ModelStop, Provider};
+use crate::upstream::{ModelOutput, ModelRequest, ModelStop, Provider, Tuning};
+
+/// Stop sequences passed on from a request (OpenAI takes at most 4).
+pub const MAX_STOP_SEQUENCES: usize = 4;
 
 /// What a server may ask for: its `[mcp_servers.X]` sampling keys.
 #[derive(Debug, Clone, PartialEq)]
@@ -102,8 +105,8 @@ impl Sampler for UpstreamSampler {
         request: CreateMessageRequestParams,
     ) -> BoxFuture<'a, Result<CreateMessageResult, String>> {
         Box::pin(async move {
-            self.reserve(budget)?;
             let req = to_request(&request, &self.model, budget)?;
+            self.reserve(budget)?;
             let metered = crate::metrics::upstream(self.provider.name(), &req.model);
             let sent = std::time::Instant::now();
             let result = self
@@ -167,9 +170,9 @@ pub async fn answer(
 }
 
 /// One upstream model call for a sampling request: its messages (text and images), its system
-/// prompt, `maxTokens` capped at the budget's, no tools. `modelPreferences`, `temperature`,
-/// `stopSequences` and `includeContext` are not passed on (the session's model answers; the
-/// upstream request carries no sampling parameters): logged when given.
+/// prompt, `maxTokens` capped at the budget's, its `temperature` (within 0 to 1) and up to
+/// [`MAX_STOP_SEQUENCES`] `stopSequences`; no tools. `modelPreferences` and `includeContext`
+/// are not followed (the session's model answers, with no other context): logged when given.
 pub fn to_request(
     params: &CreateMessageRequestParams,
     model: &str,
@@ -180,13 +183,10 @@ pub fn to_request(
             "sampling refused: tools in a sampling request are not supported (the capability does not declare them)".into(),
         );
     }
-    if params.model_preferences.is_some()
-        || params.temperature.is_some()
-        || params.stop_sequences.is_some()
-    {
+    if params.model_preferences.is_some() || params.include_context.is_some() {
         tracing::debug!(
             server = %budget.server,
-            "sampling: modelPreferences, temperature and stopSequences are not passed on; the session's model answers"
+            "sampling: modelPreferences and includeContext are not followed; the session's model answers"
         );
     }
     let mut messages = Vec::with_capacity(params.messages.len());
@@ -214,6 +214,20 @@ pub fn to_request(
         tools: Vec::new(),
         max_tokens: Some(params.max_tokens.clamp(1, budget.max_tokens.max(1))),
         thinking: false,
+        tuning: Tuning {
+            temperature: params
+                .temperature
+                .filter(|t| t.is_finite())
+                .map(|t| t.clamp(0.0, 1.0)),
+            stop: params
+                .stop_sequences
+                .iter()
+                .flatten()
+                .filter(|s| !s.is_empty())
+                .take(MAX_STOP_SEQUENCES)
+                .cloned()
+                .collect(),
+        },
     })
 }
 
@@ -288,6 +302,13 @@ mod tests {
         assert_eq!(req.system.as_deref(), Some("be brief"));
         assert_eq!(req.max_tokens, Some(100));
         assert!(req.tools.is_empty());
+        assert_eq!(
+            req.tuning,
+            Tuning {
+                temperature: Some(0.2),
+                stop: vec!["x".into()]
+            }
+        );
         assert_eq!(
             req.messages,
             vec![
