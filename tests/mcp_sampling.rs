@@ -282,3 +282,74 @@ async fn a_call_through_mcp_has_no_turn_to_sample_from_and_is_refused() {
     );
     let _ = client.cancel().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_turns_log_line_counts_its_sampling_calls_and_their_tokens() {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let fake = FakeOpenAi::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("tools.toml");
+    let extra = sampling_server("logd", "sampling = true");
+    std::fs::write(&config, config_text(&fake, &extra)).unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .args(["--log-format", "json", "serve", "--config"])
+        .arg(&config)
+        .args(["--listen", "127.0.0.1:0"])
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn turnstile");
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Value>();
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                let _ = tx.send(v);
+            }
+        }
+    });
+    let listening = log_line(&mut rx, "listening on http://").await;
+    let message = listening["fields"]["message"].as_str().unwrap();
+    let addr = message.rsplit("http://").next().unwrap().parse().unwrap();
+    let api = common::Http::new(addr);
+    let (status, v) = api.post("/sessions", &json!({})).await;
+    assert_eq!(status, 201, "{v}");
+    let sid = v["sessionId"].as_str().unwrap();
+    fake.push(
+        Reply::tool_calls(&[("call_ask", "mcp__logd__ask", json!({"prompt": "hi"}))])
+            .usage(100, 10),
+    );
+    fake.push(Reply::text("sampled").usage(7, 3));
+    fake.push(Reply::text("done").usage(1000, 20));
+    let body = json!({"messages": [{"role": "user", "content": "go"}]});
+    let (status, v) = api.post(&format!("/sessions/{sid}/turns"), &body).await;
+    assert_eq!(status, 200, "{v}");
+    let ended = log_line(&mut rx, "turn ended").await;
+    let f = &ended["fields"];
+    assert_eq!(
+        (&f["sampling_calls"], &f["tokens_in"], &f["tokens_out"]),
+        (&json!(1), &json!(1107), &json!(33)),
+        "{ended}"
+    );
+    let _ = child.kill().await;
+}
+
+/// The next line of the JSON log whose message contains `what` (within 30 s).
+async fn log_line(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Value>, what: &str) -> Value {
+    let find = async {
+        loop {
+            let v = rx.recv().await.expect("turnstile's log ended");
+            if v["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(what))
+            {
+                return v;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), find)
+        .await
+        .unwrap_or_else(|_| panic!("no log line {what:?} within 30 s"))
+}
