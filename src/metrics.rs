@@ -96,6 +96,12 @@ struct ServerLabels {
     server: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SamplingLabels {
+    server: String,
+    outcome: &'static str,
+}
+
 /// Every metric, and the handles resolved so far.
 struct Metrics {
     registry: Registry,
@@ -110,6 +116,9 @@ struct Metrics {
     tool_seconds: Family<ServerToolLabels, Histogram, Hist>,
     mcp_up: Family<ServerLabels, Gauge>,
     mcp_restarts: Family<ServerLabels, Counter>,
+    mcp_sampling: Family<SamplingLabels, Counter>,
+    mcp_sampling_input_tokens: Family<ServerLabels, Counter>,
+    mcp_sampling_output_tokens: Family<ServerLabels, Counter>,
     store_commit_seconds: Histogram,
     pending_approvals: Gauge,
     sessions: Gauge,
@@ -147,6 +156,9 @@ impl Metrics {
             tool_seconds: Family::new_with_constructor(|| hist(TOOL_BUCKETS)),
             mcp_up: Family::default(),
             mcp_restarts: Family::default(),
+            mcp_sampling: Family::default(),
+            mcp_sampling_input_tokens: Family::default(),
+            mcp_sampling_output_tokens: Family::default(),
             store_commit_seconds: hist(COMMIT_BUCKETS),
             pending_approvals: Gauge::default(),
             sessions: Gauge::default(),
@@ -177,6 +189,9 @@ impl Metrics {
             "turnstile_connections_timed_out", "Connections closed for [server] header_timeout_s or idle_timeout_s" => (*CONNECTIONS_TIMED_OUT);
             "turnstile_mcp_servers_up", "MCP server instances connected and listed, by server" => m.mcp_up;
             "turnstile_mcp_restarts", "MCP server instances restarted after they exited or failed to start, by server" => m.mcp_restarts;
+            "turnstile_mcp_sampling", "MCP servers' sampling requests, by server and outcome (ok, refused, error)" => m.mcp_sampling;
+            "turnstile_mcp_sampling_input_tokens", "Input tokens of the upstream calls that answered sampling requests, by server" => m.mcp_sampling_input_tokens;
+            "turnstile_mcp_sampling_output_tokens", "Output tokens of the upstream calls that answered sampling requests, by server" => m.mcp_sampling_output_tokens;
             "turnstile_store_commit_duration_seconds", "Time to write one group commit of the event log" => m.store_commit_seconds;
         );
         m
@@ -493,6 +508,27 @@ impl McpMetrics {
     pub fn restarted(&self) {
         self.restarts.inc();
     }
+}
+
+/// A sampling request of MCP server `server` ended so (`ok`, `refused`, `error`), with the
+/// tokens of the upstream call that answered it. Not on a hot path: labels are built per call.
+pub fn mcp_sampling(server: &str, outcome: &'static str, usage: Option<crate::message::Usage>) {
+    let m = &*METRICS;
+    let server = server.to_string();
+    if let Some(u) = usage {
+        let labels = ServerLabels {
+            server: server.clone(),
+        };
+        m.mcp_sampling_input_tokens
+            .get_or_create(&labels)
+            .inc_by(u.input_tokens);
+        m.mcp_sampling_output_tokens
+            .get_or_create(&labels)
+            .inc_by(u.output_tokens);
+    }
+    m.mcp_sampling
+        .get_or_create(&SamplingLabels { server, outcome })
+        .inc();
 }
 
 /// Adds one to a gauge while it lives.

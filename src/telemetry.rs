@@ -93,6 +93,9 @@ pub struct TurnEnd<'a> {
     pub steps: u32,
     pub tokens_in: u64,
     pub tokens_out: u64,
+    /// MCP servers' sampling requests answered from the upstream (their tokens are counted in
+    /// `tokens_in`/`tokens_out`).
+    pub sampling_calls: u32,
     pub took: Duration,
 }
 
@@ -105,6 +108,7 @@ pub fn turn_done(end: &TurnEnd<'_>) {
         steps = end.steps,
         tokens_in = end.tokens_in,
         tokens_out = end.tokens_out,
+        sampling_calls = end.sampling_calls,
         duration_ms,
         "turn ended"
     );

@@ -587,6 +587,7 @@ async fn hostile_paths_through_the_deliver_file_tool_store_nothing_from_outside(
         workspace: fx.ws.clone(),
         owner: None,
         elicitor: None,
+        sampler: None,
     };
     let deliver = |path: String| {
         let (files, ctx) = (&files, &ctx);

@@ -1012,6 +1012,7 @@ async fn mcp(
         workspace: host_dir.path().join("sandboxes/ses_bench"),
         owner: None,
         elicitor: None,
+        sampler: None,
     };
     let args = json!({"a": 2, "b": 3});
     let Value::Object(args) = args else {
@@ -1045,6 +1046,7 @@ async fn mcp(
         tools: offered,
         max_tokens: None,
         thinking: false,
+        tuning: Default::default(),
     };
     let second = |call_id: &str| ModelRequest {
         messages: vec![

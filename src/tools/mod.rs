@@ -71,6 +71,9 @@ pub struct CallContext {
     /// Who can answer an MCP server's elicitation during the call (`None`: no one; it is
     /// declined with a logged reason).
     pub elicitor: Option<Arc<dyn mcp::elicit::Elicitor>>,
+    /// Who answers an MCP server's sampling requests during the call: the turn's upstream
+    /// (`None`: refused, as for calls through `/mcp`, which have no turn to count them in).
+    pub sampler: Option<Arc<dyn mcp::sampling::Sampler>>,
 }
 
 /// The server-side tools of this process.

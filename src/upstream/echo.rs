@@ -164,6 +164,7 @@ mod tests {
             }],
             max_tokens: None,
             thinking: false,
+            tuning: Default::default(),
         }
     }
 

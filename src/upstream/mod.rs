@@ -39,6 +39,17 @@ pub struct ModelRequest {
     pub max_tokens: Option<u32>,
     /// Ask the model for its reasoning where the provider can return it.
     pub thinking: bool,
+    /// Generation parameters a caller set (an MCP server's sampling request); the provider's
+    /// defaults where unset.
+    pub tuning: Tuning,
+}
+
+/// Generation parameters beyond the model and its limit, each sent only when set.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Tuning {
+    pub temperature: Option<f32>,
+    /// Sequences that end the output (OpenAI `stop`, Anthropic `stop_sequences`).
+    pub stop: Vec<String>,
 }
 
 /// Receives fragments of the model's output while it streams.

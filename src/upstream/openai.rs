@@ -120,6 +120,10 @@ pub(crate) struct RequestBody<'a> {
     tools: Vec<WireTool<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     max_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f32>,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    stop: &'a [String],
 }
 
 #[derive(serde::Serialize)]
@@ -166,6 +170,8 @@ impl<'a> RequestBody<'a> {
                 })
                 .collect(),
             max_tokens: req.max_tokens,
+            temperature: req.tuning.temperature,
+            stop: &req.tuning.stop,
         }
     }
 }
@@ -630,6 +636,7 @@ mod tests {
             tools: vec![],
             max_tokens: None,
             thinking: false,
+            tuning: Default::default(),
         }
     }
 
@@ -1257,6 +1264,7 @@ mod tests {
             }],
             max_tokens: Some(256),
             thinking: true,
+            tuning: Default::default(),
         };
         let out = p.complete(&req, &mut Rec::default()).await.unwrap();
         assert_eq!(out.text, "done");

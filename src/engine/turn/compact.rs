@@ -95,6 +95,7 @@ impl Turn {
             tools: Vec::new(),
             max_tokens: req.max_tokens,
             thinking: false,
+            tuning: Default::default(),
         };
         tracing::info!(turn = %self.turn_id, agent = %agent.name, messages = cut, "compacting the oldest messages of the session");
         // What the turn has said is durable before the wait.

@@ -99,6 +99,10 @@ impl Turn {
     /// The terminal event of a turn that ended so; a turn that ended early first answers its
     /// open calls `Cancelled.`.
     fn terminal(&mut self, result: Result<StopReason, End>, control: &TurnControl) -> EventBody {
+        // MCP servers' sampling calls are the turn's model calls too.
+        let sampled = self.sampler.tally();
+        self.usage.add(sampled.usage);
+        self.model_called |= sampled.calls > 0;
         let usage = self.model_called.then_some(self.usage);
         match result {
             Ok(stop_reason) => EventBody::TurnCompleted { usage, stop_reason },
@@ -149,6 +153,7 @@ impl Turn {
             steps: self.steps,
             tokens_in: self.usage.input_tokens,
             tokens_out: self.usage.output_tokens,
+            sampling_calls: self.sampler.tally().calls,
             took: self.started.elapsed(),
         });
     }

@@ -126,6 +126,9 @@ struct Turn {
     /// Model calls made (retries not counted) and when the turn started, for its end's log line.
     steps: u32,
     started: std::time::Instant,
+    /// Answers the sampling requests of MCP servers during the turn's tool calls (see
+    /// `tools/mcp/sampling.rs`); its tally joins the turn's usage when the turn ends.
+    sampler: Arc<crate::tools::mcp::sampling::UpstreamSampler>,
 }
 
 /// Start `job` on a task spawned for it.
@@ -176,6 +179,10 @@ async fn run(inner: Arc<Inner>, session: Arc<Session>, job: Job) {
         .map_or((Duration::from_secs(3600), Duration::from_secs(60)), |a| {
             (a.turn_timeout, a.wrap_up)
         });
+    let sampler = Arc::new(crate::tools::mcp::sampling::UpstreamSampler::new(
+        inner.provider.clone(),
+        model_of(&inner, &session),
+    ));
     let mut turn = Turn {
         inner,
         session,
@@ -201,6 +208,7 @@ async fn run(inner: Arc<Inner>, session: Arc<Session>, job: Job) {
         ),
         steps: 0,
         started: std::time::Instant::now(),
+        sampler,
     };
     let timed_out = Err(End::Failed(FailReason::Timeout, String::new()));
     let mut result = tokio::select! {
@@ -219,6 +227,16 @@ async fn run(inner: Arc<Inner>, session: Arc<Session>, job: Job) {
         flusher.abort();
     }
     turn.finish(result, &control).await;
+}
+
+/// The model the session's calls go to: its `model` option, else the upstream's.
+fn model_of(inner: &Inner, session: &Session) -> String {
+    let record = session.record();
+    record
+        .options
+        .get("model")
+        .cloned()
+        .unwrap_or_else(|| inner.config.upstream.model.clone())
 }
 
 impl Turn {

@@ -42,6 +42,7 @@ impl Turn {
             tools,
             max_tokens: upstream.max_tokens,
             thinking,
+            tuning: Default::default(),
         }
     }
 

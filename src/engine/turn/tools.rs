@@ -99,6 +99,7 @@ impl Turn {
             workspace: self.inner.config.server.sandboxes.join(&*self.session.id),
             owner: self.session.owner.clone(),
             elicitor: None,
+            sampler: Some(self.sampler.clone()),
         };
         let ctx = &ctx;
         let listing = host.tools();

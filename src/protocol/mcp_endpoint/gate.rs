@@ -95,6 +95,8 @@ impl Gate {
                         ttl: self.agent.approval_ttl,
                     })
                 }),
+            // No turn to answer from or count in: a federated server's sampling is refused.
+            sampler: None,
         }
     }
 

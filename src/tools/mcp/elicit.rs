@@ -42,6 +42,8 @@ pub trait Elicitor: Send + Sync {
 pub struct Asker {
     pub session_id: String,
     pub elicitor: Option<Arc<dyn Elicitor>>,
+    /// Who answers the call's sampling requests (see [`super::sampling`]).
+    pub sampler: Option<Arc<dyn super::sampling::Sampler>>,
 }
 
 /// A client's answer, from its tool result: `{"action": "accept", "content": {...}}`,

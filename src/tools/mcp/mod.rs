@@ -15,6 +15,7 @@ pub mod http_client;
 pub mod naming;
 pub mod oauth;
 pub mod policy;
+pub mod sampling;
 pub mod sandbox;
 pub mod stderr;
 pub mod supervisor;
@@ -417,15 +418,9 @@ impl McpHost {
     }
 }
 
-/// Said once at start-up: servers with `sampling = true` (not answered yet), and servers with
-/// `sandbox = "landlock"` on a kernel that cannot (fully) confine them.
+/// Said once at start-up: servers with `sandbox = "landlock"` on a kernel that cannot (fully)
+/// confine them.
 fn warn_at_start(config: &Config) {
-    for s in config.mcp_servers.iter().filter(|s| s.sampling) {
-        tracing::warn!(
-            server = %s.name,
-            "sampling = true: this turnstile does not answer sampling requests yet; the capability is not declared, so the server gets none"
-        );
-    }
     let confined: Vec<&str> = config
         .mcp_servers
         .iter()
@@ -538,6 +533,7 @@ impl ToolHost for McpHost {
             let asker = elicit::Asker {
                 session_id: ctx.session_id.clone(),
                 elicitor: ctx.elicitor.clone(),
+                sampler: ctx.sampler.clone(),
             };
             match self.shared.get(&idx) {
                 Some(s) => s.call(&tool, input, asker).await,

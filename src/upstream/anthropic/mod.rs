@@ -195,6 +195,7 @@ mod tests {
             tools: vec![],
             max_tokens: None,
             thinking: false,
+            tuning: Default::default(),
         }
     }
 
@@ -1054,6 +1055,7 @@ mod tests {
             ],
             max_tokens: None,
             thinking: false,
+            tuning: Default::default(),
         };
         let out = p.complete(&req, &mut Rec::default()).await.unwrap();
         assert_eq!(out.text, "done");
@@ -1128,6 +1130,18 @@ mod tests {
         );
         assert!(fake.request_headers()[1].get("x-api-key").is_none());
         assert_eq!(fake.request_headers()[1]["anthropic-version"], "2023-06-01");
+    }
+
+    #[test]
+    fn temperature_and_stop_sequences_are_sent_when_set() {
+        let mut req = ask("hi");
+        let body = request_body(&req, 10);
+        assert!(body.get("temperature").is_none() && body.get("stop_sequences").is_none());
+        req.tuning.temperature = Some(0.5);
+        req.tuning.stop = vec!["END".into()];
+        let body = request_body(&req, 10);
+        assert_eq!(body["temperature"], 0.5);
+        assert_eq!(body["stop_sequences"], json!(["END"]));
     }
 
     #[test]

@@ -46,6 +46,12 @@ pub(crate) fn request_body(req: &ModelRequest, default_max_tokens: u32) -> Value
     body.insert("stream".into(), Value::Bool(true));
     if let Some(t) = thinking {
         body.insert("thinking".into(), t);
+    } else if let Some(t) = req.tuning.temperature {
+        // With thinking on, Anthropic allows only its default temperature.
+        body.insert("temperature".into(), Value::from(t));
+    }
+    if !req.tuning.stop.is_empty() {
+        body.insert("stop_sequences".into(), json!(req.tuning.stop));
     }
     Value::Object(body)
 }

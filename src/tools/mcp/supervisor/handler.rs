@@ -1,6 +1,6 @@
 //! The client side of one connection: what turnstile tells a server it supports, and how it
-//! answers the server's requests: elicitation (routed to whoever can answer for the call in
-//! flight), roots (a session-scoped instance's workspace), progress relayed, tool-list changes.
+//! answers the server's requests: elicitation and sampling (routed to whoever can answer for
+//! the call in flight), roots (a session-scoped instance's workspace), progress relayed, tool-list changes.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::config::ElicitationMode;
 use crate::tools::mcp::elicit::{self, Answer, Asker, Elicitor, Question};
+use crate::tools::mcp::sampling::{self, Budget, Sampler};
 use crate::tools::relay::Relays;
 
 /// Tells the supervisor a server changed its tool list, and answers the server's requests
@@ -24,6 +25,9 @@ pub(super) struct Handler {
     pub(super) changed: mpsc::UnboundedSender<()>,
     pub(super) server: String,
     pub(super) elicitation: ElicitationMode,
+    /// `Some` where `[mcp_servers.X] sampling = true`: the capability is declared, and
+    /// requests are answered within this budget.
+    pub(super) sampling: Option<Budget>,
     pub(super) calls: Calls,
     pub(super) relays: Relays,
     /// A session-scoped instance's root: its session's workspace (`None`: no roots declared).
@@ -66,6 +70,22 @@ impl Handler {
                 )),
             },
             _ => Err("calls of several sessions are in flight on this shared server: whose question it is cannot be told".into()),
+        }
+    }
+
+    /// Who answers a sampling request now (the turn of the one session with a call in
+    /// flight), or why no one can.
+    fn sampler(&self) -> Result<Arc<dyn Sampler>, String> {
+        let calls = crate::sync::lock(&self.calls);
+        let mut sessions: Vec<&Asker> = calls.iter().map(|(_, a)| a).collect();
+        sessions.dedup_by(|a, b| a.session_id == b.session_id);
+        match sessions.as_slice() {
+            [] => Err("no tool call of a turn is in flight on this server".into()),
+            [one] => one.sampler.clone().ok_or_else(|| {
+                "the call in flight is not part of a turn (calls through /mcp are not sampled)"
+                    .into()
+            }),
+            _ => Err("calls of several sessions are in flight on this shared server: whose turn answers cannot be told".into()),
         }
     }
 
@@ -127,6 +147,17 @@ impl ClientHandler for Handler {
         Ok(self.elicit(request).await)
     }
 
+    // Sampling is deprecated by SEP-2577 (a later protocol); servers of the current ones use it.
+    #[allow(deprecated)]
+    async fn create_message(
+        &self,
+        request: rmcp::model::CreateMessageRequestParams,
+        _: RequestContext<RoleClient>,
+    ) -> Result<rmcp::model::CreateMessageResult, rmcp::ErrorData> {
+        let budget = self.sampling.as_ref();
+        sampling::answer(&self.server, budget, self.sampler(), request).await
+    }
+
     fn on_progress(
         &self,
         params: rmcp::model::ProgressNotificationParam,
@@ -160,6 +191,10 @@ impl ClientHandler for Handler {
             Some(ElicitationCapability::new().with_form(
                 rmcp::model::FormElicitationCapability::new().with_schema_validation(true),
             ));
+        #[allow(deprecated)]
+        if self.sampling.is_some() {
+            caps.sampling = Some(rmcp::model::SamplingCapability::default());
+        }
         #[allow(deprecated)]
         if self.root.is_some() {
             // The root of an instance never changes (a new session gets a new instance).

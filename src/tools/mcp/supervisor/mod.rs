@@ -443,6 +443,11 @@ impl Run {
             changed: changed_tx,
             server: cfg.name.clone(),
             elicitation: cfg.elicitation,
+            sampling: cfg.sampling.then(|| super::sampling::Budget {
+                server: cfg.name.clone(),
+                max_tokens: cfg.sampling_max_tokens,
+                calls_per_turn: cfg.sampling_calls_per_turn,
+            }),
             calls: self.calls.clone(),
             relays: self.relays.clone(),
             root: self
