@@ -24,6 +24,9 @@ use std::process::Command;
 /// The PyPI packages the tests need, pinned (the newest of each when they were pinned).
 pub const PY_REQUIREMENTS: &[&str] = &[
     "mcp-server-time==2026.10.19",
+    // The official MCP Python SDK: the client of the /mcp tests and the child servers written
+    // for the tests (elicitation, sampling); pinned here, not only through mcp-server-time.
+    "mcp==2.3.0",
     "sseclient-py==1.9.0",
     "requests==2.34.2",
     "anthropic==2.10.0",
