@@ -1,6 +1,12 @@
 //! The operator's policy: a pure function from a federated tool name to a verdict and the rule
 //! that decided it. `deny` beats `ask` beats `trust`; a name no pattern matches gets `default`.
 //! Within a list the first pattern in file order that matches is the deciding rule.
+//!
+//! The same globs judge what `/mcp` passes through of a server besides its tools: a resource by
+//! `mcp__<server>__<uri>` (the URI, or URI template, exactly as the server gives it), a prompt
+//! by `mcp__<server>__<prompt>` ([`resource_name`], [`prompt_name`]). So `mcp__fs__*` covers a
+//! server's tools, resources and prompts alike, and `deny = ["mcp__fs__file:///etc/*"]` one
+//! folder of its resources. A prompt and a tool of the same name share a pattern.
 
 use crate::config::{PolicyConfig, PolicyRule, Verdict};
 
@@ -33,6 +39,16 @@ pub fn decide(policy: &PolicyConfig, name: &str) -> Decision {
         verdict: policy.default,
         rule: "default".to_string(),
     }
+}
+
+/// The name the policy judges a server's resource (or resource template) by.
+pub fn resource_name(server: &str, uri: &str) -> String {
+    format!("mcp__{server}__{uri}")
+}
+
+/// The name the policy judges a server's prompt by.
+pub fn prompt_name(server: &str, prompt: &str) -> String {
+    format!("mcp__{server}__{prompt}")
 }
 
 /// Patterns that match none of `names` (reported by `check`: probably a typo).
@@ -127,6 +143,32 @@ mod tests {
                 rule: "default".into()
             }
         );
+    }
+
+    #[test]
+    fn resources_and_prompts_are_judged_by_the_same_globs() {
+        let mut p = policy();
+        p.deny.push(rule("mcp__fs__file:///etc/*"));
+        let d = |n: String| decide(&p, &n);
+        assert_eq!(
+            d(resource_name("fs", "file:///etc/passwd")),
+            Decision {
+                verdict: Verdict::Deny,
+                rule: "mcp__fs__file:///etc/*".into()
+            }
+        );
+        assert_eq!(
+            d(resource_name("fs", "file:///home/a.txt")).verdict,
+            Verdict::Trust
+        );
+        assert_eq!(
+            d(prompt_name("fs", "write_summary")),
+            Decision {
+                verdict: Verdict::Ask,
+                rule: "mcp__fs__write_*".into()
+            }
+        );
+        assert_eq!(d(resource_name("shop", "db://x")).rule, "default");
     }
 
     #[test]
