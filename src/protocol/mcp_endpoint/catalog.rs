@@ -88,6 +88,16 @@ fn log(server: &str, what: &str, name: &str, d: &Decision, outcome: &str, starte
     );
 }
 
+/// A child's list, or none when it failed (logged, unless the child does not serve the method).
+fn or_none<T>(child: &Child, what: &str, listed: Result<Vec<T>, ErrorData>) -> Vec<T> {
+    listed.unwrap_or_else(|e| {
+        if e.code != rmcp::model::ErrorCode::METHOD_NOT_FOUND {
+            tracing::warn!(server = %child.server, error = %e.message, "{what} failed");
+        }
+        Vec::new()
+    })
+}
+
 fn outcome<T>(r: &Result<T, ErrorData>) -> &'static str {
     if r.is_ok() {
         "ok"
@@ -206,10 +216,7 @@ impl Gate {
         .await;
         let mut out = Vec::new();
         for (c, listed) in kids.iter().zip(lists) {
-            let listed = listed.unwrap_or_else(|e| {
-                tracing::warn!(server = %c.server, error = %e.message, "listing resources failed");
-                Vec::new()
-            });
+            let listed = or_none(c, "listing resources", listed);
             for mut r in listed {
                 if self
                     .judge(&policy::resource_name(&c.server, &r.uri))
@@ -236,10 +243,7 @@ impl Gate {
         .await;
         let mut out = Vec::new();
         for (c, listed) in kids.iter().zip(lists) {
-            let listed = listed.unwrap_or_else(|e| {
-                tracing::warn!(server = %c.server, error = %e.message, "listing resource templates failed");
-                Vec::new()
-            });
+            let listed = or_none(c, "listing resource templates", listed);
             for mut t in listed {
                 if self
                     .judge(&policy::resource_name(&c.server, &t.uri_template))
@@ -358,10 +362,7 @@ impl Gate {
         .await;
         let mut out = Vec::new();
         for (c, listed) in kids.iter().zip(lists) {
-            let listed = listed.unwrap_or_else(|e| {
-                tracing::warn!(server = %c.server, error = %e.message, "listing prompts failed");
-                Vec::new()
-            });
+            let listed = or_none(c, "listing prompts", listed);
             for mut p in listed {
                 if self
                     .judge(&policy::prompt_name(&c.server, &p.name))

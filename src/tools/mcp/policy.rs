@@ -51,7 +51,8 @@ pub fn prompt_name(server: &str, prompt: &str) -> String {
     format!("mcp__{server}__{prompt}")
 }
 
-/// Patterns that match none of `names` (reported by `check`: probably a typo).
+/// Patterns that match none of `names` (reported by `check`: probably a typo). A pattern with a
+/// `:` names resources by URI (no tool name has one; `check` lists no resources): not reported.
 pub fn unmatched<'a>(
     policy: &'a PolicyConfig,
     names: &[&str],
@@ -64,7 +65,7 @@ pub fn unmatched<'a>(
     let mut out = Vec::new();
     for (list, rules) in lists {
         for rule in rules.iter() {
-            if !names.iter().any(|n| rule.glob.is_match(n)) {
+            if !rule.pattern.contains(':') && !names.iter().any(|n| rule.glob.is_match(n)) {
                 out.push((list, rule));
             }
         }
@@ -173,7 +174,8 @@ mod tests {
 
     #[test]
     fn unmatched_patterns_are_reported() {
-        let p = policy();
+        let mut p = policy();
+        p.deny.push(rule("mcp__fs__file:///etc/*"));
         let names = ["mcp__time__now", "deliver_file"];
         let un: Vec<&str> = unmatched(&p, &names)
             .iter()
