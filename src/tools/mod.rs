@@ -99,6 +99,12 @@ pub trait ToolHost: Send + Sync + 'static {
         tokio::sync::watch::channel(0).1
     }
 
+    /// The MCP federation, whose servers' resources and prompts `/mcp` passes through (none
+    /// by default).
+    fn mcp_host(&self) -> Option<&mcp::McpHost> {
+        None
+    }
+
     /// Every MCP server's state, for `GET /status` and `/readyz` (none by default).
     fn servers(&self) -> Vec<mcp::ServerReport> {
         Vec::new()

@@ -120,6 +120,10 @@ impl ToolHost for Toolbox {
         self.mcp.generation()
     }
 
+    fn mcp_host(&self) -> Option<&McpHost> {
+        Some(&self.mcp)
+    }
+
     fn servers(&self) -> Vec<ServerReport> {
         self.mcp.status()
     }

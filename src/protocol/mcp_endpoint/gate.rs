@@ -13,14 +13,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, ClientResult, ElicitRequest, ElicitRequestParams,
-    ElicitationAction, Implementation, ListToolsResult, PaginatedRequestParams,
-    ProgressNotificationParam, ServerCapabilities, ServerConfig, ServerRequest, Tool,
+    CallToolRequestParams, CallToolResponse, CompleteRequestParams, CompleteResult,
+    GetPromptRequestParams, GetPromptResponse, Implementation, ListPromptsResult,
+    ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
+    ProgressNotificationParam, ReadResourceRequestParams, ReadResourceResponse, ServerConfig,
+    SubscribeRequestParams, Tool, UnsubscribeRequestParams,
 };
 use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::{json, Value};
 
+use super::ask::{self, Subject};
 use super::content::{refused, to_result};
 use crate::config::{AgentConfig, Config, Verdict};
 use crate::tools::relay::{Progress, PROGRESS};
@@ -37,6 +40,25 @@ pub struct Gate {
     pub config: Arc<Config>,
     pub agent: AgentConfig,
     pub host: Arc<dyn ToolHost>,
+    /// The resources its client subscribed to.
+    pub subscribed: super::catalog::Subscribed,
+    /// Cancelled when the session's server is dropped (its relays end with it).
+    pub ended: tokio_util::sync::CancellationToken,
+    _ending: tokio_util::sync::DropGuard,
+}
+
+impl Gate {
+    pub fn new(config: Arc<Config>, agent: AgentConfig, host: Arc<dyn ToolHost>) -> Gate {
+        let ended = tokio_util::sync::CancellationToken::new();
+        Gate {
+            config,
+            agent,
+            host,
+            subscribed: Default::default(),
+            _ending: ended.clone().drop_guard(),
+            ended,
+        }
+    }
 }
 
 /// The tools an MCP client of `agent` sees: its exposed ones (denied ones left out).
@@ -85,16 +107,14 @@ impl Gate {
                 .and_then(|p| p.extensions.get::<McpCaller>())
                 .and_then(|c| c.owner.clone()),
             // A federated server's question goes to this client, when it can answer.
-            elicitor: ctx
-                .peer
-                .peer_info()
-                .is_some_and(|i| i.capabilities.elicitation.is_some())
-                .then(|| -> Arc<dyn crate::tools::mcp::elicit::Elicitor> {
+            elicitor: ask::can_elicit(ctx).then(
+                || -> Arc<dyn crate::tools::mcp::elicit::Elicitor> {
                     Arc::new(super::elicit_relay::ClientElicitor {
                         peer: ctx.peer.clone(),
                         ttl: self.agent.approval_ttl,
                     })
-                }),
+                },
+            ),
             // No turn to answer from or count in: a federated server's sampling is refused.
             sampler: None,
         }
@@ -119,56 +139,16 @@ impl Gate {
         args: &Value,
         ctx: &RequestContext<RoleServer>,
     ) -> Option<String> {
-        let declared = ctx
-            .peer
-            .peer_info()
-            .is_some_and(|i| i.capabilities.elicitation.is_some());
-        if !declared {
-            return Some(format!(
-                "Tool {} needs permission (policy rule ask = {:?}) and this MCP client did not declare the elicitation capability, so none can be asked; use a client that supports elicitation, or have the operator trust the tool.",
-                tool.spec.name, tool.rule
-            ));
-        }
-        let schema = serde_json::from_value(json!({
-            "type": "object",
-            "properties": {"reason": {"type": "string", "description": "Why (optional)"}},
-        }))
-        .ok()?;
-        let params = ElicitRequestParams::FormElicitationParams {
-            meta: None,
-            message: format!(
-                "Allow the tool {} ({}) to run with {}? (policy rule ask = {:?})",
-                tool.spec.name, tool.server, args, tool.rule
+        let subject = Subject {
+            what: format!("Tool {}", tool.spec.name),
+            question: format!(
+                "Allow the tool {} ({}) to run with {}?",
+                tool.spec.name, tool.server, args
             ),
-            requested_schema: schema,
+            denied: "Tool call denied",
+            rule: tool.rule.clone(),
         };
-        let request = ServerRequest::ElicitRequest(ElicitRequest::new(params));
-        let ttl = self.agent.approval_ttl;
-        let answer = tokio::time::timeout(ttl, ctx.peer.send_request(request)).await;
-        let result = match answer {
-            Err(_) => return Some("Tool call denied: approval expired".into()),
-            Ok(Err(e)) => return Some(format!("Tool call denied: the elicitation failed ({e})")),
-            Ok(Ok(ClientResult::ElicitResult(r))) => r,
-            Ok(Ok(_)) => {
-                return Some(
-                    "Tool call denied: the client's answer was not an elicitation result".into(),
-                )
-            }
-        };
-        let reason = result
-            .content
-            .as_ref()
-            .and_then(|c| c.get("reason"))
-            .and_then(Value::as_str)
-            .filter(|r| !r.is_empty())
-            .map(str::to_string);
-        match result.action {
-            ElicitationAction::Accept => None,
-            _ => Some(match reason {
-                Some(r) => format!("Tool call denied: {r}"),
-                None => "Tool call denied".into(),
-            }),
-        }
+        ask::ask(&subject, self.agent.approval_ttl, ctx).await
     }
 }
 
@@ -212,13 +192,8 @@ fn log_call(tool: &ServerTool, outcome: &str, took: Duration) {
 
 impl ServerHandler for Gate {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(
-            ServerCapabilities::builder()
-                .enable_tools()
-                .enable_tool_list_changed()
-                .build(),
-        )
-        .with_server_info(Implementation::new("turnstile", env!("CARGO_PKG_VERSION")))
+        ServerConfig::new(self.capabilities())
+            .with_server_info(Implementation::new("turnstile", env!("CARGO_PKG_VERSION")))
     }
 
     async fn list_tools(
@@ -291,6 +266,73 @@ impl ServerHandler for Gate {
         Ok(to_result(out, &self.base_url(&context)).into())
     }
 
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        Ok(Gate::list_resources(self).await)
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        Ok(Gate::list_resource_templates(self).await)
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        Ok(Gate::read_resource(self, request.uri, &context)
+            .await?
+            .into())
+    }
+
+    async fn list_prompts(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListPromptsResult, ErrorData> {
+        Ok(Gate::list_prompts(self).await)
+    }
+
+    async fn get_prompt(
+        &self,
+        request: GetPromptRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetPromptResponse, ErrorData> {
+        Ok(Gate::get_prompt(self, request, &context).await?.into())
+    }
+
+    async fn complete(
+        &self,
+        request: CompleteRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CompleteResult, ErrorData> {
+        Gate::complete(self, request).await
+    }
+
+    async fn subscribe(
+        &self,
+        request: SubscribeRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        Gate::subscribe(self, request.uri).await
+    }
+
+    async fn unsubscribe(
+        &self,
+        request: UnsubscribeRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        Gate::unsubscribe(self, &request.uri);
+        Ok(())
+    }
+
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
         // Tell the client when its tool list changes (a child's list_changed, re-filtered).
         let peer = context.peer.clone();
@@ -298,8 +340,14 @@ impl ServerHandler for Gate {
         let host = self.host.clone();
         let mut generation = host.generation();
         let mut last = signature(&agent, &*host);
+        let ended = self.ended.clone();
+        self.relay_catalog(peer.clone(), ended.clone());
         tokio::spawn(async move {
-            while generation.changed().await.is_ok() {
+            loop {
+                tokio::select! {
+                    changed = generation.changed() => if changed.is_err() { break },
+                    _ = ended.cancelled() => break,
+                }
                 if peer.is_transport_closed() {
                     break;
                 }

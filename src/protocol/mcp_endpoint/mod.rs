@@ -6,11 +6,14 @@
 //! our HTTP layer: the same API keys, a session visible only to the key that opened it (404 to
 //! any other, as for AAP sessions), bodies bounded by `[server] max_body_bytes`. `/mcp` serves
 //! the first agent of `[mcp_endpoint] agents`, `/mcp/<agent>` each listed one. See [`gate`] for
-//! what a session offers.
+//! what a session offers, and [`catalog`] for the servers' resources and prompts.
 
+mod ask;
+pub mod catalog;
 pub mod content;
 mod elicit_relay;
 pub mod gate;
+pub mod uri;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -95,13 +98,7 @@ impl Endpoint {
                     }
                     let (config, agent_cfg, host) = (config.clone(), agent.clone(), host.clone());
                     let service = StreamableHttpService::new(
-                        move || {
-                            Ok(Gate {
-                                config: config.clone(),
-                                agent: agent_cfg.clone(),
-                                host: host.clone(),
-                            })
-                        },
+                        move || Ok(Gate::new(config.clone(), agent_cfg.clone(), host.clone())),
                         sessions.clone(),
                         http,
                     );

@@ -1,6 +1,12 @@
 //! The operator's policy: a pure function from a federated tool name to a verdict and the rule
 //! that decided it. `deny` beats `ask` beats `trust`; a name no pattern matches gets `default`.
 //! Within a list the first pattern in file order that matches is the deciding rule.
+//!
+//! The same globs judge what `/mcp` passes through of a server besides its tools: a resource by
+//! `mcp__<server>__<uri>` (the URI, or URI template, exactly as the server gives it), a prompt
+//! by `mcp__<server>__<prompt>` ([`resource_name`], [`prompt_name`]). So `mcp__fs__*` covers a
+//! server's tools, resources and prompts alike, and `deny = ["mcp__fs__file:///etc/*"]` one
+//! folder of its resources. A prompt and a tool of the same name share a pattern.
 
 use crate::config::{PolicyConfig, PolicyRule, Verdict};
 
@@ -35,7 +41,18 @@ pub fn decide(policy: &PolicyConfig, name: &str) -> Decision {
     }
 }
 
-/// Patterns that match none of `names` (reported by `check`: probably a typo).
+/// The name the policy judges a server's resource (or resource template) by.
+pub fn resource_name(server: &str, uri: &str) -> String {
+    format!("mcp__{server}__{uri}")
+}
+
+/// The name the policy judges a server's prompt by.
+pub fn prompt_name(server: &str, prompt: &str) -> String {
+    format!("mcp__{server}__{prompt}")
+}
+
+/// Patterns that match none of `names` (reported by `check`: probably a typo). A pattern with a
+/// `:` names resources by URI (no tool name has one; `check` lists no resources): not reported.
 pub fn unmatched<'a>(
     policy: &'a PolicyConfig,
     names: &[&str],
@@ -48,7 +65,7 @@ pub fn unmatched<'a>(
     let mut out = Vec::new();
     for (list, rules) in lists {
         for rule in rules.iter() {
-            if !names.iter().any(|n| rule.glob.is_match(n)) {
+            if !rule.pattern.contains(':') && !names.iter().any(|n| rule.glob.is_match(n)) {
                 out.push((list, rule));
             }
         }
@@ -130,8 +147,35 @@ mod tests {
     }
 
     #[test]
+    fn resources_and_prompts_are_judged_by_the_same_globs() {
+        let mut p = policy();
+        p.deny.push(rule("mcp__fs__file:///etc/*"));
+        let d = |n: String| decide(&p, &n);
+        assert_eq!(
+            d(resource_name("fs", "file:///etc/passwd")),
+            Decision {
+                verdict: Verdict::Deny,
+                rule: "mcp__fs__file:///etc/*".into()
+            }
+        );
+        assert_eq!(
+            d(resource_name("fs", "file:///home/a.txt")).verdict,
+            Verdict::Trust
+        );
+        assert_eq!(
+            d(prompt_name("fs", "write_summary")),
+            Decision {
+                verdict: Verdict::Ask,
+                rule: "mcp__fs__write_*".into()
+            }
+        );
+        assert_eq!(d(resource_name("shop", "db://x")).rule, "default");
+    }
+
+    #[test]
     fn unmatched_patterns_are_reported() {
-        let p = policy();
+        let mut p = policy();
+        p.deny.push(rule("mcp__fs__file:///etc/*"));
         let names = ["mcp__time__now", "deliver_file"];
         let un: Vec<&str> = unmatched(&p, &names)
             .iter()

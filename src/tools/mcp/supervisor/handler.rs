@@ -30,6 +30,8 @@ pub(super) struct Handler {
     pub(super) sampling: Option<Budget>,
     pub(super) calls: Calls,
     pub(super) relays: Relays,
+    /// Resource and prompt notifications, for `/mcp`.
+    pub(super) events: super::catalog::Events,
     /// A session-scoped instance's root: its session's workspace (`None`: no roots declared).
     pub(super) root: Option<PathBuf>,
     /// Set once the server has asked for the roots.
@@ -136,6 +138,33 @@ impl ClientHandler for Handler {
         _: NotificationContext<RoleClient>,
     ) -> impl std::future::Future<Output = ()> + MaybeSendFuture + '_ {
         let _ = self.changed.send(());
+        std::future::ready(())
+    }
+
+    fn on_resource_list_changed(
+        &self,
+        _: NotificationContext<RoleClient>,
+    ) -> impl std::future::Future<Output = ()> + MaybeSendFuture + '_ {
+        let _ = self.events.send(super::CatalogEvent::ResourcesChanged);
+        std::future::ready(())
+    }
+
+    fn on_prompt_list_changed(
+        &self,
+        _: NotificationContext<RoleClient>,
+    ) -> impl std::future::Future<Output = ()> + MaybeSendFuture + '_ {
+        let _ = self.events.send(super::CatalogEvent::PromptsChanged);
+        std::future::ready(())
+    }
+
+    fn on_resource_updated(
+        &self,
+        params: rmcp::model::ResourceUpdatedNotificationParam,
+        _: NotificationContext<RoleClient>,
+    ) -> impl std::future::Future<Output = ()> + MaybeSendFuture + '_ {
+        let _ = self
+            .events
+            .send(super::CatalogEvent::ResourceUpdated(params.uri));
         std::future::ready(())
     }
 

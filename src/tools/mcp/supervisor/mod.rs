@@ -22,11 +22,13 @@ use tokio_util::sync::CancellationToken;
 use super::content::to_output;
 use super::elicit::Asker;
 
+mod catalog;
 mod handler;
 mod launch;
 use crate::config::McpServerConfig;
 use crate::tools::relay::Relays;
 use crate::tools::ToolOutput;
+pub use catalog::CatalogEvent;
 use handler::{Calls, Handler, Registered};
 
 /// A tool as its server lists it.
@@ -175,6 +177,8 @@ pub struct Supervisor {
     oauth: Option<Arc<super::oauth::OAuth>>,
     /// Calls whose progress is relayed, by their progress token.
     relays: Relays,
+    /// Its resource and prompt notifications (for `/mcp`).
+    events: catalog::Events,
 }
 
 impl Supervisor {
@@ -187,6 +191,7 @@ impl Supervisor {
         let tracker = Arc::new(std::sync::Mutex::new(Tracker::new()));
         let calls: Calls = Arc::default();
         let relays = Relays::default();
+        let events = catalog::events();
         let sup = Arc::new(Supervisor {
             name: cfg.name.clone(),
             link,
@@ -200,6 +205,7 @@ impl Supervisor {
             next_call: std::sync::atomic::AtomicU64::new(0),
             oauth: placement.oauth.clone(),
             relays: relays.clone(),
+            events: events.clone(),
         });
         let run = Run {
             stderr_log: Arc::new(std::sync::Mutex::new(super::stderr::StderrLog::new(
@@ -215,6 +221,7 @@ impl Supervisor {
             tracker,
             calls,
             relays,
+            events,
         };
         let task = tokio::spawn(run.run());
         if let Ok(mut done) = sup.done.try_lock() {
@@ -376,6 +383,7 @@ struct Run {
     stderr_log: Arc<std::sync::Mutex<super::stderr::StderrLog>>,
     metrics: Arc<crate::metrics::McpMetrics>,
     calls: Calls,
+    events: catalog::Events,
 }
 
 impl Run {
@@ -450,6 +458,7 @@ impl Run {
             }),
             calls: self.calls.clone(),
             relays: self.relays.clone(),
+            events: self.events.clone(),
             root: self
                 .placement
                 .workspace

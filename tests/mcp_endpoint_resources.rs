@@ -1,0 +1,207 @@
+//! `/mcp` passes the federated servers' resources and prompts through (read-only, under
+//! `turnstile://<server>/` and `<server>/`), driven by the official MCP Python SDK client
+//! (`tests/mcp_endpoint_resources/client.py`) against the real binary federating the fixture
+//! server (`tests/mcp_endpoint_resources/child.py`).
+
+mod common;
+#[path = "common/mcpep2.rs"]
+mod fixtures;
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+const P: &str = "turnstile://fx/";
+
+/// `/mcp` over the fixture server `fx`: all of it trusted, but test://secret denied and
+/// test://watched-resource and the prompt test_simple_prompt asked.
+fn config(dir: &Path) -> std::path::PathBuf {
+    let text = format!(
+        "[server]\ndata_dir = {:?}\nsandboxes = {:?}\n\n[agents.assistant]\ntools = [\"*\"]\n\n{}\n[policy]\ntrust = [\"mcp__fx__*\"]\nask = [\"mcp__fx__test://watched-resource\", \"mcp__fx__test_simple_prompt\"]\ndeny = [\"mcp__fx__test://secret\"]\ndefault = \"deny\"\n\n[mcp_endpoint]\nenabled = true\n",
+        dir.join("data").display().to_string(),
+        dir.join("sandboxes").display().to_string(),
+        fixtures::fixture_server("fx"),
+    );
+    let path = dir.join("tools.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Run the client script; every JSON line it printed, merged into one object.
+async fn client(url: &str, scenario: &str) -> Value {
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp_endpoint_resources/client.py");
+    let mut cmd = tokio::process::Command::new(fixtures::python());
+    cmd.arg(script).args([url, scenario]);
+    let out = tokio::time::timeout(Duration::from_secs(60), cmd.kill_on_drop(true).output())
+        .await
+        .expect("the client finished within 60 s")
+        .expect("run the client");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "client {scenario} failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut all = serde_json::Map::new();
+    for line in stdout.lines().filter(|l| l.starts_with('{')) {
+        let v: Value = serde_json::from_str(line).unwrap();
+        all.extend(v.as_object().unwrap().clone());
+    }
+    Value::Object(all)
+}
+
+async fn serve(dir: &Path) -> (tokio::process::Child, String) {
+    let (child, addr) = common::binary::serve(&config(dir)).await;
+    (child, format!("http://{addr}/mcp"))
+}
+
+fn strings(v: &Value) -> Vec<&str> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not an array: {v}"))
+        .iter()
+        .map(|s| s.as_str().unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resources_are_listed_under_the_server_prefix_read_and_a_denied_one_hidden_and_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_child, url) = serve(dir.path()).await;
+    let v = client(&url, "read").await;
+    let caps = &v["capabilities"];
+    assert_eq!(
+        caps["resources"],
+        json!({"subscribe": true, "listChanged": true}),
+        "{v}"
+    );
+    assert_eq!(caps["prompts"], json!({"listChanged": true}), "{v}");
+    assert!(caps["completions"].is_object(), "{v}");
+    assert!(caps.get("logging").is_none(), "not served: {v}");
+    assert_eq!(
+        strings(&v["resources"]),
+        vec![
+            "turnstile://fx/test://static-binary",
+            "turnstile://fx/test://static-text",
+            "turnstile://fx/test://watched-resource",
+        ],
+        "the denied test://secret is hidden: {v}"
+    );
+    assert!(strings(&v["names"]).contains(&"fx/static-text"), "{v}");
+    assert_eq!(
+        strings(&v["templates"]),
+        vec!["turnstile://fx/test://template/{id}/data"]
+    );
+    assert_eq!(
+        v["text"],
+        json!([{"uri": format!("{P}test://static-text"), "mime": "text/plain",
+                "text": "This is the content of the static text resource.", "blob": null}])
+    );
+    assert_eq!(v["binary"][0]["mime"], "image/png", "{v}");
+    assert!(v["binary"][0]["blob"]
+        .as_str()
+        .unwrap()
+        .starts_with("iVBOR"));
+    assert_eq!(
+        v["template"][0]["uri"],
+        format!("{P}test://template/42/data")
+    );
+    assert!(v["template"][0]["text"].as_str().unwrap().contains("42"));
+    // The server's own URI (as a tool result's link carries it) reaches it too, and comes back
+    // as it was sent.
+    assert_eq!(v["own"][0]["uri"], "test://static-text", "{v}");
+    assert_eq!(
+        v["own"][0]["text"],
+        "This is the content of the static text resource."
+    );
+    for denied in ["denied", "denied_own"] {
+        let message = v[denied]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("denied by policy")
+                && message.contains("rule deny = \"mcp__fx__test://secret\""),
+            "{denied}: {v}"
+        );
+    }
+    let asked = v["asked"]["message"].as_str().unwrap_or_default();
+    assert!(
+        asked.contains("elicitation") && asked.contains("mcp__fx__test://watched-resource"),
+        "ask without elicitation is refused naming the rule: {v}"
+    );
+    assert_eq!(v["unknown"]["code"], -32002, "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompts_are_listed_under_the_server_prefix_and_got_with_arguments() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_child, url) = serve(dir.path()).await;
+    let v = client(&url, "prompts").await;
+    assert_eq!(
+        strings(&v["prompts"]),
+        vec![
+            "fx/test_prompt_with_arguments",
+            "fx/test_prompt_with_embedded_resource",
+            "fx/test_prompt_with_image",
+            "fx/test_simple_prompt",
+        ],
+        "{v}"
+    );
+    assert_eq!(strings(&v["args"]), vec!["arg1", "arg2"]);
+    assert_eq!(
+        strings(&v["with_args"]),
+        vec!["Prompt with arguments: arg1='red', arg2='blue'"]
+    );
+    let asked = v["asked"]["message"].as_str().unwrap_or_default();
+    assert!(
+        asked.contains("elicitation") && asked.contains("mcp__fx__test_simple_prompt"),
+        "{v}"
+    );
+    let bare = v["bare"]["message"].as_str().unwrap_or_default();
+    assert!(bare.contains("<server>/<prompt>"), "{v}");
+    assert_eq!(strings(&v["completed"]), vec!["paris", "park", "party"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_asked_resource_and_prompt_are_served_when_the_client_accepts() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_child, url) = serve(dir.path()).await;
+    let v = client(&url, "accept").await;
+    assert!(
+        v["elicited"]
+            .as_str()
+            .unwrap()
+            .contains("mcp__fx__test_simple_prompt"),
+        "the second question is the prompt's: {v}"
+    );
+    assert_eq!(v["read"][0]["text"], "Watched resource content.", "{v}");
+    assert_eq!(
+        strings(&v["prompt"]),
+        vec!["This is a simple prompt for testing."]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_changed_and_subscribed_updates_are_relayed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_child, url) = serve(dir.path()).await;
+    let v = client(&url, "changed").await;
+    assert!(
+        !strings(&v["before"]).contains(&"turnstile://fx/test://added/fresh"),
+        "{v}"
+    );
+    assert_eq!(v["added"], "added fresh", "{v}");
+    assert!(
+        strings(&v["resources"]).contains(&"turnstile://fx/test://added/fresh"),
+        "{v}"
+    );
+    assert!(strings(&v["prompts"]).contains(&"fx/added_fresh"), "{v}");
+    assert_eq!(
+        strings(&v["updated"]),
+        vec!["turnstile://fx/test://static-text"],
+        "only the subscribed resource, as the client named it: {v}"
+    );
+    let denied = v["denied_subscribe"]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(denied.contains("denied by policy"), "{v}");
+}

@@ -1,0 +1,133 @@
+"""An MCP client (the official Python SDK) reading the resources and prompts turnstile's /mcp
+passes through from the fixture server (child.py), for tests/mcp_endpoint_resources.rs.
+
+usage: client.py URL SCENARIO
+
+Prints one JSON object per line on stdout: what the scenario saw. Scenarios:
+- read: capabilities; list resources and templates; read by the listed URI, by a template, by
+  the server's own URI; read the denied one (listed URI and own URI); read the asked one
+  without elicitation.
+- prompts: list prompts; get one with arguments; get the asked one without elicitation; get a
+  bare name; complete an argument.
+- accept: read the asked resource and get the asked prompt with an elicitation handler that
+  accepts.
+- changed: call add_resource, wait for both list_changed notifications, list again; subscribe
+  to a resource, call touch, wait for notifications/resources/updated.
+"""
+
+import json
+import sys
+
+import anyio
+import httpx2
+import mcp_types as types
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+P = "turnstile://fx/"
+
+
+def out(**kw):
+    print(json.dumps(kw), flush=True)
+
+
+def contents(r):
+    return [{"uri": str(c.uri), "text": getattr(c, "text", None), "blob": getattr(c, "blob", None),
+             "mime": c.mime_type} for c in r.contents]
+
+
+async def attempt(f):
+    try:
+        return {"ok": await f()}
+    except MCPError as e:
+        return {"code": e.code, "message": e.message}
+
+
+async def main(url, scenario):
+    events = {"resources": anyio.Event(), "prompts": anyio.Event(), "updated": anyio.Event()}
+    updated = []
+
+    async def on_message(message):
+        method = getattr(getattr(message, "root", message), "method", "")
+        if method == "notifications/resources/list_changed":
+            events["resources"].set()
+        elif method == "notifications/prompts/list_changed":
+            events["prompts"].set()
+        elif method == "notifications/resources/updated":
+            updated.append(str(getattr(message, "root", message).params.uri))
+            events["updated"].set()
+
+    async def accept(context, params):
+        out(elicited=params.message)
+        return types.ElicitResult(action="accept", content={})
+
+    elicitation = accept if scenario == "accept" else None
+    async with httpx2.AsyncClient(timeout=30) as http:
+        async with streamable_http_client(url, http_client=http) as (read, write):
+            async with ClientSession(read, write, elicitation_callback=elicitation,
+                                     message_handler=on_message) as session:
+                init = await session.initialize()
+                await SCENARIOS[scenario](session, init, events, updated)
+
+
+async def read(session, init, events, updated):
+    out(capabilities=init.capabilities.model_dump(by_alias=True, exclude_none=True))
+    listed = await session.list_resources()
+    out(resources=sorted(r.uri for r in listed.resources), names=sorted(r.name for r in listed.resources))
+    templates = await session.list_resource_templates()
+    out(templates=[t.uri_template for t in templates.resource_templates])
+    out(text=contents(await session.read_resource(P + "test://static-text")))
+    out(binary=contents(await session.read_resource(P + "test://static-binary")))
+    out(template=contents(await session.read_resource(P + "test://template/42/data")))
+    out(own=contents(await session.read_resource("test://static-text")))
+    out(denied=await attempt(lambda: session.read_resource(P + "test://secret")))
+    out(denied_own=await attempt(lambda: session.read_resource("test://secret")))
+    out(asked=await attempt(lambda: session.read_resource(P + "test://watched-resource")))
+    out(unknown=await attempt(lambda: session.read_resource("turnstile://nosuch/x://y")))
+
+
+async def prompts(session, init, events, updated):
+    listed = await session.list_prompts()
+    out(prompts=sorted(p.name for p in listed.prompts),
+        args=[a.name for p in listed.prompts if p.name == "fx/test_prompt_with_arguments" for a in p.arguments])
+    got = await session.get_prompt("fx/test_prompt_with_arguments", {"arg1": "red", "arg2": "blue"})
+    out(with_args=[m.content.text for m in got.messages])
+    out(asked=await attempt(lambda: session.get_prompt("fx/test_simple_prompt")))
+    out(bare=await attempt(lambda: session.get_prompt("test_prompt_with_arguments", {"arg1": "a", "arg2": "b"})))
+    done = await session.complete(types.PromptReference(name="fx/test_prompt_with_arguments"),
+                                  {"name": "arg1", "value": "pa"})
+    out(completed=done.completion.values)
+
+
+async def accept(session, init, events, updated):
+    out(read=contents(await session.read_resource(P + "test://watched-resource")))
+    got = await session.get_prompt("fx/test_simple_prompt")
+    out(prompt=[m.content.text for m in got.messages])
+
+
+async def changed(session, init, events, updated):
+    before = await session.list_resources()
+    out(before=sorted(r.uri for r in before.resources))
+    r = await session.call_tool("mcp__fx__add_resource", {"name": "fresh"})
+    out(added="".join(c.text for c in r.content))
+    with anyio.fail_after(10):
+        await events["resources"].wait()
+        await events["prompts"].wait()
+    out(resources=sorted(r.uri for r in (await session.list_resources()).resources),
+        prompts=sorted(p.name for p in (await session.list_prompts()).prompts))
+    await session.subscribe_resource(P + "test://static-text")
+    # Not subscribed: never relayed (it would arrive first, the child's notifications keep order).
+    await session.call_tool("mcp__fx__touch", {"uri": "test://static-binary"})
+    await session.call_tool("mcp__fx__touch", {"uri": "test://static-text"})
+    with anyio.fail_after(10):
+        await events["updated"].wait()
+    out(denied_subscribe=await attempt(lambda: session.subscribe_resource(P + "test://secret")))
+    await session.unsubscribe_resource(P + "test://static-text")
+    out(updated=updated)
+
+
+SCENARIOS = {"read": read, "prompts": prompts, "accept": accept, "changed": changed}
+
+if __name__ == "__main__":
+    anyio.run(main, sys.argv[1], sys.argv[2])
