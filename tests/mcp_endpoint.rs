@@ -181,18 +181,15 @@ async fn a_cancelled_call_is_cancelled_on_the_child() {
         }
         seen
     });
-    let started = Instant::now();
     let v = client(&format!("http://{addr}/mcp"), "-", "cancel", Some(&notify)).await;
     assert!(v["cancel"].is_object(), "{v}");
-    let seen = tokio::time::timeout(Duration::from_secs(10), lines)
+    let seen = tokio::time::timeout(Duration::from_secs(60), lines)
         .await
-        .expect("the child saw the cancellation within 10 s")
+        .expect("the child saw the cancellation")
         .unwrap();
+    // The child writes "cancelled" only when the cancellation reached it before its 30 s sleep
+    // ended (a wall-clock bound would only measure how loaded the machine is).
     assert_eq!(seen[1], "cancelled", "{seen:?}");
-    assert!(
-        started.elapsed() < Duration::from_secs(25),
-        "not the 30 s sleep"
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
