@@ -386,10 +386,16 @@ async fn a_post_racing_the_holders_release_is_never_stranded() {
         a.take_lease("sess_r").await.unwrap();
         let mark = a.lease_mark("sess_r").unwrap();
         let body = format!("{{\"round\":{round}}}");
-        let (posted, released) = tokio::join!(
-            b.post_inbox("sess_r", "message", body, None, 32),
-            a.release_lease("sess_r", mark)
-        );
+        // The release starts after 0 to 7 round trips of A's, so that it meets the post at
+        // each of its statements.
+        let release = async {
+            for _ in 0..round % 8 {
+                a.expired_leases().await.unwrap();
+            }
+            a.release_lease("sess_r", mark).await
+        };
+        let (posted, released) =
+            tokio::join!(b.post_inbox("sess_r", "message", body, None, 32), release);
         match (posted.unwrap(), released.unwrap()) {
             (Posted::Queued, Released::InboxWaiting) => {
                 queued += 1;

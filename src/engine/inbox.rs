@@ -259,8 +259,14 @@ pub(crate) async fn drain(inner: &Arc<Inner>, session_id: &str) {
     if engine.check_open().is_err() {
         return;
     }
-    let Ok(Some(session)) = engine.load(session_id).await else {
-        return;
+    let session = match engine.load(session_id).await {
+        Ok(Some(s)) => s,
+        Ok(None) => {
+            // Deleted: what it was sent goes with it.
+            let _ = inner.store.drop_inbox(session_id).await;
+            return;
+        }
+        Err(_) => return,
     };
     let state = session.extension::<InboxState>();
     let _one = state.taking.lock().await;

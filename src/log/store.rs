@@ -152,6 +152,14 @@ impl Store {
         }
     }
 
+    /// Scale-out: drop what waits in the inbox of a session that is gone.
+    pub async fn drop_inbox(&self, session_id: &str) -> Result<(), StoreError> {
+        match &self.backend {
+            Backend::Sqlite(_) => Ok(()),
+            Backend::Postgres(p) => p.drop_inbox(session_id).await,
+        }
+    }
+
     /// Scale-out: put rows taken by [`Store::take_inbox`] back in their places.
     pub async fn put_back_inbox(
         &self,

@@ -161,6 +161,18 @@ impl PgStore {
         .await
     }
 
+    /// Drop the rows of a session that is gone.
+    pub(crate) async fn drop_inbox(&self, session_id: &str) -> Result<(), StoreError> {
+        let sid = session_id.to_string();
+        self.run(move |pool| async move {
+            let c = pool.get().await?;
+            c.execute("DELETE FROM inbox WHERE session_id = $1", &[&sid])
+                .await?;
+            Ok(())
+        })
+        .await
+    }
+
     /// Put rows taken by [`PgStore::take_inbox`] back where they were (they could not be
     /// applied now: the server is at its limit of running turns, or stopping).
     pub(crate) async fn put_back_inbox(

@@ -125,24 +125,31 @@ impl PgStore {
             {
                 return Ok(Released::Kept);
             }
-            let mut c = pool.get().await?;
-            let tx = c.transaction().await?;
-            let me = &shared.instance;
-            let ours = tx
-                .query_opt(
+            let c = pool.get().await?;
+            let lock_row = c
+                .prepare_cached(
                     "SELECT 1 FROM leases WHERE session_id = $1 AND holder = $2 FOR UPDATE",
-                    &[&sid, me],
-                )
-                .await?
-                .is_some();
-            let gone = tx
-                .execute(
-                    "DELETE FROM leases WHERE session_id = $1 AND holder = $2
-                       AND NOT EXISTS (SELECT 1 FROM inbox WHERE session_id = $1)",
-                    &[&sid, me],
                 )
                 .await?;
-            tx.commit().await?;
+            let delete = c
+                .prepare_cached(
+                    "DELETE FROM leases WHERE session_id = $1 AND holder = $2
+                       AND NOT EXISTS (SELECT 1 FROM inbox WHERE session_id = $1)",
+                )
+                .await?;
+            let me = &shared.instance;
+            // One transaction in one round trip (each request is sent on its first poll, in
+            // this order); the DELETE still takes its snapshot after the lock is granted.
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&sid, me];
+            let (begin, ours, gone, commit) = futures_util::join!(
+                c.batch_execute("BEGIN"),
+                c.query_opt(&lock_row, &params),
+                c.execute(&delete, &params),
+                c.batch_execute("COMMIT"),
+            );
+            begin?;
+            let (ours, gone) = (ours?.is_some(), gone?);
+            commit?;
             if ours && gone == 0 {
                 return Ok(Released::InboxWaiting);
             }
