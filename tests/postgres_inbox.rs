@@ -26,9 +26,14 @@ struct Pair {
 }
 
 fn pair(fake: &FakeOpenAi, lease_s: u64) -> Pair {
+    pair_with(fake, lease_s, "")
+}
+
+/// [`pair`] with `extra` TOML in the config.
+fn pair_with(fake: &FakeOpenAi, lease_s: u64, extra: &str) -> Pair {
     let pg = common::postgres::shared();
     let (table, url) = pg.store_table_and_url(&format!("lease_s = {lease_s}"));
-    let text = format!("{}{table}", config_text(fake, ""));
+    let text = format!("{}{table}", config_text(fake, extra));
     let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
     for d in &dirs {
         std::fs::write(d.path().join("tools.toml"), &text).unwrap();
@@ -328,6 +333,12 @@ async fn many_messages_alternating_between_instances_each_make_exactly_one_turn(
             let text = format!("m{}", round * 100 + i);
             let http = if i % 2 == 0 { &a_http } else { &b_http };
             let (status, v) = message(http, &sid, &text).await;
+            // Back to back, the queue may be full ([limits] queued_turns = 32): refused, not
+            // accepted.
+            if round == 1 && status == 429 {
+                assert_eq!(v["error"]["type"], "too_many_queued_turns", "{v}");
+                continue;
+            }
             assert_eq!(status, 202, "{text}: {v}");
             accepted.push((v["turn_id"].as_str().unwrap().into(), text));
         }
@@ -357,11 +368,7 @@ async fn many_messages_alternating_between_instances_each_make_exactly_one_turn(
         assert_eq!(of(&ran), of(&accepted));
     }
     // Nothing left behind in the inbox.
-    let left = common::postgres::shared().psql(
-        p.url.rsplit('/').next().unwrap(),
-        "SELECT count(*) FROM inbox",
-    );
-    assert_eq!(left.trim(), "0", "{left}");
+    assert_eq!(inbox_rows(&p), 0);
     drop(children);
 }
 
@@ -491,5 +498,60 @@ async fn a_lease_taken_over_after_it_expired_runs_what_waits_in_the_inbox() {
     gate.open();
     let store = Store::open_postgres(&p.url, false, LEASE, None).unwrap();
     check_log(&store, &sid).await;
+    drop(children);
+}
+
+/// Rows waiting in the inbox of the pair's database.
+fn inbox_rows(p: &Pair) -> usize {
+    let db = p.url.rsplit('/').next().unwrap();
+    let n = common::postgres::shared().psql(db, "SELECT count(*) FROM inbox");
+    n.parse().unwrap()
+}
+
+async fn until_inbox(p: &Pair, n: usize) {
+    let started = Instant::now();
+    while inbox_rows(p) != n {
+        assert!(started.elapsed() < WITHIN, "the inbox never held {n} rows");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `[limits] queued_turns = 2`: the holder takes messages while its queue has room; the rest
+/// wait in the inbox (counted by the sender, which refuses past the limit with 429) and run
+/// as the queue empties, each once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_turns_holds_on_the_holder_and_in_the_inbox_and_nothing_accepted_is_lost() {
+    let fake = FakeOpenAi::start().await;
+    let p = pair_with(&fake, 10, "[limits]\nqueued_turns = 2\n");
+    let (children, a_http, b_http, sid) = start_both(&p).await;
+    let gate = Gate::new();
+    fake.push(Reply::text("held").hold(gate.clone()));
+    fake.set_fallback(Reply::text("ok"));
+    let mut accepted = Vec::new();
+    let (status, v) = message(&a_http, &sid, "m0").await;
+    assert_eq!(status, 202, "{v}");
+    accepted.push(v["turn_id"].as_str().unwrap().to_string());
+    fake.wait_requests(1).await;
+    // Two fit A's queue (taken at once), two wait in the inbox.
+    for (i, waiting) in [(1, 0), (2, 0), (3, 1), (4, 2)] {
+        let (status, v) = message(&b_http, &sid, &format!("m{i}")).await;
+        assert_eq!(status, 202, "m{i}: {v}");
+        accepted.push(v["turn_id"].as_str().unwrap().to_string());
+        until_inbox(&p, waiting).await;
+    }
+    for http in [&b_http, &a_http] {
+        let (status, err) = message(http, &sid, "one too many").await;
+        assert_eq!(status, 429, "{err}");
+        assert_eq!(err["error"]["type"], "too_many_queued_turns");
+        let text = err["error"]["message"].as_str().unwrap();
+        assert!(text.contains("[limits] queued_turns"), "{text}");
+    }
+    gate.open();
+    until_events(&a_http, &sid, |e| terminals(e) == accepted.len()).await;
+    until_inbox(&p, 0).await;
+    let store = Store::open_postgres(&p.url, false, LEASE, None).unwrap();
+    let log = check_log(&store, &sid).await;
+    let ran: Vec<String> = turns_of(&log).into_iter().map(|(id, _)| id).collect();
+    assert_eq!(ran, accepted);
     drop(children);
 }

@@ -156,14 +156,9 @@ impl Engine {
                 None => Relayed::Interrupt,
             };
             if self.post(session, &relayed, None).await? == Posted::Queued {
-                let open = session
-                    .tail()
-                    .last()
-                    .filter(|e| !e.body.is_terminal())
-                    .map(|e| e.turn_id.clone());
                 return Ok(match turn_id {
                     Some(t) => vec![t.to_string()],
-                    None => open.into_iter().collect(),
+                    None => self.open_turn(session).await?.into_iter().collect(),
                 });
             }
         }
@@ -212,6 +207,21 @@ impl Engine {
         Err(busy.unwrap_or(EngineError::Busy {
             turn_id: String::new(),
         }))
+    }
+
+    /// The turn the session's log shows open (its last event not terminal), as the store
+    /// holds it now: this instance may not have heard of the newest events yet.
+    async fn open_turn(&self, session: &Session) -> Result<Option<String>, EngineError> {
+        let (seen, last) = {
+            let st = session.lock();
+            let last = st.out.tail.last().cloned();
+            (st.next_seq.saturating_sub(1), last)
+        };
+        let newer = self.inner.store.events(&session.id, seen, 1 << 16).await?;
+        let last = newer.last().map(|e| Arc::new(e.clone())).or(last);
+        Ok(last
+            .filter(|e| !e.body.is_terminal())
+            .map(|e| e.turn_id.clone()))
     }
 
     async fn post(
