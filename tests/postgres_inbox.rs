@@ -240,12 +240,17 @@ async fn a_cancel_and_an_interrupt_on_b_stop_the_turn_running_on_a() {
         } else {
             json!({})
         };
+        let sent = Instant::now();
         let (status, v) = b_http.post(&format!("/sessions/{sid}/{path}"), &body).await;
         assert_eq!(status, 200, "{path}: {v}");
         assert_eq!(v["cancelled"], json!([turn_id]), "{path}");
         let evs = until_events(&a_http, &sid, |e| terminals(e) == i + 1).await;
         let last = evs.last().unwrap();
         assert_eq!(last["type"], "turn.cancelled", "{path}: {last}");
+        println!(
+            "{path} on B: the turn on A ended within {:?}",
+            sent.elapsed()
+        );
         assert_eq!(last["turn_id"], turn_id.as_str());
     }
     gate.open();
