@@ -10,6 +10,8 @@
 //! - [`watch_expired`]: every half `lease_s`, the sessions whose holder stopped renewing
 //!   (killed) are taken over, their open turn closed `worker_lost`, and released.
 //! - `Engine::shutdown` hands back every lease at once.
+//! - A release finds requests waiting in the session's inbox (`inbox.rs`): the lease is kept
+//!   and they are taken.
 //!
 //! On the embedded store (one process) there is no lease: `claim` returns at once.
 
@@ -20,7 +22,7 @@ use super::replay::Logged;
 use super::session::Session;
 use super::shared::{Engine, Inner};
 use super::types::EngineError;
-use crate::log::{ClaimGuard, Event, FailReason, Heard, LeaseTaken};
+use crate::log::{ClaimGuard, Event, FailReason, Heard, LeaseTaken, Released};
 
 const WHY: &str = "the instance running this turn stopped before it ended";
 
@@ -145,6 +147,21 @@ pub(crate) fn hear_others(inner: &Arc<Inner>) {
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
             };
             let Some(inner) = weak.upgrade() else { return };
+            if let Heard::Inbox {
+                session_id, holder, ..
+            } = &heard
+            {
+                if holder.is_empty() || inner.store.instance() == Some(holder.as_str()) {
+                    super::inbox::drain_soon(&inner, session_id.clone());
+                }
+                continue;
+            }
+            if heard == Heard::Resync {
+                // Requests left for this instance meanwhile.
+                for id in inner.store.held_leases() {
+                    super::inbox::drain_soon(&inner, id);
+                }
+            }
             let sessions: Vec<Arc<Session>> = {
                 let map = crate::sync::lock(&inner.sessions);
                 match &heard {
@@ -152,6 +169,7 @@ pub(crate) fn hear_others(inner: &Arc<Inner>) {
                         map.get(session_id).cloned().into_iter().collect()
                     }
                     Heard::Resync => map.values().cloned().collect(),
+                    Heard::Inbox { .. } => Vec::new(),
                 }
             };
             for s in sessions {
@@ -170,15 +188,25 @@ pub(crate) fn hear_others(inner: &Arc<Inner>) {
 /// is admitted meanwhile (it takes the lease again first, which the release then sees). One
 /// round trip; nothing on the embedded store.
 pub(crate) async fn release_when_idle(inner: &Arc<Inner>, session: &Arc<Session>) {
-    let store = &inner.store;
-    let Some(mark) = store.lease_mark(&session.id) else {
-        return;
-    };
-    if session.lock().running.is_some() {
-        return;
+    if release(inner, session).await == Some(Released::InboxWaiting) {
+        super::inbox::drain_soon(inner, session.id.to_string());
     }
-    if let Err(e) = store.release_lease(&session.id, mark).await {
-        tracing::warn!(session = %session.id, error = %e, "could not hand back a session's lease");
+}
+
+/// [`release_when_idle`] without taking what waits in the inbox: what the release did (`None`:
+/// not held, a turn running, or the store failed).
+pub(crate) async fn release(inner: &Arc<Inner>, session: &Session) -> Option<Released> {
+    let store = &inner.store;
+    let mark = store.lease_mark(&session.id)?;
+    if session.lock().running.is_some() {
+        return None;
+    }
+    match store.release_lease(&session.id, mark).await {
+        Ok(r) => Some(r),
+        Err(e) => {
+            tracing::warn!(session = %session.id, error = %e, "could not hand back a session's lease");
+            None
+        }
     }
 }
 
@@ -222,7 +250,10 @@ pub(crate) fn watch_expired(inner: &Arc<Inner>) {
                     Some(_) => {}
                     None => {
                         if let Some(mark) = engine.inner.store.lease_mark(&id) {
-                            let _ = engine.inner.store.release_lease(&id, mark).await;
+                            let r = engine.inner.store.release_lease(&id, mark).await;
+                            if matches!(r, Ok(Released::InboxWaiting)) {
+                                super::inbox::drain_soon(&engine.inner, id);
+                            }
                         }
                     }
                 }

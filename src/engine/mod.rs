@@ -27,7 +27,8 @@
 //! - `registry.rs` (load, cache, count, list, delete sessions), `settings.rs` (create a
 //!   session, validate its settings), `start.rs` (start, queue, cancel turns; plan decisions),
 //!   `handle.rs` (a started turn as its watcher reads it), `follow.rs` (reading a session's log).
-//! - `lease.rs`: scale-out on a shared store (one writer per session through its lease).
+//! - `lease.rs`: scale-out on a shared store (one writer per session through its lease);
+//!   `inbox.rs`: requests for a session another instance runs, sent to it and applied there.
 
 mod answers;
 pub mod approvals;
@@ -38,6 +39,7 @@ mod driven;
 pub mod follow;
 mod handle;
 pub mod history;
+mod inbox;
 mod job;
 mod lease;
 pub mod oversize;

@@ -16,7 +16,7 @@ use super::types::{Client, EngineError, Runner, TurnInput, TurnOrder, WhenBusy};
 use crate::{clock, ids};
 
 /// `Retry-After` (seconds) of a session whose queue is full: about a turn's length.
-const QUEUE_RETRY_AFTER: u64 = 5;
+pub(super) const QUEUE_RETRY_AFTER: u64 = 5;
 /// `Retry-After` (seconds) of a server running all the turns it may.
 const RUNNING_RETRY_AFTER: u64 = 2;
 impl Engine {
@@ -27,6 +27,17 @@ impl Engine {
         &self,
         session: &Arc<Session>,
         req: TurnOrder,
+    ) -> Result<TurnHandle, EngineError> {
+        self.start_turn_as(session, req, None)
+    }
+
+    /// [`Engine::start_turn`] under a turn id minted already (by the instance that answered
+    /// the request: see `inbox.rs`), or a new one.
+    pub(crate) fn start_turn_as(
+        &self,
+        session: &Arc<Session>,
+        req: TurnOrder,
+        turn_id: Option<String>,
     ) -> Result<TurnHandle, EngineError> {
         self.check_open()?;
         let drive = req.delivery.runner == Runner::Watcher;
@@ -57,7 +68,7 @@ impl Engine {
         if let Some(record) = record {
             st.record = Arc::new(record);
         }
-        let control = TurnControl::new(ids::new("turn"));
+        let control = TurnControl::new(turn_id.unwrap_or_else(|| ids::new("turn")));
         let job = Job {
             control: control.clone(),
             input: req.input,
@@ -245,10 +256,19 @@ impl Engine {
         decision: PlanDecision,
         attend_at: &'static str,
     ) -> Result<String, EngineError> {
+        self.decide_plan_as(session, decision, attend_at, None)
+    }
+
+    /// [`Engine::decide_plan`] under a turn id minted already, or a new one.
+    pub(crate) fn decide_plan_as(
+        &self,
+        session: &Arc<Session>,
+        decision: PlanDecision,
+        attend_at: &'static str,
+        turn_id: Option<String>,
+    ) -> Result<String, EngineError> {
         let Some(plan) = session.lock().plan.take() else {
-            return Err(EngineError::Conflict(
-                "no plan is waiting for approval in this session; start a run with \"plan\": true first".into(),
-            ));
+            return Err(no_plan());
         };
         let reject = matches!(decision, PlanDecision::Reject { .. });
         let input = TurnInput::User {
@@ -260,7 +280,7 @@ impl Engine {
             plan: reject,
             ..TurnOrder::unattended(input, attend_at)
         };
-        match self.start_turn(session, req) {
+        match self.start_turn_as(session, req, turn_id) {
             Ok(handle) => Ok(handle.turn_id.clone()),
             Err(e) => {
                 let mut st = session.lock();
@@ -271,4 +291,12 @@ impl Engine {
             }
         }
     }
+}
+
+/// The answer to a plan decision where no plan waits.
+pub(super) fn no_plan() -> EngineError {
+    EngineError::Conflict(
+        "no plan is waiting for approval in this session; start a run with \"plan\": true first"
+            .into(),
+    )
 }

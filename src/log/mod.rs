@@ -20,5 +20,6 @@ pub mod store;
 
 pub use backend::{FileRow, SessionRow, StoreError};
 pub use event::{Event, EventBody, FailReason, FileRef, StopReason};
+pub use postgres::inbox::{InboxRow, Posted, Released};
 pub use postgres::lease::{ClaimGuard, Heard, LeaseTaken};
 pub use store::Store;

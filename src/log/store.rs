@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use super::backend::{FileRow, SessionRow, StoreBackend, StoreError};
 use super::event::Event;
+use super::postgres::inbox::{InboxRow, Posted, Released};
 use super::postgres::lease::{ClaimGuard, Heard, LeaseTaken};
 use super::postgres::PgStore;
 use super::sqlite::SqliteStore;
@@ -110,11 +111,64 @@ impl Store {
     }
 
     /// Scale-out: hand a session's lease back, unless it was taken again since `mark`
-    /// ([`Store::lease_mark`]) was read.
-    pub async fn release_lease(&self, session_id: &str, mark: u64) -> Result<(), StoreError> {
+    /// ([`Store::lease_mark`]) was read, or requests wait in its inbox.
+    pub async fn release_lease(&self, session_id: &str, mark: u64) -> Result<Released, StoreError> {
+        match &self.backend {
+            Backend::Sqlite(_) => Ok(Released::Yes),
+            Backend::Postgres(p) => p.release_lease(session_id, mark).await,
+        }
+    }
+
+    /// Scale-out: leave a request (`kind`: `message`, `cancel`, `interrupt`, `plan`) for the
+    /// instance holding the session's lease, if another does (a `message` only while fewer
+    /// than `max_messages` wait). The embedded store has no other instance: `NotHeld`.
+    pub async fn post_inbox(
+        &self,
+        session_id: &str,
+        kind: &'static str,
+        body: String,
+        turn_id: Option<String>,
+        max_messages: usize,
+    ) -> Result<Posted, StoreError> {
+        match &self.backend {
+            Backend::Sqlite(_) => Ok(Posted::NotHeld),
+            Backend::Postgres(p) => {
+                p.post_inbox(session_id, kind, body, turn_id, max_messages)
+                    .await
+            }
+        }
+    }
+
+    /// Scale-out: take, in order, the requests waiting for this instance (holding the lease)
+    /// in the session's inbox, at most `room` messages; and whether some stay.
+    pub async fn take_inbox(
+        &self,
+        session_id: &str,
+        room: usize,
+    ) -> Result<(Vec<InboxRow>, bool), StoreError> {
+        match &self.backend {
+            Backend::Sqlite(_) => Ok((Vec::new(), false)),
+            Backend::Postgres(p) => p.take_inbox(session_id, room).await,
+        }
+    }
+
+    /// Scale-out: drop what waits in the inbox of a session that is gone.
+    pub async fn drop_inbox(&self, session_id: &str) -> Result<(), StoreError> {
         match &self.backend {
             Backend::Sqlite(_) => Ok(()),
-            Backend::Postgres(p) => p.release_lease(session_id, mark).await,
+            Backend::Postgres(p) => p.drop_inbox(session_id).await,
+        }
+    }
+
+    /// Scale-out: put rows taken by [`Store::take_inbox`] back in their places.
+    pub async fn put_back_inbox(
+        &self,
+        session_id: &str,
+        rows: Vec<InboxRow>,
+    ) -> Result<(), StoreError> {
+        match &self.backend {
+            Backend::Sqlite(_) => Ok(()),
+            Backend::Postgres(p) => p.put_back_inbox(session_id, rows).await,
         }
     }
 

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::engine::follow::Follow;
-use crate::engine::{DeltaKind, Feed, TurnInput, TurnOrder};
+use crate::engine::{DeltaKind, Feed, TurnInput};
 use crate::http::{body, json_response, query_param, sse, ApiError, Request, Response};
 use crate::message::Content;
 use crate::protocol::context::{App, Caller};
@@ -45,7 +45,8 @@ struct Cancel {
     turn_id: Option<String>,
 }
 
-/// `POST /sessions/{id}/messages`: queue a turn; `202 {"turn_id"}`.
+/// `POST /sessions/{id}/messages`: queue a turn; `202 {"turn_id"}`. Several instances on one
+/// store: queued on the one that runs the session (see `engine/inbox.rs`).
 pub async fn send_message(
     app: &App,
     caller: &Caller,
@@ -53,7 +54,6 @@ pub async fn send_message(
     req: Request,
 ) -> Result<Response, ApiError> {
     let session = app.engine.session(caller.owner.as_deref(), id).await?;
-    let claim = app.engine.claim(&session).await?;
     let limit = app.max_body();
     let msg: SendMessage = body::json(req.into_body(), limit).await?;
     if msg.content.is_empty() {
@@ -83,19 +83,13 @@ pub async fn send_message(
         .collect();
     let copied: Vec<std::path::PathBuf> =
         files.iter().map(|f| workspace.join(&f.filename)).collect();
-    let started = app.engine.start_turn(
-        &session,
-        TurnOrder::unattended(
-            TurnInput::User {
-                content: serde_json::to_value(&msg.content).unwrap_or(Value::Null),
-                files,
-                skills: msg.skills,
-            },
-            ATTEND_AT,
-        ),
-    );
-    drop(claim);
-    let handle = match started {
+    let input = TurnInput::User {
+        content: serde_json::to_value(&msg.content).unwrap_or(Value::Null),
+        files,
+        skills: msg.skills,
+    };
+    let started = app.engine.queue_message(&session, input, ATTEND_AT).await;
+    let turn_id = match started {
         Ok(h) => h,
         Err(e) => {
             for path in copied {
@@ -106,7 +100,7 @@ pub async fn send_message(
     };
     Ok(json_response(
         StatusCode::ACCEPTED,
-        &json!({ "turn_id": handle.turn_id }),
+        &json!({ "turn_id": turn_id }),
     ))
 }
 
@@ -241,7 +235,10 @@ pub async fn cancel(
     let session = app.engine.session(caller.owner.as_deref(), id).await?;
     let limit = app.max_body();
     let c: Cancel = body::json(req.into_body(), limit).await?;
-    let cancelled = app.engine.cancel(&session, c.turn_id.as_deref());
+    let cancelled = app
+        .engine
+        .cancel_anywhere(&session, c.turn_id.as_deref())
+        .await?;
     Ok(json_response(
         StatusCode::OK,
         &json!({ "cancelled": cancelled }),

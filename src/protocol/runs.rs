@@ -387,11 +387,14 @@ pub async fn confirm(
 ) -> Result<Response, ApiError> {
     let session = app.engine.session(caller.owner.as_deref(), id).await?;
     let body: Confirm = body::json(req.into_body(), app.max_body()).await?;
-    let turn_id = app.engine.decide_plan(
-        &session,
-        PlanDecision::Confirm { edits: body.edits },
-        ATTEND_AT,
-    )?;
+    let turn_id = app
+        .engine
+        .decide_plan_anywhere(
+            &session,
+            PlanDecision::Confirm { edits: body.edits },
+            ATTEND_AT,
+        )
+        .await?;
     Ok(json_response(
         StatusCode::OK,
         &json!({"status": "confirmed", "turn_id": turn_id}),
@@ -407,13 +410,16 @@ pub async fn reject(
 ) -> Result<Response, ApiError> {
     let session = app.engine.session(caller.owner.as_deref(), id).await?;
     let body: Reject = body::json(req.into_body(), app.max_body()).await?;
-    let turn_id = app.engine.decide_plan(
-        &session,
-        PlanDecision::Reject {
-            reason: body.reason,
-        },
-        ATTEND_AT,
-    )?;
+    let turn_id = app
+        .engine
+        .decide_plan_anywhere(
+            &session,
+            PlanDecision::Reject {
+                reason: body.reason,
+            },
+            ATTEND_AT,
+        )
+        .await?;
     Ok(json_response(
         StatusCode::OK,
         &json!({"status": "rejected", "turn_id": turn_id}),
@@ -423,7 +429,7 @@ pub async fn reject(
 /// `POST /sessions/{id}/interrupt`: the runs API's name for cancelling everything.
 pub async fn interrupt(app: &App, caller: &Caller, id: &str) -> Result<Response, ApiError> {
     let session = app.engine.session(caller.owner.as_deref(), id).await?;
-    let cancelled = app.engine.cancel(&session, None);
+    let cancelled = app.engine.cancel_anywhere(&session, None).await?;
     Ok(json_response(
         StatusCode::OK,
         &json!({ "cancelled": cancelled }),

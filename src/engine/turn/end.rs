@@ -168,6 +168,8 @@ impl Turn {
     ) {
         if next.is_none() {
             crate::engine::lease::release_when_idle(&self.inner, &self.session).await;
+        } else {
+            crate::engine::inbox::room_opened(&self.inner, &self.session);
         }
         to_watcher(self.sink.as_ref(), published);
         if let Some(job) = next {

@@ -20,6 +20,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use tokio::sync::broadcast;
 
+use super::inbox::{Released, INBOX_CHANNEL};
 use super::{PgStore, Shared, EVENTS_CHANNEL};
 use crate::log::StoreError;
 use crate::sync::lock;
@@ -31,6 +32,9 @@ pub enum Heard {
     Commit { session_id: String, seq: u64 },
     /// The listening connection was lost and is back: re-read what is followed.
     Resync,
+    /// Requests for this session wait in the inbox (`inbox.rs`), for `holder` (empty: for
+    /// whichever instance takes the lease).
+    Inbox { session_id: String, holder: String },
 }
 
 /// The outcome of [`PgStore::take_lease`].
@@ -105,12 +109,13 @@ impl PgStore {
     }
 
     /// Hand a session's lease back, unless it was taken again since `mark` was read (a turn
-    /// was admitted meanwhile: it runs under the lease).
+    /// was admitted meanwhile: it runs under the lease), or requests wait in its inbox (the
+    /// holder takes them: see `inbox.rs` for why the two statements).
     pub(crate) async fn release_lease(
         &self,
         session_id: &str,
         mark: u64,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Released, StoreError> {
         let sid = session_id.to_string();
         let shared = self.shared.clone();
         self.run(move |pool| async move {
@@ -118,28 +123,63 @@ impl PgStore {
             if lock(&shared.held).get(&sid) != Some(&mark)
                 || lock(&shared.claiming).contains_key(&sid)
             {
-                return Ok(());
+                return Ok(Released::Kept);
             }
             let c = pool.get().await?;
-            c.execute(
-                "DELETE FROM leases WHERE session_id = $1 AND holder = $2",
-                &[&sid, &shared.instance],
-            )
-            .await?;
+            let lock_row = c
+                .prepare_cached(
+                    "SELECT 1 FROM leases WHERE session_id = $1 AND holder = $2 FOR UPDATE",
+                )
+                .await?;
+            let delete = c
+                .prepare_cached(
+                    "DELETE FROM leases WHERE session_id = $1 AND holder = $2
+                       AND NOT EXISTS (SELECT 1 FROM inbox WHERE session_id = $1)",
+                )
+                .await?;
+            let me = &shared.instance;
+            // One transaction in one round trip (each request is sent on its first poll, in
+            // this order); the DELETE still takes its snapshot after the lock is granted.
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&sid, me];
+            let (begin, ours, gone, commit) = futures_util::join!(
+                c.batch_execute("BEGIN"),
+                c.query_opt(&lock_row, &params),
+                c.execute(&delete, &params),
+                c.batch_execute("COMMIT"),
+            );
+            begin?;
+            let (ours, gone) = (ours?.is_some(), gone?);
+            commit?;
+            if ours && gone == 0 {
+                return Ok(Released::InboxWaiting);
+            }
             lock(&shared.held).remove(&sid);
-            Ok(())
+            Ok(Released::Yes)
         })
         .await
     }
 
-    /// Hand back every lease of this instance (SIGTERM), so others take its sessions at once.
+    /// Hand back every lease of this instance (SIGTERM), so others take its sessions at once;
+    /// those with requests in the inbox are announced to every instance.
     pub(crate) async fn release_all_leases(&self) -> Result<(), StoreError> {
         let shared = self.shared.clone();
         self.run(move |pool| async move {
             let _ops = shared.lease_ops.lock().await;
-            let c = pool.get().await?;
-            c.execute("DELETE FROM leases WHERE holder = $1", &[&shared.instance])
+            let mut c = pool.get().await?;
+            let tx = c.transaction().await?;
+            let me = &shared.instance;
+            tx.execute("SELECT 1 FROM leases WHERE holder = $1 FOR UPDATE", &[me])
                 .await?;
+            tx.execute(
+                "SELECT pg_notify($2, s.session_id || ' ') FROM (SELECT DISTINCT session_id
+                   FROM inbox WHERE session_id IN
+                        (SELECT session_id FROM leases WHERE holder = $1)) s",
+                &[me, &INBOX_CHANNEL],
+            )
+            .await?;
+            tx.execute("DELETE FROM leases WHERE holder = $1", &[me])
+                .await?;
+            tx.commit().await?;
             lock(&shared.held).clear();
             Ok(())
         })
@@ -242,7 +282,7 @@ pub(super) async fn listen_loop(
         match config.connect(tokio_postgres::NoTls).await {
             Ok((client, mut conn)) => {
                 let mut messages = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
-                let sql = format!("LISTEN {EVENTS_CHANNEL}");
+                let sql = format!("LISTEN {EVENTS_CHANNEL}; LISTEN {INBOX_CHANNEL}");
                 let listen = client.batch_execute(&sql);
                 // The connection must be driven for LISTEN to be answered.
                 let mut listen = std::pin::pin!(listen);
@@ -262,7 +302,13 @@ pub(super) async fn listen_loop(
                             return;
                         }
                         if let tokio_postgres::AsyncMessage::Notification(n) = m {
-                            if let Some(heard) = parse(n.payload()) {
+                            let heard = if n.channel() == INBOX_CHANNEL {
+                                super::inbox::parse(n.payload())
+                                    .map(|(session_id, holder)| Heard::Inbox { session_id, holder })
+                            } else {
+                                parse(n.payload())
+                            };
+                            if let Some(heard) = heard {
                                 let _ = tx.send(heard);
                             }
                         }

@@ -6,6 +6,8 @@
 //!   (from every session) as one transaction sent in one round trip (pipelined), with a
 //!   `pg_notify` per session inside it, so other instances hear of rows only once committed.
 //! - `read.rs`: the reads (log by cursor, sessions, file records).
+//! - `lease.rs`, `inbox.rs`: one writer per session (its lease), and the requests other
+//!   instances leave for it.
 //!
 //! Durability: `COMMIT` is acknowledged per the server's `synchronous_commit` (PostgreSQL's
 //! default `on`: the WAL is flushed, and synchronous standbys have it, before the watermark
@@ -21,6 +23,7 @@
 //! File bytes stay on disk under `data_dir` as with SQLite (only the metadata is shared).
 
 mod commit;
+pub(crate) mod inbox;
 pub(crate) mod lease;
 mod read;
 mod schema;

@@ -50,6 +50,18 @@ const MIGRATIONS: &[&str] = &[
         holder text NOT NULL,
         expires_at timestamptz NOT NULL
     );",
+    // 2: the inbox: requests for a session posted on an instance while another holds its
+    // lease (queued messages, cancels, interrupts, plan decisions), taken by the holder in
+    // `seq` order (`inbox.rs`).
+    "CREATE TABLE inbox (
+        seq bigserial PRIMARY KEY,
+        session_id text NOT NULL,
+        kind text NOT NULL,
+        body text NOT NULL,
+        turn_id text,
+        created_at timestamptz NOT NULL DEFAULT now()
+    );
+    CREATE INDEX inbox_by_session ON inbox (session_id, seq);",
 ];
 
 /// The version this build writes.
