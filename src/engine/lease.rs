@@ -145,6 +145,18 @@ pub(crate) fn hear_others(inner: &Arc<Inner>) {
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
             };
             let Some(inner) = weak.upgrade() else { return };
+            if let Heard::Delta(d) = &heard {
+                let s = crate::sync::lock(&inner.sessions)
+                    .get(&d.session_id)
+                    .cloned();
+                if let Some(s) = s {
+                    if s.lock().next_seq < d.after_seq {
+                        reread(&inner, &s, |_| ()).await; // its commit was missed
+                    }
+                    super::delivery::publish_remote(&s, d);
+                }
+                continue;
+            }
             let sessions: Vec<Arc<Session>> = {
                 let map = crate::sync::lock(&inner.sessions);
                 match &heard {
@@ -152,6 +164,7 @@ pub(crate) fn hear_others(inner: &Arc<Inner>) {
                         map.get(session_id).cloned().into_iter().collect()
                     }
                     Heard::Resync => map.values().cloned().collect(),
+                    Heard::Delta(_) => Vec::new(),
                 }
             };
             for s in sessions {

@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use super::backend::{FileRow, SessionRow, StoreBackend, StoreError};
 use super::event::Event;
+use super::postgres::deltas::{DeltaTap, DeltaWatch};
 use super::postgres::lease::{ClaimGuard, Heard, LeaseTaken};
 use super::postgres::PgStore;
 use super::sqlite::SqliteStore;
@@ -148,6 +149,49 @@ impl Store {
         match &self.backend {
             Backend::Sqlite(_) => None,
             Backend::Postgres(p) => Some(p.instance()),
+        }
+    }
+
+    /// Scale-out: a handle to send a session's streamed deltas to the other instances that
+    /// watch it (`None` on SQLite).
+    pub fn delta_tap(&self, session_id: &Arc<str>) -> Option<DeltaTap> {
+        match &self.backend {
+            Backend::Sqlite(_) => None,
+            Backend::Postgres(p) => Some(p.delta_tap(session_id)),
+        }
+    }
+
+    /// Scale-out: this instance has a live subscriber of the session, until the watch is
+    /// dropped: the instance running its turns sends it their deltas. Returns once it will
+    /// (`None` on SQLite, or when the database could not be told: the stored events still
+    /// come, the deltas may not).
+    pub async fn watch_deltas(&self, session_id: &str) -> Option<DeltaWatch> {
+        match &self.backend {
+            Backend::Sqlite(_) => None,
+            Backend::Postgres(p) => match p.watch_deltas(session_id).await {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    tracing::warn!(session = %session_id, error = %e, "could not ask for the deltas of a session run elsewhere");
+                    None
+                }
+            },
+        }
+    }
+
+    /// The bytes the store takes in its database: `None` on SQLite (its files are measured
+    /// on disk); on PostgreSQL, the total size of turnstile's tables (see `files.rs`).
+    pub async fn db_bytes(&self) -> Result<Option<u64>, StoreError> {
+        match &self.backend {
+            Backend::Sqlite(_) => Ok(None),
+            Backend::Postgres(p) => p.db_bytes().await.map(Some),
+        }
+    }
+
+    /// Where stored files' bytes live: `None` on disk (SQLite), or in the shared database.
+    pub(crate) fn blob_db(&self) -> Option<&PgStore> {
+        match &self.backend {
+            Backend::Sqlite(_) => None,
+            Backend::Postgres(p) => Some(p),
         }
     }
 

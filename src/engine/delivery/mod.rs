@@ -19,6 +19,14 @@ use super::types::DeltaKind;
 use channel::WatcherSink;
 use outbox::DELTA_WAIT;
 
+/// A delta another instance streamed (a shared store): to this instance's live subscribers of
+/// the session, if they have seen exactly the events its writer's had.
+pub(crate) fn publish_remote(session: &Session, d: &crate::log::RemoteDelta) {
+    let mut st = session.lock();
+    let last = st.next_seq;
+    st.out.publish_remote_delta(d, last);
+}
+
 /// Hand published events to the turn's watcher, if it has one.
 pub(crate) fn to_watcher(sink: Option<&WatcherSink>, events: Vec<Arc<Event>>) {
     if let Some(sink) = sink {

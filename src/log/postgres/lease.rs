@@ -20,6 +20,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use tokio::sync::broadcast;
 
+use super::deltas::{self, DELTAS_CHANNEL};
 use super::{PgStore, Shared, EVENTS_CHANNEL};
 use crate::log::StoreError;
 use crate::sync::lock;
@@ -31,6 +32,8 @@ pub enum Heard {
     Commit { session_id: String, seq: u64 },
     /// The listening connection was lost and is back: re-read what is followed.
     Resync,
+    /// A delta another instance streamed (`deltas.rs`), heard in order with the commits.
+    Delta(super::deltas::RemoteDelta),
 }
 
 /// The outcome of [`PgStore::take_lease`].
@@ -242,7 +245,7 @@ pub(super) async fn listen_loop(
         match config.connect(tokio_postgres::NoTls).await {
             Ok((client, mut conn)) => {
                 let mut messages = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
-                let sql = format!("LISTEN {EVENTS_CHANNEL}");
+                let sql = format!("LISTEN {EVENTS_CHANNEL}; LISTEN {DELTAS_CHANNEL}");
                 let listen = client.batch_execute(&sql);
                 // The connection must be driven for LISTEN to be answered.
                 let mut listen = std::pin::pin!(listen);
@@ -253,6 +256,7 @@ pub(super) async fn listen_loop(
                     }
                 };
                 if listening {
+                    tokio::spawn(deltas::load_watches(shared.clone()));
                     if !first {
                         let _ = tx.send(Heard::Resync);
                     }
@@ -262,7 +266,12 @@ pub(super) async fn listen_loop(
                             return;
                         }
                         if let tokio_postgres::AsyncMessage::Notification(n) = m {
-                            if let Some(heard) = parse(n.payload()) {
+                            if n.channel() == DELTAS_CHANNEL {
+                                let Some(s) = shared.upgrade() else { return };
+                                for d in deltas::heard(&s, n.payload()) {
+                                    let _ = tx.send(Heard::Delta(d));
+                                }
+                            } else if let Some(heard) = parse(n.payload()) {
                                 let _ = tx.send(heard);
                             }
                         }
