@@ -172,6 +172,12 @@ async fn a_streamed_turn_on_a_shows_its_deltas_live_on_b_in_order_before_the_mes
     let mut on_b = sse_reader::get(&b_http.base, &stream_path, &[]).await.ok();
     let replayed = on_b.take(3).await;
     assert_eq!(replayed.last().unwrap().event, "turn.completed");
+    // And B follows it as a run too (the runs API): the last run replayed, then live.
+    let mut run_on_b = sse_reader::get(&b_http.base, &format!("/sessions/{sid}/events"), &[])
+        .await
+        .ok();
+    let last_run = run_on_b.until(|f| f.event == "done").await;
+    assert_eq!(last_run.len(), 2, "the last run: its message, then done");
     let text: String = (0..10_000).map(|i| format!("w{i} ")).collect();
     fake.push(
         Reply::text(&text)
@@ -188,11 +194,26 @@ async fn a_streamed_turn_on_a_shows_its_deltas_live_on_b_in_order_before_the_mes
     )
     .await
     .ok();
-    let (a_frames, b_frames, aap) = tokio::join!(
+    let (a_frames, b_frames, aap, run) = tokio::join!(
         frames_until_terminal(&mut on_a),
         frames_until_terminal(&mut on_b),
-        turn.until(|f| f.event == "turn_stop")
+        turn.until(|f| f.event == "turn_stop"),
+        run_on_b.until(|f| f.event == "done")
     );
+    // The run stream on B: the partial messages make the text, then the message, then done.
+    let names: Vec<&str> = run.iter().map(|f| f.event.as_str()).collect();
+    let n = names.len();
+    assert!(n > 3, "{names:?}");
+    assert!(
+        names[..n - 2].iter().all(|e| *e == "partial_message"),
+        "{names:?}"
+    );
+    assert_eq!(names[n - 2..], ["message", "done"]);
+    let partial: String = run[..n - 2]
+        .iter()
+        .map(|f| f.json()["text"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(partial, text);
     let aap_text: String = aap
         .iter()
         .filter(|f| f.event == "text_delta")

@@ -274,19 +274,26 @@ impl FileStore {
             let _ = tokio::fs::remove_file(&tmp).await;
             placed?;
         } else {
-            let _placing = self.shared.blob_lock.lock().await;
-            let blob = self.blob(&row.sha256);
-            if tokio::fs::try_exists(&blob).await.unwrap_or(false) {
-                let _ = tokio::fs::remove_file(&tmp).await;
-            } else if let Err(e) = tokio::fs::rename(&tmp, &blob).await {
-                let _ = tokio::fs::remove_file(&tmp).await;
-                return Err(e.into());
-            }
-            self.store.put_file(row.clone());
-            self.store.flush().await?;
+            self.place_on_disk(&row, &tmp).await?;
         }
         reserved.keep();
         Ok(to_ref(&row))
+    }
+
+    /// The bytes stay on disk: move the staged upload into place unless the same bytes are
+    /// there already, and commit its record, under the blob lock.
+    async fn place_on_disk(&self, row: &FileRow, staged: &Path) -> Result<(), FileError> {
+        let _placing = self.shared.blob_lock.lock().await;
+        let blob = self.blob(&row.sha256);
+        if tokio::fs::try_exists(&blob).await.unwrap_or(false) {
+            let _ = tokio::fs::remove_file(staged).await;
+        } else if let Err(e) = tokio::fs::rename(staged, &blob).await {
+            let _ = tokio::fs::remove_file(staged).await;
+            return Err(e.into());
+        }
+        self.store.put_file(row.clone());
+        self.store.flush().await?;
+        Ok(())
     }
 
     /// The database holds the bytes: write the staged upload there unless the same bytes are

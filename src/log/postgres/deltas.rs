@@ -209,11 +209,7 @@ impl Deltas {
 
 /// Split what is queued into payloads of at most [`PAYLOAD_BYTES`], in order (a text too long
 /// for one is cut at character boundaries into several deltas).
-fn payloads(
-    instance: &str,
-    first_n: u64,
-    deltas: Vec<Wire>,
-) -> Vec<String> {
+fn payloads(instance: &str, first_n: u64, deltas: Vec<Wire>) -> Vec<String> {
     let empty = |n| Message {
         i: instance.to_string(),
         n,
@@ -568,6 +564,43 @@ mod tests {
             .collect();
         assert_eq!(b, long);
         assert!(all.iter().filter(|d| d.0 == "sess_b").count() > 1);
+    }
+
+    #[test]
+    fn a_tap_queues_only_while_another_instance_watches_and_costs_a_load_otherwise() {
+        let deltas = Arc::new(Deltas::default());
+        let tap = DeltaTap {
+            deltas: deltas.clone(),
+            session_id: "sess_a".into(),
+        };
+        let started = Instant::now();
+        for _ in 0..1_000_000 {
+            tap.send(3, "turn_1", false, "some text");
+        }
+        let each = started.elapsed() / 1_000_000;
+        assert!(
+            lock(&deltas.queue).is_empty(),
+            "nobody watches: nothing queued"
+        );
+        println!("an unwatched session's delta costs its writer {each:?}");
+        // Another session watched: this one still queues nothing.
+        deltas.note_watch(
+            "b",
+            vec!["sess_z".into()],
+            Instant::now() + Duration::from_secs(60),
+        );
+        tap.send(3, "turn_1", false, "x");
+        assert!(lock(&deltas.queue).is_empty());
+        deltas.note_watch(
+            "b",
+            vec!["sess_a".into()],
+            Instant::now() + Duration::from_secs(60),
+        );
+        tap.send(3, "turn_1", true, "thought");
+        assert_eq!(
+            *lock(&deltas.queue),
+            [("sess_a".into(), 3, "turn_1".into(), true, "thought".into())]
+        );
     }
 
     #[test]
