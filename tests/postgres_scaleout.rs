@@ -509,3 +509,68 @@ async fn a_file_uploaded_on_a_downloads_on_b_whole_and_by_range_and_a_delete_on_
     let _ = a.kill().await;
     let _ = b.kill().await;
 }
+
+/// A process's peak resident memory (`VmHWM`), in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_file_goes_into_the_database_and_out_on_the_other_instance_in_bounded_memory() {
+    let pg = PgCluster::start();
+    let fake = FakeOpenAi::start().await;
+    let p = pair(&pg, &fake, 10);
+    let (mut a, a_http) = spawn(p.dirs[0].path()).await;
+    let (mut b, b_http) = spawn(p.dirs[1].path()).await;
+    let (a_pid, b_pid) = (a.id().unwrap(), b.id().unwrap());
+    // Warm both up (a download of a small file) so that the peaks compare like with like.
+    let small = upload(&a_http, "small.bin", vec![7u8; 1000]).await;
+    let (status, _, _) = download(&b_http, small["id"].as_str().unwrap(), None).await;
+    assert_eq!(status, 200);
+    let (a_before, b_before) = (peak_rss(a_pid), peak_rss(b_pid));
+
+    let size = 64usize << 20;
+    let body: Vec<u8> = (0..size).map(|i| (i * 7 + i / 4096) as u8).collect();
+    let file = upload(&a_http, "big.bin", body.clone()).await;
+    let id = file["id"].as_str().unwrap();
+    // Downloaded on B as it streams (hashed on the way, not kept).
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    let req = hyper::Request::builder()
+        .uri(format!("{}/files/{id}/content", b_http.base))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let mut resp = client.request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut hash = ring::digest::Context::new(&ring::digest::SHA256);
+    let mut got = 0usize;
+    while let Some(frame) = resp.body_mut().frame().await {
+        if let Ok(data) = frame.unwrap().into_data() {
+            got += data.len();
+            hash.update(&data);
+        }
+    }
+    assert_eq!(got, size);
+    let want = ring::digest::digest(&ring::digest::SHA256, &body);
+    assert_eq!(hash.finish().as_ref(), want.as_ref());
+    let (a_grew, b_grew) = (
+        peak_rss(a_pid).saturating_sub(a_before),
+        peak_rss(b_pid).saturating_sub(b_before),
+    );
+    println!(
+        "64 MiB through the database: peak RSS grew {} MiB on A (upload), {} MiB on B (download)",
+        a_grew >> 20,
+        b_grew >> 20
+    );
+    assert!(a_grew < (size as u64) / 2, "A's peak grew {a_grew} bytes");
+    assert!(b_grew < (size as u64) / 2, "B's peak grew {b_grew} bytes");
+    let _ = a.kill().await;
+    let _ = b.kill().await;
+}
