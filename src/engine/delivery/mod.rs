@@ -2,7 +2,9 @@
 //! in the one order they may see them: stored events only once durable, and a model call's
 //! fragments never before the events said before them. The watcher's bounded channel is in
 //! `channel.rs`; what a session holds on its way to subscribers (events not yet published, the
-//! coalescer of deltas, the live feed) is in `outbox.rs`.
+//! coalescer of deltas, the live feed) is in `outbox.rs`. On a shared store, the coalesced
+//! deltas of a session another instance watches also go to it (`Outbox::remote`), and the
+//! deltas another instance's turn streamed come in through [`publish_remote`].
 
 pub(crate) mod channel;
 pub(crate) mod outbox;

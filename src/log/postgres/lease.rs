@@ -12,7 +12,9 @@
 //!   (`<session> <last seq>` per session, delivered only at `COMMIT`) and hands each on to
 //!   [`PgStore::commits_heard`] subscribers, who read the rows by cursor (so a lost or repeated
 //!   notification loses or repeats nothing). After the connection is lost and back, a
-//!   [`Heard::Resync`] says that anything may have been missed.
+//!   [`Heard::Resync`] says that anything may have been missed. The same connection listens
+//!   for the deltas of turns running elsewhere (`deltas.rs`), handed on as [`Heard::Delta`]
+//!   in the order heard, so that a delta never passes the commit it follows.
 
 use std::sync::Weak;
 use std::time::Duration;
