@@ -61,7 +61,14 @@ async fn spawn(dir: &std::path::Path) -> (tokio::process::Child, Http) {
             break rest.split_whitespace().next().unwrap().parse().unwrap();
         }
     };
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    // Warnings and errors go to the test's output (shown when it fails).
+    tokio::spawn(async move {
+        while let Ok(Some(l)) = lines.next_line().await {
+            if l.contains("WARN") || l.contains("ERROR") {
+                eprintln!("{l}");
+            }
+        }
+    });
     (child, Http::new(addr))
 }
 
@@ -290,12 +297,13 @@ async fn a_subscriber_on_b_reconnecting_mid_turn_gets_each_stored_event_once_and
     let pg = PgCluster::start();
     let fake = FakeOpenAi::start().await;
     let p = pair(&pg, &fake, 10);
-    let (mut a, a_http) = spawn(p.dirs[0].path()).await;
     let (mut b, b_http) = spawn(p.dirs[1].path()).await;
-    let (_, created) = a_http.post("/sessions", &json!({})).await;
+    let (_, created) = b_http.post("/sessions", &json!({})).await;
     let sid = created["sessionId"].as_str().unwrap().to_string();
     let stream_path = format!("/sessions/{sid}/events/stream");
     let mut first = sse_reader::get(&b_http.base, &stream_path, &[]).await.ok();
+    // A starts after B began watching: it learns of the watch from the database.
+    let (mut a, a_http) = spawn(p.dirs[0].path()).await;
     // The answer streams half, waits for the gate, then streams the rest.
     let gate = Gate::new();
     let text: String = (0..400).map(|i| format!("t{i} ")).collect();

@@ -91,6 +91,10 @@ pub(crate) struct Deltas {
     sending: tokio::sync::Mutex<()>,
     /// Woken when the queue gains its first delta.
     wake: tokio::sync::Notify,
+    /// Whether the listener has listened and read the watches under way once (an instance
+    /// starts serving only then: see [`Deltas::until_listening`]).
+    listening: std::sync::atomic::AtomicBool,
+    listening_now: tokio::sync::Notify,
     /// Numbers this instance's notifications on the channel.
     numbered: AtomicU64,
 }
@@ -491,6 +495,27 @@ pub(super) async fn load_watches(shared: Weak<Shared>) {
             }
         }
         Err(e) => tracing::warn!(error = %e, "store: cannot read the delta watches"),
+    }
+    s.deltas.listening.store(true, Ordering::Release);
+    s.deltas.listening_now.notify_waiters();
+}
+
+impl Deltas {
+    /// Waits (at most `within`) until the listener listens and knows the watches under way,
+    /// so that a turn started at once sends its first deltas to whoever watches already.
+    pub(super) async fn until_listening(&self, within: Duration) {
+        let _ = tokio::time::timeout(within, async {
+            loop {
+                let now = self.listening_now.notified();
+                let mut now = std::pin::pin!(now);
+                now.as_mut().enable();
+                if self.listening.load(Ordering::Acquire) {
+                    return;
+                }
+                now.await;
+            }
+        })
+        .await;
     }
 }
 

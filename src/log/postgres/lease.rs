@@ -258,7 +258,8 @@ pub(super) async fn listen_loop(
                     }
                 };
                 if listening {
-                    tokio::spawn(deltas::load_watches(shared.clone()));
+                    // Notifications wait in the connection meanwhile (one query).
+                    deltas::load_watches(shared.clone()).await;
                     if !first {
                         let _ = tx.send(Heard::Resync);
                     }

@@ -196,7 +196,11 @@ impl PgStore {
         handle.spawn(lease::renew_loop(weak.clone(), lease / 3));
         handle.spawn(lease::listen_loop(weak.clone(), listen_cfg, heard));
         let d = store.shared.deltas.clone();
-        handle.spawn(deltas::send_loop(weak, d, lease / 3));
+        handle.spawn(deltas::send_loop(weak, d.clone(), lease / 3));
+        block_on(handle, async move {
+            d.until_listening(Duration::from_secs(5)).await;
+            Ok(())
+        })?;
         Ok(store)
     }
 }
