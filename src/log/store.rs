@@ -21,6 +21,9 @@ use super::postgres::lease::{ClaimGuard, Heard, LeaseTaken};
 use super::postgres::PgStore;
 use super::sqlite::SqliteStore;
 
+/// How long opening a stream waits for the database to note its watch of the session's deltas.
+const WATCH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Handle to the store; cheap to clone.
 #[derive(Clone)]
 pub struct Store {
@@ -168,13 +171,21 @@ impl Store {
     pub async fn watch_deltas(&self, session_id: &str) -> Option<DeltaWatch> {
         match &self.backend {
             Backend::Sqlite(_) => None,
-            Backend::Postgres(p) => match p.watch_deltas(session_id).await {
-                Ok(w) => Some(w),
-                Err(e) => {
-                    tracing::warn!(session = %session_id, error = %e, "could not ask for the deltas of a session run elsewhere");
-                    None
+            // A database that does not answer soon does not hold the stream up.
+            Backend::Postgres(p) => {
+                let asked = tokio::time::timeout(WATCH_WAIT, p.watch_deltas(session_id)).await;
+                match asked {
+                    Ok(Ok(w)) => Some(w),
+                    Ok(Err(e)) => {
+                        tracing::warn!(session = %session_id, error = %e, "could not ask for the deltas of a session run elsewhere");
+                        None
+                    }
+                    Err(_) => {
+                        tracing::warn!(session = %session_id, "asking for the deltas of a session run elsewhere took over {WATCH_WAIT:?}; streaming without them");
+                        None
+                    }
                 }
-            },
+            }
         }
     }
 
