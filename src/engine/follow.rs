@@ -37,6 +37,9 @@ pub struct Follow {
     rx: Receiver<Feed>,
     /// Its place among the session's open streams, when it is one.
     _slot: Option<StreamSlot>,
+    /// A shared store: the deltas of the session's turns running on other instances come
+    /// here while it is open.
+    _deltas: Option<crate::log::DeltaWatch>,
 }
 
 /// An open stream of a session, counted against `[limits] subscribers_per_session` until it
@@ -86,6 +89,7 @@ impl Follow {
         session: Arc<Session>,
         after_seq: u64,
     ) -> Result<Follow, EngineError> {
+        let deltas = engine.store().watch_deltas(&session.id).await;
         let (tail, rx) = session.subscribe();
         let mut f = Follow {
             engine: engine.clone(),
@@ -96,6 +100,7 @@ impl Follow {
             held: None,
             rx,
             _slot: None,
+            _deltas: deltas,
         };
         f.refill().await?;
         Ok(f)

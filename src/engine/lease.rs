@@ -162,6 +162,18 @@ pub(crate) fn hear_others(inner: &Arc<Inner>) {
                     super::inbox::drain_soon(&inner, id);
                 }
             }
+            if let Heard::Delta(d) = &heard {
+                let s = crate::sync::lock(&inner.sessions)
+                    .get(&d.session_id)
+                    .cloned();
+                if let Some(s) = s {
+                    if s.lock().next_seq < d.after_seq {
+                        reread(&inner, &s, |_| ()).await; // its commit was missed
+                    }
+                    super::delivery::publish_remote(&s, d);
+                }
+                continue;
+            }
             let sessions: Vec<Arc<Session>> = {
                 let map = crate::sync::lock(&inner.sessions);
                 match &heard {
@@ -170,6 +182,7 @@ pub(crate) fn hear_others(inner: &Arc<Inner>) {
                     }
                     Heard::Resync => map.values().cloned().collect(),
                     Heard::Inbox { .. } => Vec::new(),
+                    Heard::Delta(_) => Vec::new(),
                 }
             };
             for s in sessions {

@@ -1,6 +1,8 @@
-//! The file store: uploads and delivered files. Bytes are content-addressed blobs under
-//! `data_dir/files/` (named by their SHA-256, written once, then renamed into place); metadata
-//! lives in the embedded store. Files belong to the API key that made them.
+//! The file store: uploads and delivered files. Bytes are content-addressed blobs (named by
+//! their SHA-256, written once): under `data_dir/files/` with the embedded store, in the
+//! database with PostgreSQL (`log/postgres/files.rs`), so that any instance serves them.
+//! Uploads are staged under `data_dir/files/tmp` either way. Metadata lives in the store.
+//! Files belong to the API key that made them.
 
 pub mod mime;
 pub mod safe_open;
@@ -10,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use ring::digest::{Context, SHA256};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
 use crate::log::{FileRef, FileRow, Store};
 use crate::sync::lock;
@@ -29,6 +31,9 @@ pub enum FileError {
     #[error(transparent)]
     Store(#[from] crate::log::StoreError),
 }
+
+/// A stored file's bytes, being read.
+pub type Blob = Box<dyn AsyncRead + Send + Unpin>;
 
 /// Handle to the file store; cheap to clone.
 #[derive(Clone)]
@@ -264,20 +269,74 @@ impl FileStore {
             sha256: sha,
             created_at: clock::now(),
         };
-        {
-            let _placing = self.shared.blob_lock.lock().await;
-            let blob = self.blob(&row.sha256);
-            if tokio::fs::try_exists(&blob).await.unwrap_or(false) {
-                let _ = tokio::fs::remove_file(&tmp).await;
-            } else if let Err(e) = tokio::fs::rename(&tmp, &blob).await {
-                let _ = tokio::fs::remove_file(&tmp).await;
-                return Err(e.into());
-            }
-            self.store.put_file(row.clone());
-            self.store.flush().await?;
+        if let Some(db) = self.store.blob_db() {
+            let placed = self.place_in_db(db, &row, &tmp).await;
+            let _ = tokio::fs::remove_file(&tmp).await;
+            placed?;
+        } else {
+            self.place_on_disk(&row, &tmp).await?;
         }
         reserved.keep();
         Ok(to_ref(&row))
+    }
+
+    /// The bytes stay on disk: move the staged upload into place unless the same bytes are
+    /// there already, and commit its record, under the blob lock.
+    async fn place_on_disk(&self, row: &FileRow, staged: &Path) -> Result<(), FileError> {
+        let _placing = self.shared.blob_lock.lock().await;
+        let blob = self.blob(&row.sha256);
+        if tokio::fs::try_exists(&blob).await.unwrap_or(false) {
+            let _ = tokio::fs::remove_file(staged).await;
+        } else if let Err(e) = tokio::fs::rename(staged, &blob).await {
+            let _ = tokio::fs::remove_file(staged).await;
+            return Err(e.into());
+        }
+        self.store.put_file(row.clone());
+        self.store.flush().await?;
+        Ok(())
+    }
+
+    /// The database holds the bytes: write the staged upload there unless the same bytes are
+    /// there already, and commit its record, under the blob's lock (shared by the instances).
+    async fn place_in_db(
+        &self,
+        db: &crate::log::postgres::PgStore,
+        row: &FileRow,
+        staged: &Path,
+    ) -> Result<(), FileError> {
+        let blob = db.lock_blob(&row.sha256).await?;
+        let placed = async {
+            if !blob.exists().await? {
+                blob.put_from(staged).await?;
+            }
+            self.store.put_file(row.clone());
+            self.store.flush().await?;
+            Ok(())
+        }
+        .await;
+        blob.release().await;
+        placed
+    }
+
+    /// The database holds the bytes: remove the record, and the bytes unless another record
+    /// shares them, under the blob's lock.
+    async fn delete_in_db(
+        &self,
+        db: &crate::log::postgres::PgStore,
+        row: &FileRow,
+    ) -> Result<(), FileError> {
+        let blob = db.lock_blob(&row.sha256).await?;
+        let deleted = async {
+            self.store.delete_file(&row.id);
+            self.store.flush().await?;
+            if !self.store.blob_in_use(&row.sha256).await? {
+                blob.delete().await?;
+            }
+            Ok(())
+        }
+        .await;
+        blob.release().await;
+        deleted
     }
 
     /// A file this owner may see.
@@ -296,7 +355,9 @@ impl FileStore {
         let row = self.get(owner, id).await?;
         let owner = row.owner.clone();
         self.load_usage(&owner).await?;
-        {
+        if let Some(db) = self.store.blob_db() {
+            self.delete_in_db(db, &row).await?;
+        } else {
             let _removing = self.shared.blob_lock.lock().await;
             self.store.delete_file(&row.id);
             self.store.flush().await?;
@@ -338,8 +399,22 @@ impl FileStore {
     }
 
     /// Open a file's bytes.
-    pub async fn open_blob(&self, row: &FileRow) -> Result<tokio::fs::File, FileError> {
-        Ok(tokio::fs::File::open(self.blob(&row.sha256)).await?)
+    pub async fn open_blob(&self, row: &FileRow) -> Result<Blob, FileError> {
+        self.open_blob_at(row, 0).await
+    }
+
+    /// Open a file's bytes from `start` on (a `Range` request).
+    pub async fn open_blob_at(&self, row: &FileRow, start: u64) -> Result<Blob, FileError> {
+        if let Some(db) = self.store.blob_db() {
+            let len = row.size_bytes.saturating_sub(start);
+            let chunks = db.blob_bytes(&row.sha256, start, len).await?;
+            return Ok(Box::new(tokio_util::io::StreamReader::new(chunks)));
+        }
+        let mut file = tokio::fs::File::open(self.blob(&row.sha256)).await?;
+        if start > 0 {
+            file.seek(std::io::SeekFrom::Start(start)).await?;
+        }
+        Ok(Box::new(file))
     }
 
     /// Copy stored files into a folder (a session's workspace), each under a name not taken yet

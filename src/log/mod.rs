@@ -9,7 +9,8 @@
 //!   commits, waking the flushes that wait on another's commit).
 //! - `sqlite/`: the embedded backend (schema, group commit, reads, file records, test hooks).
 //! - `postgres/`: the shared backend (`[store] backend = "postgres"`): versioned migrations,
-//!   a pipelined group commit with `pg_notify`, reads on a pool.
+//!   a pipelined group commit with `pg_notify`, reads on a pool, deltas to other instances,
+//!   stored files' bytes.
 
 pub(crate) mod backend;
 pub mod event;
@@ -20,6 +21,7 @@ pub mod store;
 
 pub use backend::{FileRow, SessionRow, StoreError};
 pub use event::{Event, EventBody, FailReason, FileRef, StopReason};
+pub use postgres::deltas::{DeltaTap, DeltaWatch, RemoteDelta};
 pub use postgres::inbox::{InboxRow, Posted, Released};
 pub use postgres::lease::{ClaimGuard, Heard, LeaseTaken};
 pub use store::Store;

@@ -16,10 +16,14 @@ use std::sync::Arc;
 
 use super::backend::{FileRow, SessionRow, StoreBackend, StoreError};
 use super::event::Event;
+use super::postgres::deltas::{DeltaTap, DeltaWatch};
 use super::postgres::inbox::{InboxRow, Posted, Released};
 use super::postgres::lease::{ClaimGuard, Heard, LeaseTaken};
 use super::postgres::PgStore;
 use super::sqlite::SqliteStore;
+
+/// How long opening a stream waits for the database to note its watch of the session's deltas.
+const WATCH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Handle to the store; cheap to clone.
 #[derive(Clone)]
@@ -202,6 +206,57 @@ impl Store {
         match &self.backend {
             Backend::Sqlite(_) => None,
             Backend::Postgres(p) => Some(p.instance()),
+        }
+    }
+
+    /// Scale-out: a handle to send a session's streamed deltas to the other instances that
+    /// watch it (`None` on SQLite).
+    pub fn delta_tap(&self, session_id: &Arc<str>) -> Option<DeltaTap> {
+        match &self.backend {
+            Backend::Sqlite(_) => None,
+            Backend::Postgres(p) => Some(p.delta_tap(session_id)),
+        }
+    }
+
+    /// Scale-out: this instance has a live subscriber of the session, until the watch is
+    /// dropped: the instance running its turns sends it their deltas. Returns once it will
+    /// (`None` on SQLite, or when the database could not be told: the stored events still
+    /// come, the deltas may not).
+    pub async fn watch_deltas(&self, session_id: &str) -> Option<DeltaWatch> {
+        match &self.backend {
+            Backend::Sqlite(_) => None,
+            // A database that does not answer soon does not hold the stream up.
+            Backend::Postgres(p) => {
+                let asked = tokio::time::timeout(WATCH_WAIT, p.watch_deltas(session_id)).await;
+                match asked {
+                    Ok(Ok(w)) => Some(w),
+                    Ok(Err(e)) => {
+                        tracing::warn!(session = %session_id, error = %e, "could not ask for the deltas of a session run elsewhere");
+                        None
+                    }
+                    Err(_) => {
+                        tracing::warn!(session = %session_id, "asking for the deltas of a session run elsewhere took over {WATCH_WAIT:?}; streaming without them");
+                        None
+                    }
+                }
+            }
+        }
+    }
+
+    /// The bytes the store takes in its database: `None` on SQLite (its files are measured
+    /// on disk); on PostgreSQL, the total size of turnstile's tables (see `files.rs`).
+    pub async fn db_bytes(&self) -> Result<Option<u64>, StoreError> {
+        match &self.backend {
+            Backend::Sqlite(_) => Ok(None),
+            Backend::Postgres(p) => p.db_bytes().await.map(Some),
+        }
+    }
+
+    /// Where stored files' bytes live: `None` on disk (SQLite), or in the shared database.
+    pub(crate) fn blob_db(&self) -> Option<&PgStore> {
+        match &self.backend {
+            Backend::Sqlite(_) => None,
+            Backend::Postgres(p) => Some(p),
         }
     }
 

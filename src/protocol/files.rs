@@ -12,7 +12,7 @@ use futures_util::{Stream, StreamExt, TryStreamExt};
 use http::{header, HeaderValue, StatusCode};
 use http_body_util::{BodyExt, BodyStream, StreamBody};
 use hyper::body::Frame;
-use tokio::io::{AsyncReadExt, AsyncSeekExt};
+use tokio::io::AsyncReadExt;
 use tokio_util::io::{ReaderStream, StreamReader};
 
 use crate::files::{clean_name, to_ref, FileError};
@@ -282,16 +282,11 @@ pub async fn content(
         .get(header::RANGE)
         .and_then(|v| v.to_str().ok());
     let range = parse_range(range, size)?;
-    let mut file = app.files.open_blob(&row).await?;
     let (status, start, len) = match range {
         Some((s, e)) => (StatusCode::PARTIAL_CONTENT, s, e - s + 1),
         None => (StatusCode::OK, 0, size),
     };
-    if start > 0 {
-        file.seek(std::io::SeekFrom::Start(start))
-            .await
-            .map_err(FileError::from)?;
-    }
+    let file = app.files.open_blob_at(&row, start).await?;
     // A read error mid-download cannot be reported in the body: the stream ends short, and the
     // client sees fewer bytes than Content-Length.
     let stream = ReaderStream::with_capacity(file.take(len), 64 * 1024)

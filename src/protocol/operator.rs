@@ -111,6 +111,15 @@ pub async fn status(app: &App) -> Result<Response, ApiError> {
     })
     .await
     .unwrap_or((0, 0));
+    // PostgreSQL: the size of turnstile's tables in the database (the files' bytes included).
+    let db_bytes = match app.engine.store().db_bytes().await {
+        Ok(Some(n)) => n,
+        Ok(None) => db_bytes,
+        Err(e) => {
+            tracing::warn!(error = %e, "/status: cannot read the database's size");
+            0
+        }
+    };
     Ok(json_response(
         StatusCode::OK,
         &json!({

@@ -2,7 +2,9 @@
 //! in the one order they may see them: stored events only once durable, and a model call's
 //! fragments never before the events said before them. The watcher's bounded channel is in
 //! `channel.rs`; what a session holds on its way to subscribers (events not yet published, the
-//! coalescer of deltas, the live feed) is in `outbox.rs`.
+//! coalescer of deltas, the live feed) is in `outbox.rs`. On a shared store, the coalesced
+//! deltas of a session another instance watches also go to it (`Outbox::remote`), and the
+//! deltas another instance's turn streamed come in through [`publish_remote`].
 
 pub(crate) mod channel;
 pub(crate) mod outbox;
@@ -18,6 +20,14 @@ use super::session::Session;
 use super::types::DeltaKind;
 use channel::WatcherSink;
 use outbox::DELTA_WAIT;
+
+/// A delta another instance streamed (a shared store): to this instance's live subscribers of
+/// the session, if they have seen exactly the events its writer's had.
+pub(crate) fn publish_remote(session: &Session, d: &crate::log::RemoteDelta) {
+    let mut st = session.lock();
+    let last = st.next_seq;
+    st.out.publish_remote_delta(d, last);
+}
 
 /// Hand published events to the turn's watcher, if it has one.
 pub(crate) fn to_watcher(sink: Option<&WatcherSink>, events: Vec<Arc<Event>>) {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tokio::sync::broadcast;
 
 use crate::engine::types::{DeltaKind, Feed};
-use crate::log::{Event, EventBody, Store};
+use crate::log::{DeltaTap, Event, EventBody, RemoteDelta, Store};
 
 /// Deltas are pushed when this many characters are buffered...
 pub(crate) const DELTA_CHARS: usize = 200;
@@ -40,6 +40,8 @@ pub(crate) struct Outbox {
     /// The live feed, made when the first subscriber comes and dropped when the last has gone
     /// (its buffer is sizeable, and most sessions never have a subscriber).
     feed: Option<broadcast::Sender<Feed>>,
+    /// A shared store: the session's deltas also go to the other instances watching it.
+    pub remote: Option<DeltaTap>,
 }
 
 impl Outbox {
@@ -131,7 +133,7 @@ impl Outbox {
         kind: DeltaKind,
         fragment: &str,
     ) -> bool {
-        if self.feed.is_none() {
+        if self.feed.is_none() && !self.remote.as_ref().is_some_and(DeltaTap::watched) {
             self.coalescer = None;
             return false;
         }
@@ -166,13 +168,43 @@ impl Outbox {
         let turn_id = c.turn_id.clone();
         let waits = c.deadline.is_some();
         for text in full {
-            self.send(Feed::Delta {
-                turn_id: turn_id.clone(),
-                kind,
-                text: text.into(),
-            });
+            self.emit(turn_id.clone(), kind, text.into());
         }
         waits
+    }
+
+    /// A coalesced delta of this instance's turn: to live subscribers here, and to the other
+    /// instances watching the session (before any later event, under the session's lock).
+    fn emit(&mut self, turn_id: Arc<str>, kind: DeltaKind, text: Arc<str>) {
+        if let Some(tap) = &self.remote {
+            let after = self.tail.last().map_or(0, |e| e.seq);
+            tap.send(after, &turn_id, kind == DeltaKind::Thinking, &text);
+        }
+        self.send(Feed::Delta {
+            turn_id,
+            kind,
+            text,
+        });
+    }
+
+    /// A delta another instance's turn streamed (a shared store): to live subscribers here
+    /// only, if they have seen exactly the events that instance's had (`last_seq`, this
+    /// instance's last known seq): never after the event it leads to.
+    pub(crate) fn publish_remote_delta(&mut self, d: &RemoteDelta, last_seq: u64) -> bool {
+        if d.after_seq != last_seq {
+            return false;
+        }
+        let kind = if d.thinking {
+            DeltaKind::Thinking
+        } else {
+            DeltaKind::Message
+        };
+        self.send(Feed::Delta {
+            turn_id: d.turn_id.as_str().into(),
+            kind,
+            text: d.text.as_str().into(),
+        });
+        true
     }
 
     /// Push what the coalescer holds (called before every stored event, and by the timer).
@@ -181,12 +213,9 @@ impl Outbox {
             c.deadline = None;
             c.chars = 0;
             if !c.buf.is_empty() {
-                let item = Feed::Delta {
-                    turn_id: c.turn_id.clone(),
-                    kind: c.kind,
-                    text: std::mem::take(&mut c.buf).into(),
-                };
-                self.send(item);
+                let (turn_id, kind) = (c.turn_id.clone(), c.kind);
+                let text = std::mem::take(&mut c.buf).into();
+                self.emit(turn_id, kind, text);
             }
         }
     }

@@ -47,6 +47,8 @@ impl PgStore {
         let mut done = self.shared.writer.lock().await;
         if *done < target {
             let (ops, last) = group.take();
+            // Deltas that lead to events of this batch are heard before its commit.
+            self.send_deltas_before_commit().await;
             let first = *done + 1;
             let started = std::time::Instant::now();
             let written = self.write(&ops).await;

@@ -12,7 +12,9 @@
 //!   (`<session> <last seq>` per session, delivered only at `COMMIT`) and hands each on to
 //!   [`PgStore::commits_heard`] subscribers, who read the rows by cursor (so a lost or repeated
 //!   notification loses or repeats nothing). After the connection is lost and back, a
-//!   [`Heard::Resync`] says that anything may have been missed.
+//!   [`Heard::Resync`] says that anything may have been missed. The same connection listens
+//!   for the deltas of turns running elsewhere (`deltas.rs`), handed on as [`Heard::Delta`]
+//!   in the order heard, so that a delta never passes the commit it follows.
 
 use std::sync::Weak;
 use std::time::Duration;
@@ -20,6 +22,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use tokio::sync::broadcast;
 
+use super::deltas::{self, DELTAS_CHANNEL};
 use super::inbox::{Released, INBOX_CHANNEL};
 use super::{PgStore, Shared, EVENTS_CHANNEL};
 use crate::log::StoreError;
@@ -35,6 +38,8 @@ pub enum Heard {
     /// Requests for this session wait in the inbox (`inbox.rs`), for `holder` (empty: for
     /// whichever instance takes the lease).
     Inbox { session_id: String, holder: String },
+    /// A delta another instance streamed (`deltas.rs`), heard in order with the commits.
+    Delta(super::deltas::RemoteDelta),
 }
 
 /// The outcome of [`PgStore::take_lease`].
@@ -282,7 +287,9 @@ pub(super) async fn listen_loop(
         match config.connect(tokio_postgres::NoTls).await {
             Ok((client, mut conn)) => {
                 let mut messages = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
-                let sql = format!("LISTEN {EVENTS_CHANNEL}; LISTEN {INBOX_CHANNEL}");
+                let sql = format!(
+                    "LISTEN {EVENTS_CHANNEL}; LISTEN {INBOX_CHANNEL}; LISTEN {DELTAS_CHANNEL}"
+                );
                 let listen = client.batch_execute(&sql);
                 // The connection must be driven for LISTEN to be answered.
                 let mut listen = std::pin::pin!(listen);
@@ -293,6 +300,8 @@ pub(super) async fn listen_loop(
                     }
                 };
                 if listening {
+                    // Notifications wait in the connection meanwhile (one query).
+                    deltas::load_watches(shared.clone()).await;
                     if !first {
                         let _ = tx.send(Heard::Resync);
                     }
@@ -302,6 +311,13 @@ pub(super) async fn listen_loop(
                             return;
                         }
                         if let tokio_postgres::AsyncMessage::Notification(n) = m {
+                            if n.channel() == DELTAS_CHANNEL {
+                                let Some(s) = shared.upgrade() else { return };
+                                for d in deltas::heard(&s, n.payload()) {
+                                    let _ = tx.send(Heard::Delta(d));
+                                }
+                                continue;
+                            }
                             let heard = if n.channel() == INBOX_CHANNEL {
                                 super::inbox::parse(n.payload())
                                     .map(|(session_id, holder)| Heard::Inbox { session_id, holder })

@@ -20,9 +20,12 @@
 //! whichever runtime opened the store (a test's, the server's), and `commit` (blocking by
 //! contract) can wait on it from any thread without starving the connection it waits for.
 //!
-//! File bytes stay on disk under `data_dir` as with SQLite (only the metadata is shared).
+//! - `deltas.rs`: streamed deltas to the instances that watch a session (`NOTIFY`).
+//! - `files.rs`: stored files' bytes, chunked in the database, so any instance serves them.
 
 mod commit;
+pub(crate) mod deltas;
+pub(crate) mod files;
 pub(crate) mod inbox;
 pub(crate) mod lease;
 mod read;
@@ -76,6 +79,8 @@ struct Shared {
     claiming: std::sync::Mutex<std::collections::HashMap<String, usize>>,
     /// What the listener hears (`lease::listen_loop`).
     heard: tokio::sync::broadcast::Sender<lease::Heard>,
+    /// Deltas to and from other instances, and who watches what (`deltas.rs`).
+    deltas: Arc<deltas::Deltas>,
     /// Testing only: commits to fail, commits counted.
     #[cfg(any(test, feature = "testkit"))]
     pub(crate) faults: Faults,
@@ -183,6 +188,7 @@ impl PgStore {
                 lease_ops: Default::default(),
                 claiming: Default::default(),
                 heard: heard.clone(),
+                deltas: Default::default(),
                 #[cfg(any(test, feature = "testkit"))]
                 faults: Faults::default(),
                 rt,
@@ -191,7 +197,13 @@ impl PgStore {
         let weak = Arc::downgrade(&store.shared);
         let handle = store.shared.rt.handle();
         handle.spawn(lease::renew_loop(weak.clone(), lease / 3));
-        handle.spawn(lease::listen_loop(weak, listen_cfg, heard));
+        handle.spawn(lease::listen_loop(weak.clone(), listen_cfg, heard));
+        let d = store.shared.deltas.clone();
+        handle.spawn(deltas::send_loop(weak, d.clone(), lease / 3));
+        block_on(handle, async move {
+            d.until_listening(Duration::from_secs(5)).await;
+            Ok(())
+        })?;
         Ok(store)
     }
 }

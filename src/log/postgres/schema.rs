@@ -62,6 +62,22 @@ const MIGRATIONS: &[&str] = &[
         created_at timestamptz NOT NULL DEFAULT now()
     );
     CREATE INDEX inbox_by_session ON inbox (session_id, seq);",
+    // 3: stored files' bytes, chunked (`files.rs`: one row per 1 MiB of a blob, named by its
+    // SHA-256 as on disk), and which instances watch which sessions' deltas (`deltas.rs`: an
+    // instance starting learns the watches already under way).
+    "CREATE TABLE file_chunks (
+        sha256 text NOT NULL,
+        n integer NOT NULL,
+        data bytea NOT NULL,
+        PRIMARY KEY (sha256, n)
+    );
+    ALTER TABLE file_chunks ALTER COLUMN data SET STORAGE EXTERNAL;
+    CREATE TABLE delta_watchers (
+        session_id text NOT NULL,
+        instance text NOT NULL,
+        expires_at timestamptz NOT NULL,
+        PRIMARY KEY (session_id, instance)
+    );",
 ];
 
 /// The version this build writes.
