@@ -167,19 +167,34 @@ pub(crate) fn hear_others(inner: &Arc<Inner>) {
 }
 
 /// The session's last turn has ended and none is queued: hand its lease back, unless a turn
-/// is admitted meanwhile (it takes the lease again first, which the release then sees). One
+/// is admitted meanwhile (it takes the lease again first, which the release then sees, or it
+/// is claimed while the release waits its turn, or running when the release's turn comes). One
 /// round trip; nothing on the embedded store.
+///
+/// Idleness is looked at again in line with the takes, right before the lease goes: seen only
+/// before the release waited for its turn, it let a lease go under a running turn (a claim
+/// that found the lease this instance's, took nothing new and started its turn meanwhile);
+/// the other instance then took the lease, read a log without that turn's unflushed events and
+/// wrote the same seqs (`events_pkey`), losing a turn.
 pub(crate) async fn release_when_idle(inner: &Arc<Inner>, session: &Arc<Session>) {
     let store = &inner.store;
     let Some(mark) = store.lease_mark(&session.id) else {
         return;
     };
-    if session.lock().running.is_some() {
+    if !idle_here(&session.lock()) {
         return;
     }
-    if let Err(e) = store.release_lease(&session.id, mark).await {
+    let s = session.clone();
+    let idle = move || idle_here(&s.lock());
+    if let Err(e) = store.release_lease_if(&session.id, mark, idle).await {
         tracing::warn!(session = %session.id, error = %e, "could not hand back a session's lease");
     }
+}
+
+/// Whether nothing of this instance writes the session now: no turn running or queued, and
+/// every event appended published (so committed).
+fn idle_here(st: &super::session::State) -> bool {
+    st.running.is_none() && st.queue.is_empty() && st.out.held.is_empty()
 }
 
 /// Takes over, every half `lease_s`, the sessions whose lease expired (their instance died):
@@ -216,9 +231,7 @@ pub(crate) fn watch_expired(inner: &Arc<Inner>) {
             for id in engine.inner.store.held_leases() {
                 let idle = crate::sync::lock(&engine.inner.sessions).get(&id).cloned();
                 match idle {
-                    Some(s) if s.lock().running.is_none() => {
-                        release_when_idle(&engine.inner, &s).await
-                    }
+                    Some(s) if idle_here(&s.lock()) => release_when_idle(&engine.inner, &s).await,
                     Some(_) => {}
                     None => {
                         if let Some(mark) = engine.inner.store.lease_mark(&id) {

@@ -118,6 +118,20 @@ impl Store {
         }
     }
 
+    /// Scale-out: [`Store::release_lease`], if `idle` still holds when the release comes
+    /// (checked in line with takes of leases, right before the lease goes).
+    pub async fn release_lease_if(
+        &self,
+        session_id: &str,
+        mark: u64,
+        idle: impl FnOnce() -> bool + Send + 'static,
+    ) -> Result<(), StoreError> {
+        match &self.backend {
+            Backend::Sqlite(_) => Ok(()),
+            Backend::Postgres(p) => p.release_lease_if(session_id, mark, idle).await,
+        }
+    }
+
     /// Scale-out: hand back every lease of this instance (at shutdown).
     pub async fn release_all_leases(&self) -> Result<(), StoreError> {
         match &self.backend {

@@ -111,12 +111,25 @@ impl PgStore {
         session_id: &str,
         mark: u64,
     ) -> Result<(), StoreError> {
+        self.release_lease_if(session_id, mark, || true).await
+    }
+
+    /// [`PgStore::release_lease`], if `idle` still says so when the release's turn comes (in
+    /// line with takes, right before the row goes): a caller's "idle" seen before waiting for
+    /// that turn may be stale by then (a claim came, took nothing new and started a turn).
+    pub(crate) async fn release_lease_if(
+        &self,
+        session_id: &str,
+        mark: u64,
+        idle: impl FnOnce() -> bool + Send + 'static,
+    ) -> Result<(), StoreError> {
         let sid = session_id.to_string();
         let shared = self.shared.clone();
         self.run(move |pool| async move {
             let _ops = shared.lease_ops.lock().await;
             if lock(&shared.held).get(&sid) != Some(&mark)
                 || lock(&shared.claiming).contains_key(&sid)
+                || !idle()
             {
                 return Ok(());
             }
