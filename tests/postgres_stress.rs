@@ -346,3 +346,40 @@ async fn a_release_whose_session_is_busy_by_its_turn_keeps_the_lease() {
         LeaseTaken::Held { fresh: true }
     );
 }
+
+/// `session_busy` names the other instance's turn from one row, the session's last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn last_turn_id_reads_the_last_event_of_that_session_only() {
+    let pg = PgCluster::start();
+    let url = pg.database("last");
+    let store = Store::open_postgres(&url, false, LEASE, None).unwrap();
+    assert_eq!(store.last_turn_id("sess_a").await.unwrap(), None);
+    let in_turn = |seq: u64, turn: &str| {
+        Event::new(
+            seq,
+            turnstile::ids::new("evt"),
+            turn.into(),
+            "2026-01-01T00:00:00.000Z".into(),
+            turnstile::log::EventBody::AgentMessage {
+                content: format!("m{seq}"),
+                plan: false,
+                compaction: false,
+                replaces: None,
+            },
+        )
+    };
+    let (a, b): (Arc<str>, Arc<str>) = ("sess_a".into(), "sess_b".into());
+    for (seq, turn) in [(1, "turn_1"), (2, "turn_1"), (3, "turn_2")] {
+        store.append(&a, &in_turn(seq, turn));
+    }
+    store.append(&b, &in_turn(1, "turn_9"));
+    store.flush().await.unwrap();
+    assert_eq!(
+        store.last_turn_id("sess_a").await.unwrap().as_deref(),
+        Some("turn_2")
+    );
+    assert_eq!(
+        store.last_turn_id("sess_b").await.unwrap().as_deref(),
+        Some("turn_9")
+    );
+}

@@ -42,12 +42,10 @@ impl Engine {
                 refresh(&self.inner, session).await;
                 Ok(Some(guard))
             }
-            LeaseTaken::Busy => {
-                let last = store.events(&session.id, 0, usize::MAX >> 1).await?;
-                Err(EngineError::Busy {
-                    turn_id: last.last().map(|e| e.turn_id.clone()).unwrap_or_default(),
-                })
-            }
+            LeaseTaken::Busy => Err(EngineError::Busy {
+                // The other instance's turn: its last event's (one row, not the whole log).
+                turn_id: store.last_turn_id(&session.id).await?.unwrap_or_default(),
+            }),
         }
     }
 }
