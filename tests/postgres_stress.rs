@@ -383,3 +383,92 @@ async fn last_turn_id_reads_the_last_event_of_that_session_only() {
         Some("turn_9")
     );
 }
+
+/// One session's clash (a stale writer's duplicate seq) fails that session's writes only: the
+/// other sessions' events in the same group commit go in, and are notified; the clashing
+/// session's log is left as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clash_of_one_session_fails_its_writes_only_and_the_rest_of_the_batch_commits() {
+    use turnstile::log::Heard;
+    let pg = PgCluster::start();
+    let url = pg.database("clash");
+    let store = Store::open_postgres(&url, false, LEASE, None).unwrap();
+    let mut heard = store.commits_heard().expect("postgres listens");
+    let ev = |seq: u64| {
+        Event::new(
+            seq,
+            turnstile::ids::new("evt"),
+            "turn_1".into(),
+            "2026-01-01T00:00:00.000Z".into(),
+            turnstile::log::EventBody::AgentMessage {
+                content: format!("m{seq}"),
+                plan: false,
+                compaction: false,
+                replaces: None,
+            },
+        )
+    };
+    let (a, b, c): (Arc<str>, Arc<str>, Arc<str>) =
+        ("sess_a".into(), "sess_b".into(), "sess_c".into());
+    let first_a = ev(1);
+    store.append(&a, &first_a);
+    store.flush().await.unwrap();
+    // The listener is up once it hears a commit (it connects on its own after the open).
+    let probe: Arc<str> = "sess_probe".into();
+    let mut seq = 0;
+    'listening: loop {
+        seq += 1;
+        store.append(&probe, &ev(seq));
+        store.flush().await.unwrap();
+        let until = Instant::now() + Duration::from_millis(200);
+        while let Ok(Ok(h)) = tokio::time::timeout_at(until.into(), heard.recv()).await {
+            if matches!(h, Heard::Commit { ref session_id, .. } if session_id == "sess_probe") {
+                break 'listening;
+            }
+        }
+        assert!(seq < 50, "the listener never heard a commit");
+    }
+    // One batch: B's, then a stale writer of A (seq 1 again, and 2), then C's.
+    let tb = store.append(&b, &ev(1));
+    let ta = [store.append(&a, &ev(1)), store.append(&a, &ev(2))];
+    let tc = [store.append(&c, &ev(1)), store.append(&c, &ev(2))];
+    let commits = store.commits();
+    // The flush's own ticket (C's) went in.
+    store.flush().await.unwrap();
+    assert_eq!(store.commits(), commits + 1, "one commit for the batch");
+    assert!(ta.iter().all(|t| store.failed(*t)), "A's writes failed");
+    assert!(!store.failed(tb) && tc.iter().all(|t| !store.failed(*t)));
+    let ids = |evs: Vec<Event>| evs.into_iter().map(|e| (e.seq, e.id)).collect::<Vec<_>>();
+    assert_eq!(
+        ids(store.events("sess_a", 0, 10).await.unwrap()),
+        [(1, first_a.id.clone())],
+        "A's log is as it was"
+    );
+    assert_eq!(store.events("sess_b", 0, 10).await.unwrap().len(), 1);
+    assert_eq!(store.events("sess_c", 0, 10).await.unwrap().len(), 2);
+    // Notified: B and C for the batch, not A.
+    let mut notified = Vec::new();
+    while !(notified.contains(&("sess_b".to_string(), 1))
+        && notified.contains(&("sess_c".to_string(), 2)))
+    {
+        match tokio::time::timeout(Duration::from_secs(5), heard.recv()).await {
+            Ok(Ok(Heard::Commit { session_id, seq })) => notified.push((session_id, seq)),
+            other => panic!("no notification of B and C: {other:?} after {notified:?}"),
+        }
+    }
+    assert!(
+        !notified.iter().any(|(s, seq)| s == "sess_a" && *seq > 1),
+        "{notified:?}"
+    );
+    // The next batch goes in as usual.
+    store.append(&a, &ev(2));
+    store.flush().await.unwrap();
+    assert_eq!(store.events("sess_a", 0, 10).await.unwrap().len(), 2);
+    // The clashing session last in its batch: the flush (its ticket) says so, B's goes in.
+    let tb = store.append(&b, &ev(2));
+    let ta = store.append(&a, &ev(2));
+    assert!(store.flush().await.is_err());
+    assert!(store.failed(ta) && !store.failed(tb));
+    assert_eq!(store.events("sess_b", 0, 10).await.unwrap().len(), 2);
+    assert_eq!(store.events("sess_a", 0, 10).await.unwrap().len(), 2);
+}
