@@ -335,6 +335,18 @@ async fn a_release_whose_session_is_busy_by_its_turn_keeps_the_lease() {
         a.take_lease("sess_x").await.unwrap(),
         LeaseTaken::Held { fresh: true }
     );
+    // Newly taken: unread until the engine says it read the session back.
+    assert!(a.lease_unread("sess_x"));
+    assert_eq!(
+        a.take_lease("sess_x").await.unwrap(),
+        LeaseTaken::Held { fresh: false }
+    );
+    assert!(
+        a.lease_unread("sess_x"),
+        "a second take does not read it back"
+    );
+    a.lease_read_back("sess_x");
+    assert!(!a.lease_unread("sess_x"));
     let mark = a.lease_mark("sess_x").unwrap();
     a.release_lease_if("sess_x", mark, || false).await.unwrap();
     assert_eq!(a.lease_mark("sess_x"), Some(mark), "still held by A");
@@ -345,6 +357,7 @@ async fn a_release_whose_session_is_busy_by_its_turn_keeps_the_lease() {
         b.take_lease("sess_x").await.unwrap(),
         LeaseTaken::Held { fresh: true }
     );
+    assert!(b.lease_unread("sess_x"));
 }
 
 /// `session_busy` names the other instance's turn from one row, the session's last.

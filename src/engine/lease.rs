@@ -37,9 +37,19 @@ impl Engine {
             return Ok(Some(guard));
         }
         match store.take_lease(&session.id).await? {
-            LeaseTaken::Held { fresh: false } => Ok(Some(guard)),
-            LeaseTaken::Held { fresh: true } => {
-                refresh(&self.inner, session).await;
+            LeaseTaken::Held { fresh } if !fresh && !store.lease_unread(&session.id) => {
+                Ok(Some(guard))
+            }
+            LeaseTaken::Held { .. } => {
+                // Not read back, no turn: a turn on what this instance last saw could write
+                // seqs another instance has used. Until a claim has read it back (another claim
+                // may be reading it now, or have failed to), every claim reads it.
+                refresh(&self.inner, session).await.map_err(|()| {
+                    crate::log::StoreError::Postgres(
+                        "the session could not be read back after taking its lease".into(),
+                    )
+                })?;
+                store.lease_read_back(&session.id);
                 Ok(Some(guard))
             }
             LeaseTaken::Busy => Err(EngineError::Busy {
@@ -51,13 +61,15 @@ impl Engine {
 }
 
 /// The session as the log holds it now (another instance may have run turns on it), and a turn
-/// the lease's last holder left open closed as `worker_lost`.
-async fn refresh(inner: &Arc<Inner>, session: &Arc<Session>) {
+/// the lease's last holder left open closed as `worker_lost`. `Err` if the log could not be
+/// read (the session as it was: stale); `Ok` also when a turn of this instance runs on it
+/// already (started by a claim that read it back).
+async fn refresh(inner: &Arc<Inner>, session: &Arc<Session>) -> Result<(), ()> {
     let store = &inner.store;
     let closed = reread(inner, session, |st| {
         session.close_open_locked(st, store, FailReason::WorkerLost, WHY)
     })
-    .await
+    .await?
     .flatten();
     if let Some(turn_id) = closed {
         if let Err(e) = store.flush().await {
@@ -66,31 +78,33 @@ async fn refresh(inner: &Arc<Inner>, session: &Arc<Session>) {
         session.publish_durable(store);
         tracing::warn!(session = %session.id, turn = %turn_id, "closed a turn left unfinished by another instance (worker_lost)");
     }
+    Ok(())
 }
 
 /// Makes the session in memory what the log holds now, unless this instance is writing it (a
 /// turn running, events not yet published): its state read again, and the events it had not
-/// seen published to its live subscribers. Then `then`, under the same lock.
+/// seen published to its live subscribers. Then `then`, under the same lock. `Err`: the log
+/// could not be read (logged).
 async fn reread<T>(
     inner: &Arc<Inner>,
     session: &Arc<Session>,
     then: impl FnOnce(&mut super::session::State) -> T,
-) -> Option<T> {
+) -> Result<Option<T>, ()> {
     let idle =
         |st: &super::session::State| st.running.is_none() && st.out.held.is_empty() && !st.deleted;
     let (mut st, copy, seen) = loop {
         let seen = {
             let st = session.lock();
             if !idle(&st) {
-                return None;
+                return Ok(None);
             }
             st.next_seq
         };
-        let copy = session.read_back(&inner.store).await?;
+        let copy = session.read_back(&inner.store).await.ok_or(())?;
         let st = session.lock();
         // A turn of this instance started meanwhile: it has the session as it is.
         if !idle(&st) {
-            return None;
+            return Ok(None);
         }
         // Another read was applied meanwhile, perhaps of a later log than ours: read again.
         if st.next_seq == seen {
@@ -124,7 +138,7 @@ async fn reread<T>(
         }
         st.out.tail = tail;
     }
-    Some(then(&mut st))
+    Ok(Some(then(&mut st)))
 }
 
 /// Follows the commits of the other instances sharing the store (`LISTEN`): a session in
@@ -158,7 +172,7 @@ pub(crate) fn hear_others(inner: &Arc<Inner>) {
                         continue; // this instance's own commit, or seen already
                     }
                 }
-                reread(&inner, &s, |_| ()).await;
+                let _ = reread(&inner, &s, |_| ()).await;
             }
         }
     });

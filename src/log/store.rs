@@ -83,6 +83,23 @@ impl Store {
         }
     }
 
+    /// Scale-out: the session has been read back since its lease was newly taken. Nothing on
+    /// the embedded store.
+    pub fn lease_read_back(&self, session_id: &str) {
+        if let Backend::Postgres(p) = &self.backend {
+            p.lease_read_back(session_id);
+        }
+    }
+
+    /// Scale-out: whether the session's lease was newly taken and the session not read back
+    /// since ([`Store::lease_read_back`]); never on the embedded store.
+    pub fn lease_unread(&self, session_id: &str) -> bool {
+        match &self.backend {
+            Backend::Sqlite(_) => false,
+            Backend::Postgres(p) => p.lease_unread(session_id),
+        }
+    }
+
     /// Scale-out: the mark of this instance's last take of a session's lease (`None`: not
     /// held, or the embedded store), for [`Store::release_lease`].
     pub fn lease_mark(&self, session_id: &str) -> Option<u64> {

@@ -37,7 +37,7 @@ pub enum Heard {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LeaseTaken {
     /// This instance holds the lease; `fresh`: it did not before (another instance may have
-    /// written the session meanwhile: read it back).
+    /// written the session meanwhile: read it back, then say so with `Store::lease_read_back`).
     Held { fresh: bool },
     /// Another live instance holds it.
     Busy,
@@ -75,10 +75,24 @@ impl PgStore {
                 return Ok(LeaseTaken::Busy);
             }
             *marks += 1;
-            let fresh = lock(&shared.held).insert(sid, *marks).is_none();
+            let fresh = lock(&shared.held).insert(sid.clone(), *marks).is_none();
+            if fresh {
+                lock(&shared.unread).insert(sid);
+            }
             Ok(LeaseTaken::Held { fresh })
         })
         .await
+    }
+
+    /// The engine has read the session back since its lease was newly taken.
+    pub(crate) fn lease_read_back(&self, session_id: &str) {
+        lock(&self.shared.unread).remove(session_id);
+    }
+
+    /// Whether the session's lease was newly taken and the session not read back since (a
+    /// claim may be reading it now, or have failed to).
+    pub(crate) fn lease_unread(&self, session_id: &str) -> bool {
+        lock(&self.shared.unread).contains(session_id)
     }
 
     /// The mark of the session's last take by this instance (`None`: not held), for
@@ -140,6 +154,7 @@ impl PgStore {
             )
             .await?;
             lock(&shared.held).remove(&sid);
+            lock(&shared.unread).remove(&sid);
             Ok(())
         })
         .await
@@ -154,6 +169,7 @@ impl PgStore {
             c.execute("DELETE FROM leases WHERE holder = $1", &[&shared.instance])
                 .await?;
             lock(&shared.held).clear();
+            lock(&shared.unread).clear();
             Ok(())
         })
         .await
