@@ -39,29 +39,39 @@ impl Engine {
             return Ok(Some(guard));
         }
         match store.take_lease(&session.id).await? {
-            LeaseTaken::Held { fresh: false } => Ok(Some(guard)),
-            LeaseTaken::Held { fresh: true } => {
-                refresh(&self.inner, session).await;
+            LeaseTaken::Held { fresh } if !fresh && !store.lease_unread(&session.id) => {
                 Ok(Some(guard))
             }
-            LeaseTaken::Busy => {
-                let last = store.events(&session.id, 0, usize::MAX >> 1).await?;
-                Err(EngineError::Busy {
-                    turn_id: last.last().map(|e| e.turn_id.clone()).unwrap_or_default(),
-                })
+            LeaseTaken::Held { .. } => {
+                // Not read back, no turn: a turn on what this instance last saw could write
+                // seqs another instance has used. Until a claim has read it back (another claim
+                // may be reading it now, or have failed to), every claim reads it.
+                refresh(&self.inner, session).await.map_err(|()| {
+                    crate::log::StoreError::Postgres(
+                        "the session could not be read back after taking its lease".into(),
+                    )
+                })?;
+                store.lease_read_back(&session.id);
+                Ok(Some(guard))
             }
+            LeaseTaken::Busy => Err(EngineError::Busy {
+                // The other instance's turn: its last event's (one row, not the whole log).
+                turn_id: store.last_turn_id(&session.id).await?.unwrap_or_default(),
+            }),
         }
     }
 }
 
 /// The session as the log holds it now (another instance may have run turns on it), and a turn
-/// the lease's last holder left open closed as `worker_lost`.
-async fn refresh(inner: &Arc<Inner>, session: &Arc<Session>) {
+/// the lease's last holder left open closed as `worker_lost`. `Err` if the log could not be
+/// read (the session as it was: stale); `Ok` also when a turn of this instance runs on it
+/// already (started by a claim that read it back).
+async fn refresh(inner: &Arc<Inner>, session: &Arc<Session>) -> Result<(), ()> {
     let store = &inner.store;
     let closed = reread(inner, session, |st| {
         session.close_open_locked(st, store, FailReason::WorkerLost, WHY)
     })
-    .await
+    .await?
     .flatten();
     if let Some(turn_id) = closed {
         if let Err(e) = store.flush().await {
@@ -70,31 +80,33 @@ async fn refresh(inner: &Arc<Inner>, session: &Arc<Session>) {
         session.publish_durable(store);
         tracing::warn!(session = %session.id, turn = %turn_id, "closed a turn left unfinished by another instance (worker_lost)");
     }
+    Ok(())
 }
 
 /// Makes the session in memory what the log holds now, unless this instance is writing it (a
 /// turn running, events not yet published): its state read again, and the events it had not
-/// seen published to its live subscribers. Then `then`, under the same lock.
+/// seen published to its live subscribers. Then `then`, under the same lock. `Err`: the log
+/// could not be read (logged).
 async fn reread<T>(
     inner: &Arc<Inner>,
     session: &Arc<Session>,
     then: impl FnOnce(&mut super::session::State) -> T,
-) -> Option<T> {
+) -> Result<Option<T>, ()> {
     let idle =
         |st: &super::session::State| st.running.is_none() && st.out.held.is_empty() && !st.deleted;
     let (mut st, copy, seen) = loop {
         let seen = {
             let st = session.lock();
             if !idle(&st) {
-                return None;
+                return Ok(None);
             }
             st.next_seq
         };
-        let copy = session.read_back(&inner.store).await?;
+        let copy = session.read_back(&inner.store).await.ok_or(())?;
         let st = session.lock();
         // A turn of this instance started meanwhile: it has the session as it is.
         if !idle(&st) {
-            return None;
+            return Ok(None);
         }
         // Another read was applied meanwhile, perhaps of a later log than ours: read again.
         if st.next_seq == seen {
@@ -128,7 +140,7 @@ async fn reread<T>(
         }
         st.out.tail = tail;
     }
-    Some(then(&mut st))
+    Ok(Some(then(&mut st)))
 }
 
 /// Follows the commits of the other instances sharing the store (`LISTEN`): a session in
@@ -168,7 +180,7 @@ pub(crate) fn hear_others(inner: &Arc<Inner>) {
                     .cloned();
                 if let Some(s) = s {
                     if s.lock().next_seq < d.after_seq {
-                        reread(&inner, &s, |_| ()).await; // its commit was missed
+                        let _ = reread(&inner, &s, |_| ()).await; // its commit was missed
                     }
                     super::delivery::publish_remote(&s, d);
                 }
@@ -191,15 +203,22 @@ pub(crate) fn hear_others(inner: &Arc<Inner>) {
                         continue; // this instance's own commit, or seen already
                     }
                 }
-                reread(&inner, &s, |_| ()).await;
+                let _ = reread(&inner, &s, |_| ()).await;
             }
         }
     });
 }
 
 /// The session's last turn has ended and none is queued: hand its lease back, unless a turn
-/// is admitted meanwhile (it takes the lease again first, which the release then sees). One
+/// is admitted meanwhile (it takes the lease again first, which the release then sees, or it
+/// is claimed while the release waits its turn, or running when the release's turn comes). One
 /// round trip; nothing on the embedded store.
+///
+/// Idleness is looked at again in line with the takes, right before the lease goes: seen only
+/// before the release waited for its turn, it let a lease go under a running turn (a claim
+/// that found the lease this instance's, took nothing new and started its turn meanwhile);
+/// the other instance then took the lease, read a log without that turn's unflushed events and
+/// wrote the same seqs (`events_pkey`), losing a turn.
 pub(crate) async fn release_when_idle(inner: &Arc<Inner>, session: &Arc<Session>) {
     if release(inner, session).await == Some(Released::InboxWaiting) {
         super::inbox::drain_soon(inner, session.id.to_string());
@@ -207,20 +226,28 @@ pub(crate) async fn release_when_idle(inner: &Arc<Inner>, session: &Arc<Session>
 }
 
 /// [`release_when_idle`] without taking what waits in the inbox: what the release did (`None`:
-/// not held, a turn running, or the store failed).
-pub(crate) async fn release(inner: &Arc<Inner>, session: &Session) -> Option<Released> {
+/// not held, busy here, or the store failed).
+pub(crate) async fn release(inner: &Arc<Inner>, session: &Arc<Session>) -> Option<Released> {
     let store = &inner.store;
     let mark = store.lease_mark(&session.id)?;
-    if session.lock().running.is_some() {
+    if !idle_here(&session.lock()) {
         return None;
     }
-    match store.release_lease(&session.id, mark).await {
+    let s = session.clone();
+    let idle = move || idle_here(&s.lock());
+    match store.release_lease_if(&session.id, mark, idle).await {
         Ok(r) => Some(r),
         Err(e) => {
             tracing::warn!(session = %session.id, error = %e, "could not hand back a session's lease");
             None
         }
     }
+}
+
+/// Whether nothing of this instance writes the session now: no turn running or queued, and
+/// every event appended published (so committed).
+fn idle_here(st: &super::session::State) -> bool {
+    st.running.is_none() && st.queue.is_empty() && st.out.held.is_empty()
 }
 
 /// Takes over, every half `lease_s`, the sessions whose lease expired (their instance died):
@@ -257,9 +284,7 @@ pub(crate) fn watch_expired(inner: &Arc<Inner>) {
             for id in engine.inner.store.held_leases() {
                 let idle = crate::sync::lock(&engine.inner.sessions).get(&id).cloned();
                 match idle {
-                    Some(s) if s.lock().running.is_none() => {
-                        release_when_idle(&engine.inner, &s).await
-                    }
+                    Some(s) if idle_here(&s.lock()) => release_when_idle(&engine.inner, &s).await,
                     Some(_) => {}
                     None => {
                         if let Some(mark) = engine.inner.store.lease_mark(&id) {

@@ -30,10 +30,28 @@ pub(crate) struct GroupCommit {
     commit_done: tokio::sync::Notify,
     /// ...when there are any: how many.
     waiting: AtomicUsize,
-    /// Recent failed commits: their ticket ranges and errors (see [`GroupCommit::failure`]).
-    failures: Mutex<VecDeque<(u64, u64, String)>>,
+    /// Recent failed commits, whole or in part (see [`GroupCommit::failure`]).
+    failures: Mutex<VecDeque<Failure>>,
     /// Whether any commit has ever failed: when none has, `failure` takes no lock.
     any_failed: AtomicBool,
+}
+
+/// A commit that failed: every ticket of `first..=last`, or only those of `only` (sorted).
+struct Failure {
+    first: u64,
+    last: u64,
+    only: Option<Vec<u64>>,
+    error: String,
+}
+
+impl Failure {
+    fn holds(&self, ticket: u64) -> bool {
+        (self.first..=self.last).contains(&ticket)
+            && self
+                .only
+                .as_ref()
+                .is_none_or(|only| only.binary_search(&ticket).is_ok())
+    }
 }
 
 /// Writes not yet committed. Every write gets a ticket, counting from 1.
@@ -72,16 +90,42 @@ impl GroupCommit {
     /// The commit of tickets `first..=last` is over: record its failure, if it failed, then
     /// move the watermark past it.
     pub(crate) fn settle(&self, first: u64, last: u64, failed: Option<String>) {
-        if let Some(e) = failed {
-            tracing::error!(error = %e, "store: a group commit failed");
-            let mut failures = lock(&self.failures);
-            if failures.len() == MAX_FAILURES {
-                failures.pop_front();
-            }
-            failures.push_back((first, last, e));
-            self.any_failed.store(true, Ordering::Release);
+        if let Some(error) = failed {
+            tracing::error!(error = %error, "store: a group commit failed");
+            self.record(Failure {
+                first,
+                last,
+                only: None,
+                error,
+            });
         }
         self.committed.store(last, Ordering::SeqCst);
+    }
+
+    /// The commit of tickets `first..=last` is over, and committed all but these groups of
+    /// tickets (each with its error: one session's writes the server refused): only theirs
+    /// fail. Then the watermark moves past it.
+    pub(crate) fn settle_each(&self, first: u64, last: u64, failed: Vec<(Vec<u64>, String)>) {
+        for (mut tickets, error) in failed {
+            tracing::error!(error = %error, writes = tickets.len(), "store: a session's writes were refused; the rest of the group commit went in");
+            tickets.sort_unstable();
+            self.record(Failure {
+                first,
+                last,
+                only: Some(tickets),
+                error,
+            });
+        }
+        self.committed.store(last, Ordering::SeqCst);
+    }
+
+    fn record(&self, failure: Failure) {
+        let mut failures = lock(&self.failures);
+        if failures.len() == MAX_FAILURES {
+            failures.pop_front();
+        }
+        failures.push_back(failure);
+        self.any_failed.store(true, Ordering::Release);
     }
 
     /// The error of the commit that took this ticket, if it failed (the last 64 failures).
@@ -91,11 +135,12 @@ impl GroupCommit {
         }
         lock(&self.failures)
             .iter()
-            .find(|(lo, hi, _)| (*lo..=*hi).contains(&ticket))
-            .map(|(_, _, e)| e.clone())
+            .find(|f| f.holds(ticket))
+            .map(|f| f.error.clone())
     }
 
-    /// Whether the commit that took `target` succeeded.
+    /// Whether the commit that took `target` succeeded (a commit that failed in part: whether
+    /// `target`'s write is among those that went in).
     pub(crate) fn outcome(&self, target: u64) -> Result<(), StoreError> {
         match self.failure(target) {
             Some(e) => Err(StoreError::WriteFailed(e)),
@@ -132,5 +177,31 @@ pub(crate) struct Waiting<'a>(&'a GroupCommit);
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         self.0.waiting.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_commit_failed_in_part_fails_only_the_tickets_named() {
+        let g = GroupCommit::default();
+        for _ in 0..6 {
+            g.push(WriteOp::DeleteFile("f".into()));
+        }
+        g.settle_each(1, 4, vec![(vec![3, 1], "23505: duplicate key".into())]);
+        assert_eq!(g.committed(), 4);
+        assert_eq!(g.failure(1).as_deref(), Some("23505: duplicate key"));
+        assert_eq!(g.failure(3).as_deref(), Some("23505: duplicate key"));
+        assert_eq!(g.failure(2), None);
+        assert_eq!(g.failure(4), None);
+        assert!(g.outcome(4).is_ok());
+        assert!(g.outcome(3).is_err());
+        // A whole failure after it fails every ticket of its range.
+        g.settle(5, 6, Some("connection lost".into()));
+        assert_eq!(g.failure(5).as_deref(), Some("connection lost"));
+        assert_eq!(g.failure(6).as_deref(), Some("connection lost"));
+        assert_eq!(g.failure(2), None);
     }
 }

@@ -88,6 +88,23 @@ impl Store {
         }
     }
 
+    /// Scale-out: the session has been read back since its lease was newly taken. Nothing on
+    /// the embedded store.
+    pub fn lease_read_back(&self, session_id: &str) {
+        if let Backend::Postgres(p) = &self.backend {
+            p.lease_read_back(session_id);
+        }
+    }
+
+    /// Scale-out: whether the session's lease was newly taken and the session not read back
+    /// since ([`Store::lease_read_back`]); never on the embedded store.
+    pub fn lease_unread(&self, session_id: &str) -> bool {
+        match &self.backend {
+            Backend::Sqlite(_) => false,
+            Backend::Postgres(p) => p.lease_unread(session_id),
+        }
+    }
+
     /// Scale-out: the mark of this instance's last take of a session's lease (`None`: not
     /// held, or the embedded store), for [`Store::release_lease`].
     pub fn lease_mark(&self, session_id: &str) -> Option<u64> {
@@ -173,6 +190,20 @@ impl Store {
         match &self.backend {
             Backend::Sqlite(_) => Ok(()),
             Backend::Postgres(p) => p.put_back_inbox(session_id, rows).await,
+        }
+    }
+
+    /// Scale-out: [`Store::release_lease`], if `idle` still holds when the release comes
+    /// (checked in line with takes of leases, right before the lease goes).
+    pub async fn release_lease_if(
+        &self,
+        session_id: &str,
+        mark: u64,
+        idle: impl FnOnce() -> bool + Send + 'static,
+    ) -> Result<Released, StoreError> {
+        match &self.backend {
+            Backend::Sqlite(_) => Ok(Released::Yes),
+            Backend::Postgres(p) => p.release_lease_if(session_id, mark, idle).await,
         }
     }
 
@@ -330,6 +361,12 @@ impl Store {
         limit: usize,
     ) -> Result<Vec<Event>, StoreError> {
         on_backend!(self, b => b.events(session_id, after_seq, limit).await)
+    }
+
+    /// The turn of the session's last stored event (`None`: none): one row, however long the
+    /// log.
+    pub async fn last_turn_id(&self, session_id: &str) -> Result<Option<String>, StoreError> {
+        on_backend!(self, b => b.last_turn_id(session_id).await)
     }
 
     /// The `seq` of the event with this id in this session.

@@ -211,7 +211,11 @@ async fn run(inner: Arc<Inner>, session: Arc<Session>, job: Job) {
         sampler,
     };
     let timed_out = Err(End::Failed(FailReason::Timeout, String::new()));
+    // Biased, the body first: a turn cancelled before its task first ran still begins (its
+    // `user.message` is logged) before it stops; unbiased, it could stop first and log a
+    // `turn.cancelled` that no `user.message` starts.
     let mut result = tokio::select! {
+        biased;
         r = turn.body(input, answering, plan, max_steps) => r,
         _ = control.token.cancelled() => Err(End::Stopped),
         _ = tokio::time::sleep(timeout) => timed_out,

@@ -4,9 +4,18 @@
 //! The transaction is pipelined: `BEGIN`, one statement per run of events (all of them in one
 //! `INSERT ... SELECT FROM unnest(...)`), one per other write (in queue order), one
 //! `pg_notify` per session with events in the batch, then `COMMIT`, all sent before the first
-//! answer is read (statements are prepared once per connection). A statement that fails
-//! aborts the transaction (PostgreSQL answers `COMMIT` with a rollback), and its error fails
-//! the whole batch.
+//! answer is read (statements are prepared once per connection).
+//!
+//! **One session's clash fails that session only.** A statement that fails aborts the
+//! transaction (the pipelined `COMMIT` is answered with a rollback). When the server refused a
+//! statement (a stale writer's duplicate `(session_id, seq)`, a row it will not take) and the
+//! batch held the writes of several sessions, the batch is written again, isolated
+//! ([`write_isolated`]): each session's writes (and the file records, as one more group) in a
+//! `SAVEPOINT` of their own; a group the server refuses is rolled back to its savepoint and left
+//! out, the others go on and commit. The tickets of the groups left out fail
+//! (`GroupCommit::settle_each`), everyone else's succeed. The normal case pays nothing for
+//! this (the same one statement for all events, no savepoint); a clash costs a round trip
+//! per group refused, plus two.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -35,6 +44,12 @@ const DELETE_FILE: &str = "DELETE FROM files WHERE id = $1";
 const NOTIFY: &str =
     "SELECT pg_notify($1, s || ' ' || q::text) FROM unnest($2::text[], $3::int8[]) AS t(s, q)";
 
+/// Each group of an isolated write in its own savepoint (one name: a group's is released, or
+/// rolled back to, before the next is made).
+const SAVEPOINT_GROUP: &str = "SAVEPOINT turnstile_group";
+const RELEASE_GROUP: &str = "RELEASE SAVEPOINT turnstile_group";
+const ROLLBACK_GROUP: &str = "ROLLBACK TO SAVEPOINT turnstile_group";
+
 type Param<'a> = &'a (dyn ToSql + Sync);
 type Pending<'a> = Pin<Box<dyn Future<Output = Result<(), tokio_postgres::Error>> + Send + 'a>>;
 
@@ -51,12 +66,15 @@ impl PgStore {
             self.send_deltas_before_commit().await;
             let first = *done + 1;
             let started = std::time::Instant::now();
-            let written = self.write(&ops).await;
+            let written = self.write(&ops, first).await;
             crate::metrics::store_commit_took(started.elapsed());
             self.shared
                 .last_failed
                 .store(written.is_err(), Ordering::Release);
-            group.settle(first, last, written.err());
+            match written {
+                Ok(refused) if !refused.is_empty() => group.settle_each(first, last, refused),
+                written => group.settle(first, last, written.err()),
+            }
             *done = last;
         }
         drop(done);
@@ -64,7 +82,9 @@ impl PgStore {
         group.outcome(target)
     }
 
-    async fn write(&self, ops: &[WriteOp]) -> Result<(), String> {
+    /// Writes the batch whose first ticket is `first`: `Ok` with the groups of writes the server
+    /// refused (their tickets and why; the rest is committed), or `Err` when nothing is.
+    async fn write(&self, ops: &[WriteOp], first: u64) -> Result<Refused, String> {
         #[cfg(any(test, feature = "testkit"))]
         {
             let f = &self.shared.faults;
@@ -76,21 +96,45 @@ impl PgStore {
             }
         }
         if ops.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let client = self.shared.pool.get().await.map_err(|e| e.to_string())?;
-        let written = write_batch(&client, ops).await;
+        let st = statements(&client).await.map_err(|e| pg_error_text(&e))?;
+        let written = match write_batch(&client, &st, ops).await {
+            Ok(()) => Ok(Vec::new()),
+            Err(e) if refused(&e) && !client.is_closed() => {
+                let groups = by_session(ops, first);
+                if groups.len() < 2 {
+                    Err(e)
+                } else {
+                    // The pipelined `COMMIT` ended the aborted transaction.
+                    let _ = client.batch_execute("ROLLBACK").await;
+                    tracing::warn!(error = %pg_error_text(&e), "store: a commit was refused; written again with each session's writes isolated");
+                    write_isolated(&client, &st, &groups).await
+                }
+            }
+            Err(e) => Err(e),
+        };
         if written.is_err() && !client.is_closed() {
             let _ = client.batch_execute("ROLLBACK").await;
         }
-        written.map_err(|e| pg_error_text(&e))?;
+        let refused = written.map_err(|e| pg_error_text(&e))?;
         #[cfg(any(test, feature = "testkit"))]
         self.shared
             .faults
             .commits
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok(())
+        Ok(refused)
     }
+}
+
+/// Groups of writes the server refused: their tickets, and its error.
+type Refused = Vec<(Vec<u64>, String)>;
+
+/// Whether the server refused a statement of the batch (its writes may be at fault: a
+/// duplicate key, a row it will not take), rather than the connection failing.
+fn refused(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error().is_some()
 }
 
 /// The prepared statements of one connection.
@@ -101,6 +145,19 @@ struct Statements {
     put_file: Statement,
     delete_file: Statement,
     notify: Statement,
+}
+
+async fn statements(
+    client: &deadpool_postgres::Client,
+) -> Result<Statements, tokio_postgres::Error> {
+    Ok(Statements {
+        events: client.prepare_cached(INSERT_EVENTS).await?,
+        put_session: client.prepare_cached(PUT_SESSION).await?,
+        delete_session: client.prepare_cached(DELETE_SESSION).await?,
+        put_file: client.prepare_cached(PUT_FILE).await?,
+        delete_file: client.prepare_cached(DELETE_FILE).await?,
+        notify: client.prepare_cached(NOTIFY).await?,
+    })
 }
 
 /// One statement of the batch, with what it binds.
@@ -117,10 +174,13 @@ enum Step<'a> {
     Op(&'a WriteOp),
 }
 
-/// Plan the batch: consecutive events become one statement; other writes keep their place.
-fn plan(ops: &[WriteOp]) -> (Vec<Step<'_>>, BTreeMap<&str, i64>) {
-    let mut steps: Vec<Step<'_>> = Vec::new();
-    let mut last_seq: BTreeMap<&str, i64> = BTreeMap::new();
+/// The last seq of each session with events among the steps planned.
+type LastSeqs<'a> = BTreeMap<&'a str, i64>;
+
+/// Plan the writes: consecutive events become one statement; other writes keep their place.
+fn plan<'a>(ops: impl IntoIterator<Item = &'a WriteOp>) -> (Vec<Step<'a>>, LastSeqs<'a>) {
+    let mut steps: Vec<Step<'a>> = Vec::new();
+    let mut last_seq: LastSeqs<'a> = BTreeMap::new();
     for op in ops {
         match op {
             WriteOp::Event {
@@ -168,73 +228,170 @@ fn plan(ops: &[WriteOp]) -> (Vec<Step<'_>>, BTreeMap<&str, i64>) {
     (steps, last_seq)
 }
 
+/// A step sent (its request goes out on the first poll); `None` for none.
+fn send<'a>(c: &'a Client, st: &'a Statements, step: &'a Step<'a>) -> Option<Pending<'a>> {
+    let (stmt, params): (&Statement, Vec<Param<'_>>) = match step {
+        Step::Events {
+            sid,
+            seq,
+            id,
+            turn,
+            kind,
+            json,
+        } => (&st.events, vec![sid, seq, id, turn, kind, json]),
+        Step::File(f, size) => (
+            &st.put_file,
+            vec![
+                &f.id,
+                &f.owner,
+                &f.filename,
+                &f.mime_type,
+                size,
+                &f.sha256,
+                &f.created_at,
+            ],
+        ),
+        Step::Op(WriteOp::PutSession(r)) => (
+            &st.put_session,
+            vec![&r.id, &r.owner, &r.created_at, &r.record],
+        ),
+        Step::Op(WriteOp::DeleteSession(id)) => (&st.delete_session, vec![id]),
+        Step::Op(WriteOp::DeleteFile(id)) => (&st.delete_file, vec![id]),
+        Step::Op(WriteOp::Event { .. } | WriteOp::PutFile(_)) => return None,
+    };
+    Some(Box::pin(async move {
+        c.execute_raw(stmt, params).await.map(|_| ())
+    }))
+}
+
+/// The `pg_notify` of these sessions' last seqs (delivered at `COMMIT`); `None` for none.
+fn notify<'a>(c: &'a Client, st: &'a Statements, last_seq: &LastSeqs<'a>) -> Option<Pending<'a>> {
+    if last_seq.is_empty() {
+        return None;
+    }
+    let sids: Vec<&'a str> = last_seq.keys().copied().collect();
+    let seqs: Vec<i64> = last_seq.values().copied().collect();
+    let stmt = &st.notify;
+    Some(Box::pin(async move {
+        let params: [Param<'_>; 3] = [&EVENTS_CHANNEL, &sids, &seqs];
+        c.execute_raw(stmt, params).await.map(|_| ())
+    }))
+}
+
 /// Write `ops` as one transaction, pipelined in one round trip.
 async fn write_batch(
     client: &deadpool_postgres::Client,
+    st: &Statements,
     ops: &[WriteOp],
 ) -> Result<(), tokio_postgres::Error> {
-    let st = Statements {
-        events: client.prepare_cached(INSERT_EVENTS).await?,
-        put_session: client.prepare_cached(PUT_SESSION).await?,
-        delete_session: client.prepare_cached(DELETE_SESSION).await?,
-        put_file: client.prepare_cached(PUT_FILE).await?,
-        delete_file: client.prepare_cached(DELETE_FILE).await?,
-        notify: client.prepare_cached(NOTIFY).await?,
-    };
     let (steps, last_seq) = plan(ops);
-    let notify_sids: Vec<&str> = last_seq.keys().copied().collect();
-    let notify_seqs: Vec<i64> = last_seq.values().copied().collect();
     let c: &Client = client;
     let mut pending: Vec<Pending<'_>> = Vec::with_capacity(steps.len() + 3);
     pending.push(Box::pin(c.batch_execute("BEGIN")));
-    for step in &steps {
-        let (stmt, params): (&Statement, Vec<Param<'_>>) = match step {
-            Step::Events {
-                sid,
-                seq,
-                id,
-                turn,
-                kind,
-                json,
-            } => (&st.events, vec![sid, seq, id, turn, kind, json]),
-            Step::File(f, size) => (
-                &st.put_file,
-                vec![
-                    &f.id,
-                    &f.owner,
-                    &f.filename,
-                    &f.mime_type,
-                    size,
-                    &f.sha256,
-                    &f.created_at,
-                ],
-            ),
-            Step::Op(WriteOp::PutSession(r)) => (
-                &st.put_session,
-                vec![&r.id, &r.owner, &r.created_at, &r.record],
-            ),
-            Step::Op(WriteOp::DeleteSession(id)) => (&st.delete_session, vec![id]),
-            Step::Op(WriteOp::DeleteFile(id)) => (&st.delete_file, vec![id]),
-            Step::Op(WriteOp::Event { .. } | WriteOp::PutFile(_)) => continue,
-        };
-        pending.push(Box::pin(async move {
-            c.execute_raw(stmt, params).await.map(|_| ())
-        }));
-    }
-    if !notify_sids.is_empty() {
-        let params: Vec<Param<'_>> = vec![&EVENTS_CHANNEL, &notify_sids, &notify_seqs];
-        let stmt = &st.notify;
-        pending.push(Box::pin(async move {
-            c.execute_raw(stmt, params).await.map(|_| ())
-        }));
-    }
+    pending.extend(steps.iter().filter_map(|step| send(c, st, step)));
+    pending.extend(notify(c, st, &last_seq));
     pending.push(Box::pin(c.batch_execute("COMMIT")));
-    join_in_order(pending).await
+    join_in_order(pending).await.into_iter().collect()
+}
+
+/// The writes of one session in a batch (or of no session: file records), with their tickets.
+struct Group<'a> {
+    tickets: Vec<u64>,
+    ops: Vec<&'a WriteOp>,
+}
+
+/// The batch whose first ticket is `first`, by session, in order of first appearance.
+fn by_session(ops: &[WriteOp], first: u64) -> Vec<Group<'_>> {
+    let mut index: std::collections::HashMap<Option<&str>, usize> = Default::default();
+    let mut groups: Vec<Group<'_>> = Vec::new();
+    for (ticket, op) in (first..).zip(ops) {
+        let owner = match op {
+            WriteOp::Event { session_id, .. } => Some(&**session_id),
+            WriteOp::PutSession(r) => Some(r.id.as_str()),
+            WriteOp::DeleteSession(id) => Some(id.as_str()),
+            WriteOp::PutFile(_) | WriteOp::DeleteFile(_) => None,
+        };
+        let i = *index.entry(owner).or_insert_with(|| {
+            groups.push(Group {
+                tickets: Vec::new(),
+                ops: Vec::new(),
+            });
+            groups.len() - 1
+        });
+        groups[i].tickets.push(ticket);
+        groups[i].ops.push(op);
+    }
+    groups
+}
+
+/// Write the batch as one transaction with each group in a savepoint of its own: the groups
+/// pipelined; one the server refuses is rolled back to its savepoint and left out, and those
+/// after it are sent again; then the notifications of the groups kept, and `COMMIT`. The
+/// groups left out.
+async fn write_isolated(
+    client: &deadpool_postgres::Client,
+    st: &Statements,
+    groups: &[Group<'_>],
+) -> Result<Refused, tokio_postgres::Error> {
+    let c: &Client = client;
+    let planned: Vec<(Vec<Step<'_>>, LastSeqs<'_>)> =
+        groups.iter().map(|g| plan(g.ops.iter().copied())).collect();
+    let mut left_out: Refused = Vec::new();
+    let mut kept = vec![true; groups.len()];
+    let mut next = 0;
+    let mut rollback = false;
+    c.batch_execute("BEGIN").await?;
+    while next < groups.len() {
+        // Each sent future, with the group it belongs to.
+        let mut pending: Vec<(Pending<'_>, usize)> = Vec::new();
+        if std::mem::take(&mut rollback) {
+            // Back to the savepoint of the group refused last: the groups before it stand.
+            pending.push((Box::pin(c.batch_execute(ROLLBACK_GROUP)), usize::MAX));
+        }
+        for (g, (steps, _)) in planned.iter().enumerate().skip(next) {
+            pending.push((Box::pin(c.batch_execute(SAVEPOINT_GROUP)), g));
+            pending.extend(steps.iter().filter_map(|s| send(c, st, s)).map(|p| (p, g)));
+            pending.push((Box::pin(c.batch_execute(RELEASE_GROUP)), g));
+        }
+        let (futures, owners): (Vec<_>, Vec<_>) = pending.into_iter().unzip();
+        let results = join_in_order(futures).await;
+        let Some((at, e)) = results
+            .into_iter()
+            .enumerate()
+            .find_map(|(i, r)| r.err().map(|e| (i, e)))
+        else {
+            break;
+        };
+        let g = owners[at];
+        if g == usize::MAX || !refused(&e) {
+            return Err(e);
+        }
+        left_out.push((groups[g].tickets.clone(), pg_error_text(&e)));
+        kept[g] = false;
+        next = g + 1;
+        rollback = true;
+    }
+    if rollback {
+        // The last group was refused: back to its savepoint.
+        c.batch_execute(ROLLBACK_GROUP).await?;
+    }
+    let mut last_seq: LastSeqs<'_> = BTreeMap::new();
+    for ((_, seqs), _) in planned.iter().zip(&kept).filter(|(_, k)| **k) {
+        last_seq.extend(seqs.iter().map(|(s, q)| (*s, *q)));
+    }
+    let mut pending: Vec<Pending<'_>> = Vec::new();
+    pending.extend(notify(c, st, &last_seq));
+    pending.push(Box::pin(c.batch_execute("COMMIT")));
+    join_in_order(pending)
+        .await
+        .into_iter()
+        .collect::<Result<(), _>>()?;
+    Ok(left_out)
 }
 
 /// Polls every future, first in the order given (each sends its request on its first poll, so
-/// they reach the server in that order), until all are done; the first error in that order.
-async fn join_in_order(mut pending: Vec<Pending<'_>>) -> Result<(), tokio_postgres::Error> {
+/// they reach the server in that order), until all are done; their outcomes, in that order.
+async fn join_in_order(mut pending: Vec<Pending<'_>>) -> Vec<Result<(), tokio_postgres::Error>> {
     let mut results: Vec<Option<Result<(), tokio_postgres::Error>>> =
         pending.iter().map(|_| None).collect();
     std::future::poll_fn(|cx| {

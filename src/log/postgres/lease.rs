@@ -46,7 +46,7 @@ pub enum Heard {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LeaseTaken {
     /// This instance holds the lease; `fresh`: it did not before (another instance may have
-    /// written the session meanwhile: read it back).
+    /// written the session meanwhile: read it back, then say so with `Store::lease_read_back`).
     Held { fresh: bool },
     /// Another live instance holds it.
     Busy,
@@ -84,10 +84,24 @@ impl PgStore {
                 return Ok(LeaseTaken::Busy);
             }
             *marks += 1;
-            let fresh = lock(&shared.held).insert(sid, *marks).is_none();
+            let fresh = lock(&shared.held).insert(sid.clone(), *marks).is_none();
+            if fresh {
+                lock(&shared.unread).insert(sid);
+            }
             Ok(LeaseTaken::Held { fresh })
         })
         .await
+    }
+
+    /// The engine has read the session back since its lease was newly taken.
+    pub(crate) fn lease_read_back(&self, session_id: &str) {
+        lock(&self.shared.unread).remove(session_id);
+    }
+
+    /// Whether the session's lease was newly taken and the session not read back since (a
+    /// claim may be reading it now, or have failed to).
+    pub(crate) fn lease_unread(&self, session_id: &str) -> bool {
+        lock(&self.shared.unread).contains(session_id)
     }
 
     /// The mark of the session's last take by this instance (`None`: not held), for
@@ -121,12 +135,25 @@ impl PgStore {
         session_id: &str,
         mark: u64,
     ) -> Result<Released, StoreError> {
+        self.release_lease_if(session_id, mark, || true).await
+    }
+
+    /// [`PgStore::release_lease`], if `idle` still says so when the release's turn comes (in
+    /// line with takes, right before the row goes): a caller's "idle" seen before waiting for
+    /// that turn may be stale by then (a claim came, took nothing new and started a turn).
+    pub(crate) async fn release_lease_if(
+        &self,
+        session_id: &str,
+        mark: u64,
+        idle: impl FnOnce() -> bool + Send + 'static,
+    ) -> Result<Released, StoreError> {
         let sid = session_id.to_string();
         let shared = self.shared.clone();
         self.run(move |pool| async move {
             let _ops = shared.lease_ops.lock().await;
             if lock(&shared.held).get(&sid) != Some(&mark)
                 || lock(&shared.claiming).contains_key(&sid)
+                || !idle()
             {
                 return Ok(Released::Kept);
             }
@@ -159,6 +186,7 @@ impl PgStore {
                 return Ok(Released::InboxWaiting);
             }
             lock(&shared.held).remove(&sid);
+            lock(&shared.unread).remove(&sid);
             Ok(Released::Yes)
         })
         .await
@@ -186,6 +214,7 @@ impl PgStore {
                 .await?;
             tx.commit().await?;
             lock(&shared.held).clear();
+            lock(&shared.unread).clear();
             Ok(())
         })
         .await

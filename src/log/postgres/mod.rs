@@ -71,6 +71,9 @@ struct Shared {
     /// The sessions whose lease this instance holds (renewed by `lease::renew_loop`), each with
     /// the mark of its last take (see `PgStore::release_lease`).
     held: std::sync::Mutex<std::collections::HashMap<String, u64>>,
+    /// Sessions whose lease was newly taken and not yet read back by the engine
+    /// (`PgStore::lease_read_back`).
+    unread: std::sync::Mutex<HashSet<String>>,
     /// Takes and releases of leases, one at a time: a release decided before a take (of the
     /// same session) that comes first sees the take's mark and does not happen.
     lease_ops: tokio::sync::Mutex<u64>,
@@ -185,6 +188,7 @@ impl PgStore {
                 instance: instance.unwrap_or_else(|| crate::ids::new("inst")),
                 lease,
                 held: Default::default(),
+                unread: Default::default(),
                 lease_ops: Default::default(),
                 claiming: Default::default(),
                 heard: heard.clone(),
@@ -310,6 +314,11 @@ impl StoreBackend for PgStore {
     async fn seq_of(&self, session_id: &str, event_id: &str) -> Result<Option<u64>, StoreError> {
         let (sid, eid) = (session_id.to_string(), event_id.to_string());
         self.run(move |p| read::seq_of(p, sid, eid)).await
+    }
+
+    async fn last_turn_id(&self, session_id: &str) -> Result<Option<String>, StoreError> {
+        let sid = session_id.to_string();
+        self.run(move |p| read::last_turn_id(p, sid)).await
     }
 
     async fn unfinished_sessions(&self) -> Result<Vec<String>, StoreError> {

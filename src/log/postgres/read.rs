@@ -33,6 +33,17 @@ pub(super) async fn events(
         .collect()
 }
 
+/// The turn of the session's last event: one row from the end of the primary key.
+pub(super) async fn last_turn_id(pool: Pool, sid: String) -> Result<Option<String>, StoreError> {
+    let c = pool.get().await?;
+    let stmt = c
+        .prepare_cached(
+            "SELECT turn_id FROM events WHERE session_id = $1 ORDER BY seq DESC LIMIT 1",
+        )
+        .await?;
+    Ok(c.query_opt(&stmt, &[&sid]).await?.map(|r| r.get(0)))
+}
+
 /// The `seq` of the event with this id in this session.
 pub(super) async fn seq_of(
     pool: Pool,

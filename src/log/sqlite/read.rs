@@ -30,6 +30,16 @@ pub(super) fn events(
     Ok(out)
 }
 
+/// The turn of the session's last event: one row from the end of the `(session_id, seq)`
+/// index.
+pub(super) fn last_turn_id(c: &Connection, sid: &str) -> Result<Option<String>, StoreError> {
+    Ok(c.prepare_cached(
+        "SELECT turn_id FROM events WHERE session_id = ?1 ORDER BY seq DESC LIMIT 1",
+    )?
+    .query_row(params![sid], |r| r.get(0))
+    .optional()?)
+}
+
 /// The `seq` of the event with this id in this session.
 ///
 /// Event ids sort in creation order within a session, as seqs do, so this bisects the

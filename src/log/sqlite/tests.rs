@@ -144,6 +144,38 @@ async fn a_version_1_store_is_migrated_without_losing_events() {
 }
 
 #[tokio::test]
+async fn last_turn_id_is_the_turn_of_the_last_event_of_that_session_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), false).unwrap();
+    let (a, b): (Arc<str>, Arc<str>) = ("sess_a".into(), "sess_b".into());
+    assert_eq!(store.last_turn_id(&a).await.unwrap(), None);
+    let in_turn = |seq: u64, turn: &str| {
+        let body = message(seq).body;
+        Event::new(
+            seq,
+            crate::ids::new("evt"),
+            turn.into(),
+            CREATED.into(),
+            body,
+        )
+    };
+    for (seq, turn) in [(1, "turn_1"), (2, "turn_1"), (3, "turn_2")] {
+        store.append(&a, &in_turn(seq, turn));
+    }
+    store.append(&b, &in_turn(1, "turn_9"));
+    store.commit().unwrap();
+    assert_eq!(
+        store.last_turn_id(&a).await.unwrap().as_deref(),
+        Some("turn_2")
+    );
+    assert_eq!(
+        store.last_turn_id(&b).await.unwrap().as_deref(),
+        Some("turn_9")
+    );
+    assert_eq!(store.last_turn_id("sess_none").await.unwrap(), None);
+}
+
+#[tokio::test]
 async fn seq_of_finds_every_id_by_bisection_and_none_for_unknown() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), false).unwrap();
