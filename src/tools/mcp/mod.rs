@@ -538,6 +538,7 @@ impl ToolHost for McpHost {
             let asker = elicit::Asker {
                 session_id: ctx.session_id.clone(),
                 elicitor: ctx.elicitor.clone(),
+                paused: Default::default(),
             };
             match self.shared.get(&idx) {
                 Some(s) => s.call(&tool, input, asker).await,
