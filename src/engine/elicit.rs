@@ -15,7 +15,7 @@
 //! (`Cancelled.`) and its question declined, both logged with the reason (see
 //! [`unresumable`]).
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
@@ -235,7 +235,7 @@ pub(crate) fn unresumable(pending: &mut [Pending]) {
 /// What the model is sent: the elicitation calls (`tool`) and their results left out; they
 /// were a channel to the person, not the model's calls.
 pub(crate) fn hide(messages: &mut Vec<Message>, tool: &str) {
-    let mut hidden: HashMap<String, ()> = HashMap::new();
+    let mut hidden: HashSet<String> = HashSet::new();
     for m in messages.iter_mut() {
         if let Message::Assistant {
             content: Content::Blocks(blocks),
@@ -245,7 +245,7 @@ pub(crate) fn hide(messages: &mut Vec<Message>, tool: &str) {
                 Block::ToolUse {
                     tool_call_id, name, ..
                 } if name == tool => {
-                    hidden.insert(tool_call_id.clone(), ());
+                    hidden.insert(tool_call_id.clone());
                     false
                 }
                 _ => true,
@@ -259,7 +259,7 @@ pub(crate) fn hide(messages: &mut Vec<Message>, tool: &str) {
         Message::Assistant {
             content: Content::Blocks(b),
         } => !b.is_empty(),
-        Message::Tool { tool_call_id, .. } => !hidden.contains_key(tool_call_id),
+        Message::Tool { tool_call_id, .. } => !hidden.contains(tool_call_id),
         _ => true,
     });
 }
