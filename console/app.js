@@ -40,6 +40,17 @@ function append(el, children) {
 }
 
 const $ = (sel, root = document) => root.querySelector(sel);
+
+/** The client tool that carries MCP servers' questions to the person (the agents' default
+ * `elicitation_tool`); a pending call of it is shown as a form. */
+const ELICITATION_TOOL = {
+  name: "elicitation",
+  description: "Asks the person at the console a question of an MCP server (a form).",
+  parameters: { type: "object" },
+};
+
+/** Whether a pending call is an MCP server's question (its input carries the requested schema). */
+const isQuestion = (p) => p.kind === "client" && !!p.input?.requestedSchema && !!p.input?.toolCallId;
 const delay = (ms) => new Promise((r) => setTimeout(r, ms));
 
 function toast(text, kind = "info") {
@@ -421,7 +432,8 @@ class SessionsView {
             .filter((i) => i.checked)
             .map((i) => ({ name: i.value, trust: !!toolsBox.querySelector(`input[data-trust="${CSS.escape(i.value)}"]`)?.checked }));
           try {
-            const r = await api("POST", "/sessions", { json: { agent: { name: select.value, tools } } });
+            // The console can answer MCP servers' questions: it declares the elicitation tool.
+            const r = await api("POST", "/sessions", { json: { agent: { name: select.value, tools }, tools: [ELICITATION_TOOL] } });
             location.hash = `#/s/${encodeURIComponent(r.sessionId)}`;
           } catch (e) {
             toast(e.message, "error");
@@ -787,14 +799,86 @@ class SessionView {
       slot.replaceChildren(this.approvalPanel(p));
     }
     const open = perms.filter((p) => !p.expired && !this.decisions.has(p.toolCallId));
-    const client = pending.filter((p) => p.kind === "client");
+    const client = pending.filter((p) => p.kind === "client" && !isQuestion(p));
+    const questions = pending.filter(isQuestion);
+    // A form keeps what the person typed across refreshes.
+    this.questionForms ??= new Map();
+    for (const id of [...this.questionForms.keys()]) if (!live.has(id)) this.questionForms.delete(id);
+    for (const q of questions) if (!this.questionForms.has(q.toolCallId)) this.questionForms.set(q.toolCallId, this.questionForm(q));
     this.approvalNote.replaceChildren();
     append(this.approvalNote, [
       open.length
         ? h("div", { class: "banner warn" }, `${open.length} call${open.length > 1 ? "s" : ""} wait${open.length > 1 ? "" : "s"} for your decision. `, h("kbd", {}, "a"), " approve · ", h("kbd", {}, "d"), " deny · ", h("kbd", {}, "r"), " reason")
         : null,
       client.length ? h("div", { class: "banner" }, `${client.length} client tool call(s) wait for the application that declared them; this console cannot run them.`) : null,
+      questions.map((q) => this.questionForms.get(q.toolCallId)),
     ]);
+  }
+
+  /** An MCP server's question as a form built from its requested schema (string, number,
+   * integer, boolean and enum fields, defaults filled in); its buttons answer it. */
+  questionForm(p) {
+    const { server, message, requestedSchema: schema } = p.input;
+    const required = new Set(schema.required || []);
+    const inputs = [];
+    const fields = Object.entries(schema.properties || {}).map(([name, s]) => {
+      const choices = s.enum || (s.oneOf || s.anyOf || []).map((o) => o.const).filter((v) => v !== undefined);
+      let input;
+      if (choices.length) {
+        input = h("select", {}, required.has(name) || "default" in s ? null : h("option", { value: "" }, "—"), choices.map((c, i) => h("option", { value: String(i) }, String((s.enumNames || [])[i] ?? (s.oneOf || s.anyOf || [])[i]?.title ?? c))));
+        if ("default" in s) input.value = String(Math.max(0, choices.indexOf(s.default)));
+      } else if (s.type === "boolean") {
+        input = h("input", { type: "checkbox", checked: !!s.default });
+      } else if (s.type === "number" || s.type === "integer") {
+        input = h("input", { type: "number", step: s.type === "integer" ? "1" : "any", min: s.minimum, max: s.maximum });
+        if ("default" in s) input.value = String(s.default);
+      } else {
+        input = h("input", { type: "text", maxlength: s.maxLength });
+        if ("default" in s) input.value = String(s.default);
+      }
+      input.dataset.field = name;
+      inputs.push({ name, s, input, choices });
+      return h("label", { class: "field" }, h("span", {}, s.title || name, required.has(name) ? " *" : ""), input, s.description ? h("span", { class: "muted small" }, s.description) : null);
+    });
+    const read = () => {
+      const content = {};
+      for (const { name, s, input, choices } of inputs) {
+        if (choices.length) {
+          if (input.value !== "") content[name] = choices[Number(input.value)];
+        } else if (s.type === "boolean") content[name] = input.checked;
+        else if (input.value === "") continue;
+        else if (s.type === "number" || s.type === "integer") content[name] = Number(input.value);
+        else content[name] = input.value;
+      }
+      return content;
+    };
+    const answer = async (action) => {
+      const body = action === "accept" ? { action, content: read() } : { action };
+      this.setRunning(true);
+      try {
+        await api("POST", `${this.path}/turns`, { json: { messages: [{ role: "tool", toolCallId: p.toolCallId, content: JSON.stringify(body) }] } });
+      } catch (e) {
+        // A refused answer (a field that does not fit, named by the server) leaves the form as it was.
+        if (e.name !== "AbortError") toast(`Answer not taken: ${e.message}`, "error");
+      } finally {
+        this.refresh();
+        pollApprovals();
+      }
+    };
+    return h(
+      "form",
+      { class: "card elicitation", dataset: { callId: p.toolCallId }, onsubmit: (ev) => (ev.preventDefault(), answer("accept")) },
+      h("div", { class: "approval-head" }, h("strong", {}, "A question for you"), h("span", { class: "muted small" }, ` · from server ${server}`)),
+      h("p", { class: "question" }, message),
+      fields,
+      h(
+        "div",
+        { class: "approval-actions" },
+        h("button", { type: "submit", class: "primary accept" }, "Submit"),
+        h("button", { type: "button", class: "decline", onclick: () => answer("decline") }, "Decline"),
+        h("button", { type: "button", class: "danger cancel", onclick: () => answer("cancel") }, "Cancel"),
+      ),
+    );
   }
 
   approvalPanel(p) {

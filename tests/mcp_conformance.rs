@@ -25,6 +25,7 @@ const SUPPORTED: &[&str] = &[
     "initialize",
     "tools_call",
     "sse-retry",
+    "elicitation-sep1034-client-defaults",
     "auth/metadata-default",
     "auth/metadata-var1",
     "auth/metadata-var2",
@@ -47,10 +48,6 @@ const SUPPORTED: &[&str] = &[
 
 /// Non-draft client scenarios not yet supported, with why.
 const NOT_YET: &[(&str, &str)] = &[
-    (
-        "elicitation-sep1034-client-defaults",
-        "elicitation does not reach an AAP client yet (the driver answers as one; turnstile declines with a logged reason)",
-    ),
     (
         "auth/cross-app-access-complete-flow",
         "an extension (token exchange and JWT-bearer grant from an enterprise IdP) turnstile does not implement",

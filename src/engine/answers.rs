@@ -74,9 +74,13 @@ fn classify<'a>(
     let mut stale = Vec::new();
     let answers = results
         .iter()
-        .map(|r| (r.call_id.as_str(), None))
-        .chain(permissions.iter().map(|p| (p.call_id.as_str(), Some(p))));
-    for (id, perm) in answers {
+        .map(|r| (r.call_id.as_str(), None, Some(r)))
+        .chain(
+            permissions
+                .iter()
+                .map(|p| (p.call_id.as_str(), Some(p), None)),
+        );
+    for (id, perm, result) in answers {
         let role = if perm.is_some() {
             "tool_permission"
         } else {
@@ -88,6 +92,7 @@ fn classify<'a>(
         }
         match pending.iter().find(|p| p.call_id == id) {
             None => stale.push(id),
+            Some(p) if p.ended.is_some() => stale.push(id),
             Some(p) if p.kind == PendingKind::Client && perm.is_some() => malformed.push(format!(
                 "toolCallId {id} is client tool {}: answer it with a role \"tool\" message carrying its result",
                 p.name
@@ -99,7 +104,18 @@ fn classify<'a>(
             Some(p) if p.expired && perm.is_some_and(|g: &Permission| g.granted) => {
                 stale.push(id);
             }
-            Some(_) => {}
+            Some(p) => {
+                if let (Some(r), Some(schema)) = (result, super::elicit::schema_of(p)) {
+                    // An answer to an MCP server's question must fit the requested schema.
+                    if let Err(why) = super::elicit::client_answer(schema, &r.content, r.is_error) {
+                        let server = p.input.get("server").and_then(|s| s.as_str());
+                        malformed.push(format!(
+                            "toolCallId {id} answers a question of MCP server {}: {why}",
+                            server.unwrap_or("?")
+                        ));
+                    }
+                }
+            }
         }
     }
     (answered, malformed, stale)
@@ -143,6 +159,15 @@ fn refusal(
 
 /// Why `id` cannot be answered: it expired, was settled already, or was never a call here.
 fn stale_call(pending: &[Pending], id: &str, history: &dyn Fn() -> Vec<Message>) -> String {
+    if let Some(p) = pending
+        .iter()
+        .find(|p| p.call_id == id && p.ended.is_some())
+    {
+        return format!(
+            "toolCallId {id} ({}) was a question of an MCP server asked before the server restarted: it cannot be answered now (its call was ended)",
+            p.name
+        );
+    }
     if let Some(p) = pending.iter().find(|p| p.call_id == id && p.expired) {
         return format!(
             "toolCallId {id} ({}) has expired: its permission was not given within [agents] approval_ttl_s (by {}), so it is denied (approval expired); ask the model to call it again",
@@ -160,6 +185,12 @@ fn stale_call(pending: &[Pending], id: &str, history: &dyn Fn() -> Vec<Message>)
     match settled {
         Some(Content::Text(t)) if t == expired_result() => format!(
             "toolCallId {id} has expired: its permission was not given within [agents] approval_ttl_s, so it was denied (approval expired); ask the model to call it again"
+        ),
+        Some(Content::Text(t)) if t == super::elicit::RESTARTED => format!(
+            "toolCallId {id} was a question of an MCP server asked before the server restarted: it was declined then, and the call that asked was ended"
+        ),
+        Some(Content::Text(t)) if t == super::elicit::EXPIRED => format!(
+            "toolCallId {id} was a question of an MCP server not answered within [agents] approval_ttl_s: it was declined, and the call that asked was ended"
         ),
         Some(_) => format!("toolCallId {id} is already settled: it has its result"),
         None => format!("toolCallId {id} is not a call of this session"),

@@ -34,6 +34,24 @@ use crate::log::{Event, EventBody, SessionRow, StopReason, Store};
 use crate::tools::ServerTool;
 use crate::{clock, ids};
 
+/// What a session waits on besides its pending calls' answers (its state's `waits`): the
+/// timer that expires them, and MCP calls waiting on questions to the client, which are only
+/// in memory (a session with some is not at rest).
+#[derive(Default)]
+pub(crate) struct Waits {
+    /// The timer that expires pending calls: its deadline (ms since the epoch) and task.
+    pub(crate) timer: Option<(i64, tokio::task::AbortHandle)>,
+    /// MCP calls waiting on their questions to the client (see `engine/elicit.rs`).
+    pub(crate) flight: Option<super::elicit::Flight>,
+}
+
+impl Waits {
+    /// Whether nothing waits only in memory (no calls wait on questions).
+    pub(crate) fn idle(&self) -> bool {
+        self.flight.is_none()
+    }
+}
+
 /// The reason an expired permission is denied with.
 pub const EXPIRED_REASON: &str = "approval expired";
 
@@ -82,9 +100,10 @@ pub(crate) fn bind(call_id: &str, name: &str, input: &Value, host: &[ServerTool]
 /// Once expired, a call stays expired. The earliest deadline still ahead, if any.
 pub(crate) fn stamp(pending: &mut [Pending], ttl: Duration, now_ms: i64) -> Option<i64> {
     let mut next: Option<i64> = None;
+    // A question of an MCP server (an elicitation call) is bounded by the same ttl.
     for p in pending
         .iter_mut()
-        .filter(|p| p.kind == PendingKind::Permission)
+        .filter(|p| p.kind == PendingKind::Permission || super::elicit::schema_of(p).is_some())
     {
         let Some(asked) = clock::parse_ms(&p.asked_at) else {
             continue;
@@ -169,25 +188,32 @@ pub(crate) fn settle_locked(
     }
     let calls = std::mem::take(&mut st.pending);
     let turn_id = ids::new("turn");
-    let blocks: Vec<Value> = calls
-        .iter()
-        .map(|p| {
-            json!({"type": "tool_permission", "tool_use_id": p.call_id, "granted": false,
-                   "reason": EXPIRED_REASON, "expired": true})
-        })
-        .collect();
+    let blocks: Vec<Value> = calls.iter().map(expired_block).collect();
+    // MCP calls that waited on expired questions are cut short (see `engine/elicit.rs`).
+    let cut: Vec<String> = st
+        .waits
+        .flight
+        .take()
+        .map(|f| f.running.clone())
+        .unwrap_or_default();
     let store = &inner.store;
     let mut bodies = vec![EventBody::UserMessage {
         content: Value::Array(blocks),
         files: vec![],
         skills: vec![],
     }];
-    bodies.extend(calls.iter().map(|p| EventBody::ToolResult {
-        tool_use_id: p.call_id.clone(),
-        content: Value::String(expired_result()),
-        is_error: true,
-        files: vec![],
-    }));
+    let results = calls.iter().map(|p| (p.call_id.clone(), settled_result(p)));
+    let cut_short = cut.iter().map(|id| (id.clone(), "Cancelled.".to_string()));
+    bodies.extend(
+        results
+            .chain(cut_short)
+            .map(|(tool_use_id, text)| EventBody::ToolResult {
+                tool_use_id,
+                content: Value::String(text),
+                is_error: true,
+                files: vec![],
+            }),
+    );
     bodies.push(EventBody::TurnCompleted {
         usage: None,
         stop_reason: StopReason::EndTurn,
@@ -201,15 +227,37 @@ pub(crate) fn settle_locked(
     }
     let published: Vec<Arc<Event>> = session.publish_durable_locked(st, store);
     let ids: Vec<&str> = calls.iter().map(|p| p.call_id.as_str()).collect();
+    let ended: Vec<String> = calls.iter().filter_map(|p| p.ended.clone()).collect();
     tracing::info!(session = %session.id, turn = %turn_id, calls = ?ids, ttl_s = ttl.as_secs(), events = published.len(),
-        "pending permissions expired (approval_ttl_s) and were denied: approval expired");
+        cut_short = ?cut, ended = ?ended,
+        "pending calls settled: permissions and questions expired (approval_ttl_s), questions asked before a restart ended");
     None
+}
+
+/// The `user.message` block that settles a call no one answered: a denied permission, or a
+/// tool result for a question of an MCP server (and its call) that expired or cannot go on.
+fn expired_block(p: &Pending) -> Value {
+    if p.ended.is_some() || super::elicit::schema_of(p).is_some() {
+        return json!({"type": "tool_result", "tool_use_id": p.call_id,
+                      "content": settled_result(p), "is_error": true});
+    }
+    json!({"type": "tool_permission", "tool_use_id": p.call_id, "granted": false,
+           "reason": EXPIRED_REASON, "expired": true})
+}
+
+/// The result a call settled without an answer gets.
+fn settled_result(p: &Pending) -> String {
+    match &p.ended {
+        Some(text) => text.clone(),
+        None if super::elicit::schema_of(p).is_some() => super::elicit::EXPIRED.to_string(),
+        None => expired_result(),
+    }
 }
 
 /// Wake at `due` (ms since the epoch) to settle the session, unless a timer already wakes by then.
 fn arm(inner: &Arc<Inner>, session: &Arc<Session>, due: i64) {
     let mut st = session.lock();
-    if let Some((at, handle)) = &st.expiry_timer {
+    if let Some((at, handle)) = &st.waits.timer {
         if *at <= due && !handle.is_finished() {
             return;
         }
@@ -225,10 +273,10 @@ fn arm(inner: &Arc<Inner>, session: &Arc<Session>, due: i64) {
         let (Some(inner), Some(session)) = (weak_inner.upgrade(), weak_session.upgrade()) else {
             return;
         };
-        session.lock().expiry_timer = None;
+        session.lock().waits.timer = None;
         settle(&inner, &session);
     });
-    st.expiry_timer = Some((due, task.abort_handle()));
+    st.waits.timer = Some((due, task.abort_handle()));
 }
 
 /// How a grant is decided when it arrives.
@@ -302,6 +350,7 @@ mod tests {
             asked_at: asked_at.into(),
             expires_at: None,
             expired: false,
+            ended: None,
         }
     }
 

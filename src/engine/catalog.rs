@@ -82,11 +82,17 @@ impl<'a> Catalog<'a> {
 
     /// The tools offered to the model: client tools, then enabled server tools.
     pub fn offered(&self) -> Vec<ToolDef> {
-        let client = self.client.iter().map(|t| ToolDef {
-            name: t.name.clone(),
-            description: t.description.clone(),
-            parameters: t.parameters.clone(),
-        });
+        // The elicitation tool is the channel of MCP servers' questions to the person.
+        let channel = &self.agent.elicitation_tool;
+        let client = self
+            .client
+            .iter()
+            .filter(|t| &t.name != channel)
+            .map(|t| ToolDef {
+                name: t.name.clone(),
+                description: t.description.clone(),
+                parameters: t.parameters.clone(),
+            });
         let server = self.server.iter().map(|(t, _)| ToolDef {
             name: t.spec.name.clone(),
             description: t.spec.description.clone(),
@@ -96,6 +102,11 @@ impl<'a> Catalog<'a> {
     }
 
     pub fn route(&self, name: &str) -> Route {
+        if name == self.agent.elicitation_tool {
+            return Route::Refuse(format!(
+                "Tool {name} is not a tool to call: it carries MCP servers' questions to the user."
+            ));
+        }
         if self.client.iter().any(|t| t.name == name) {
             return match self.attendance {
                 Client::Attends => Route::Client,

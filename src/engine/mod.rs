@@ -36,6 +36,7 @@ pub mod catalog;
 pub mod context;
 mod delivery;
 mod driven;
+mod elicit;
 pub mod follow;
 mod handle;
 pub mod history;

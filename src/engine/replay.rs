@@ -152,10 +152,13 @@ fn pending_calls(turn: &[Arc<Event>], record: &SessionRecord) -> Vec<Pending> {
                 asked_at: ev.created_at.clone(),
                 expires_at: None,
                 expired: false,
+                ended: None,
             }),
             EventBody::ToolResult { tool_use_id, .. } => out.retain(|p| &p.call_id != tool_use_id),
             _ => {}
         }
     }
+    // A question of an MCP server waited in memory with its call: neither survives a restart.
+    super::elicit::unresumable(&mut out);
     out
 }

@@ -42,8 +42,7 @@ pub(crate) struct State {
     pub diverged: bool,
     /// The store ticket of the session's last row write (its record).
     pub record_written: u64,
-    /// The timer that expires pending permissions: its deadline (ms since the epoch) and task.
-    pub expiry_timer: Option<(i64, tokio::task::AbortHandle)>,
+    pub waits: super::approvals::Waits,
 }
 
 impl State {
@@ -56,6 +55,7 @@ impl State {
             && self.out.held.is_empty()
             && self.record_written <= committed
             && !self.out.watched()
+            && self.waits.idle()
     }
 }
 
@@ -111,7 +111,7 @@ impl Session {
                 deleted: false,
                 diverged: false,
                 record_written: 0,
-                expiry_timer: None,
+                waits: Default::default(),
             }),
         }
     }

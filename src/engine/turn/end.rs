@@ -40,6 +40,7 @@ impl Turn {
         // that was still running reaches here, with none.
         self.stop_on.clear();
         self.asked.clear();
+        self.flight = None;
         let record = self.session.record();
         let config = self.inner.config.clone();
         let Some(agent) = config.agent(&record.agent) else {
@@ -204,6 +205,8 @@ impl Turn {
                 );
             }
             st.pending = stop_on;
+            // Calls waiting on questions wait on in the session (dropped: cancelled).
+            st.waits.flight = self.flight.take().filter(|_| stopped);
         }
         let flushed = store.flush().await;
         if let Err(e) = &flushed {

@@ -106,6 +106,8 @@ struct Turn {
     stop_on: Vec<Pending>,
     /// What each server call it stops on is bound to (see `engine/approvals.rs`).
     asked: Vec<AskedCall>,
+    /// Server calls waiting on questions to the client (see `engine/elicit.rs`).
+    flight: Option<super::elicit::Flight>,
     /// Instructions for the model that are not history (plan mode), after the history.
     extra: Vec<Message>,
     /// The turn proposed a plan (which waits for a decision if the turn completes).
@@ -195,6 +197,7 @@ async fn run(inner: Arc<Inner>, session: Arc<Session>, job: Job) {
         open: Vec::new(),
         stop_on: Vec::new(),
         asked: Vec::new(),
+        flight: None,
         extra: Vec::new(),
         proposed: false,
         streamed: Default::default(),

@@ -29,6 +29,7 @@ impl Turn {
                 other => messages.push(other),
             }
         }
+        crate::engine::elicit::hide(&mut messages, &agent.elicitation_tool);
         messages.extend(self.extra.iter().cloned());
         let upstream = &self.inner.config.upstream;
         ModelRequest {

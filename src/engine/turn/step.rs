@@ -29,6 +29,10 @@ impl Turn {
             TurnInput::Resume { .. } => None,
         };
         self.begin(input, answering).await?;
+        if !self.stop_on.is_empty() {
+            // The answered calls asked again: the turn stops for the client at once.
+            return Ok(StopReason::ToolUse);
+        }
         let record = self.session.record();
         let config = self.inner.config.clone();
         let agent = config.agent(&record.agent).ok_or_else(|| {
@@ -79,9 +83,16 @@ impl Turn {
             TurnInput::User { .. } => {
                 // Calls the session still waits on (the last turn stopped on them, before or
                 // after this message was sent): the session went on without their answers.
-                let open = std::mem::take(&mut self.session.lock().pending);
+                let (open, flight) = {
+                    let mut st = self.session.lock();
+                    (std::mem::take(&mut st.pending), st.waits.flight.take())
+                };
                 for p in open {
                     self.emit_result(&p.call_id, ToolOutput::error(NOT_ANSWERED));
+                }
+                // MCP calls that waited on those questions are cut short.
+                for id in flight.iter().flat_map(|f| f.running.clone()) {
+                    self.emit_result(&id, ToolOutput::error("Cancelled."));
                 }
                 Ok(())
             }
@@ -211,15 +222,17 @@ impl Turn {
                 kind,
                 expires_at: None,
                 expired: false,
+                ended: None,
             });
         }
         self.run_tools(inline).await?;
-        if stop_on.is_empty() {
+        if stop_on.is_empty() && self.stop_on.is_empty() {
             return Ok(None);
         }
         self.open
             .retain(|id| !stop_on.iter().any(|p| &p.call_id == id));
-        self.stop_on = stop_on;
+        // (With the questions of MCP calls, when some asked the client.)
+        self.stop_on.extend(stop_on);
         self.asked = asked;
         Ok(Some(StopReason::ToolUse))
     }

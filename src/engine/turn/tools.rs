@@ -3,17 +3,14 @@
 
 use std::collections::HashMap;
 
-use futures_util::StreamExt;
-
 use super::{End, Turn};
-use crate::engine::record::Pending;
+use crate::engine::elicit::{self, Asked, Flight, Waiting};
+use crate::engine::record::{Pending, PendingKind};
 use crate::engine::types::{ClientResult, Permission};
+use crate::log::EventBody;
 use crate::message::ToolCall;
 use crate::metrics::NotRun;
 use crate::tools::{CallContext, ToolOutput};
-
-/// How many server tool calls of one step run at once.
-const TOOL_PARALLELISM: usize = 8;
 
 impl Turn {
     /// A tool's result as the model may be given it: over `[limits] tool_result_bytes`, its
@@ -46,8 +43,12 @@ impl Turn {
         let config = self.inner.config.clone();
         let host_tools = self.inner.tools.tools();
         let mut granted = Vec::new();
+        // Calls still in flight, waiting on questions this follow-up answers.
+        self.flight = self.session.lock().waits.flight.take();
         for p in answering {
-            if let Some(r) = results.remove(&p.call_id) {
+            if p.ended.is_some() || elicit::schema_of(&p).is_some() {
+                self.settle_question(&p, results.remove(&p.call_id)).await;
+            } else if let Some(r) = results.remove(&p.call_id) {
                 let out = ToolOutput {
                     content: r.content,
                     is_error: r.is_error,
@@ -87,13 +88,75 @@ impl Turn {
         self.run_tools(granted).await
     }
 
-    /// Run server tool calls in parallel (bounded), logging each result as it completes.
+    /// The answer to a question of an MCP server (an elicitation call; see
+    /// `engine/elicit.rs`): logged as the call's result and delivered to the call that asked.
+    /// A question not answered in time is declined; one from before a restart, and its call,
+    /// are ended with their reason.
+    async fn settle_question(&mut self, p: &Pending, r: Option<ClientResult>) {
+        let (answer, out) = match (&p.ended, r) {
+            (Some(text), _) => (None, ToolOutput::error(text.clone())),
+            (None, Some(r)) => {
+                let schema = elicit::schema_of(p).cloned().unwrap_or_default();
+                // Checked when the follow-up was admitted; a failure here declines.
+                let answer = elicit::client_answer(&schema, &r.content, r.is_error)
+                    .unwrap_or(crate::tools::mcp::elicit::Answer::Decline);
+                let out = ToolOutput {
+                    content: r.content,
+                    is_error: r.is_error,
+                    files: vec![],
+                };
+                (Some(answer), self.bounded(&p.call_id, out).await)
+            }
+            (None, None) => (
+                Some(crate::tools::mcp::elicit::Answer::Decline),
+                ToolOutput::error(elicit::EXPIRED),
+            ),
+        };
+        self.emit_result(&p.call_id, out);
+        if let Some(answer) = answer {
+            let delivered = self
+                .flight
+                .as_mut()
+                .is_some_and(|f| f.answer(&p.call_id, answer));
+            if !delivered {
+                tracing::info!(session = %self.session.id, question = %p.call_id,
+                    "an answer to an MCP server's question came, but no call waits on it any more");
+            }
+        }
+    }
+
+    /// Run server tool calls in parallel (bounded), with the calls still in flight from the
+    /// last turn (waiting on questions to the client), logging each result as it completes. When
+    /// every call still running waits on a question, the turn stops for the client: the
+    /// questions are its calls (see `engine/elicit.rs`).
     pub(super) async fn run_tools(&mut self, calls: Vec<ToolCall>) -> Result<(), End> {
-        if calls.is_empty() {
+        if calls.is_empty() && self.flight.is_none() {
             return Ok(());
         }
-        let mut left = calls.len();
-        let host = self.inner.tools.clone();
+        let mut flight = match self.flight.take() {
+            Some(f) => f,
+            None => self.new_flight(),
+        };
+        let listing = self.inner.tools.tools();
+        for call in calls {
+            let span = match listing.iter().find(|t| t.spec.name == call.name) {
+                Some(t) => {
+                    let verdict = crate::telemetry::snake(&t.verdict);
+                    crate::telemetry::tool_span(&t.server, &t.tool, &verdict)
+                }
+                None => crate::telemetry::tool_span("unknown", &call.name, "unknown"),
+            };
+            flight.spawn(call, span);
+        }
+        let driven = self.drive(&mut flight).await;
+        if flight.stalled() {
+            // Stopped on questions: the calls wait for the answers in the session's state.
+            self.flight = Some(flight);
+        }
+        driven
+    }
+
+    fn new_flight(&self) -> Flight {
         let ctx = CallContext {
             session_id: self.session.id.to_string(),
             workspace: self.inner.config.server.sandboxes.join(&*self.session.id),
@@ -101,58 +164,92 @@ impl Turn {
             elicitor: None,
             sampler: Some(self.sampler.clone()),
         };
-        let ctx = &ctx;
-        let listing = host.tools();
-        let mut done = futures_util::stream::iter(calls)
-            .map(|call| {
-                let host = host.clone();
-                let span = match listing.iter().find(|t| t.spec.name == call.name) {
-                    Some(t) => {
-                        let verdict = crate::telemetry::snake(&t.verdict);
-                        crate::telemetry::tool_span(&t.server, &t.tool, &verdict)
-                    }
-                    None => crate::telemetry::tool_span("unknown", &call.name, "unknown"),
-                };
-                let call = async move {
-                    let timer = crate::metrics::tool(&*host, &call.name).start();
-                    let out = host.call(ctx, &call.name, call.input).await;
-                    timer.done(out.is_error);
-                    let outcome = if out.is_error { "error" } else { "ok" };
-                    tracing::Span::current().record("outcome", tracing::field::display(outcome));
-                    (call.id, out)
-                };
-                tracing::Instrument::instrument(call, span)
-            })
-            .buffer_unordered(TOOL_PARALLELISM);
-        // What the turn said before the calls (its tool uses) is committed and published with
-        // the first result if one comes before it is due (see `sync_due`), else then, while the
-        // calls go on.
-        let mut next = {
-            let mut first = std::pin::pin!(done.next());
-            match self.sync_due() {
-                None => first.await,
-                Some(due) => match tokio::time::timeout(due, first.as_mut()).await {
-                    Ok(next) => next,
-                    Err(_) => {
-                        self.sync().await?;
-                        first.await
-                    }
-                },
-            }
-        };
-        while let Some((id, out)) = next {
-            let out = self.bounded(&id, out).await;
-            self.emit_result(&id, out);
-            left -= 1;
-            if left == 0 {
-                // The last result goes out with the next commit, which comes at once: the next
-                // model call's, or the terminal event's.
-                break;
-            }
-            // Each result is published as its call completes.
-            self.sync().await?;
-            next = done.next().await;
+        Flight::new(
+            self.inner.tools.clone(),
+            ctx,
+            self.elicitation_tool().is_some(),
+        )
+    }
+
+    /// The agent's elicitation tool, when the client attends and declared it: then MCP
+    /// servers' questions reach the client as its calls.
+    pub(super) fn elicitation_tool(&self) -> Option<String> {
+        if !matches!(self.client, crate::engine::types::Client::Attends) {
+            return None;
         }
-        Ok(())
+        let record = self.session.record();
+        let agent = self.inner.config.agent(&record.agent)?;
+        let name = &agent.elicitation_tool;
+        record
+            .client_tools
+            .iter()
+            .any(|t| &t.name == name)
+            .then(|| name.clone())
+    }
+
+    /// Log the results as they come, and the questions; until every call has its result, or
+    /// every call still running waits on a question.
+    async fn drive(&mut self, flight: &mut Flight) -> Result<(), End> {
+        loop {
+            if flight.running.is_empty() {
+                return Ok(());
+            }
+            if flight.stalled() {
+                for w in &flight.waiting {
+                    self.open.retain(|id| *id != w.pending.call_id);
+                    self.stop_on.push(w.pending.clone());
+                }
+                return Ok(());
+            }
+            // What the turn said before (its tool uses, its results) is committed and
+            // published when it is due (see `sync_due`) while the calls go on.
+            let due = self.sync_due();
+            tokio::select! {
+                Some((id, out)) = flight.results.recv() => {
+                    flight.finished(&id);
+                    let out = self.bounded(&id, out).await;
+                    self.emit_result(&id, out);
+                    // The last result goes out with the next commit, which comes at once.
+                    if !flight.running.is_empty() {
+                        self.sync().await?;
+                    }
+                }
+                Some(asked) = flight.questions.recv() => self.question(flight, asked),
+                _ = tokio::time::sleep(due.unwrap_or_default()), if due.is_some() => {
+                    self.sync().await?;
+                }
+            }
+        }
+    }
+
+    /// A call asks the client a question: logged as a call of the elicitation tool, which the
+    /// turn stops on once every call still running waits on one.
+    fn question(&mut self, flight: &mut Flight, asked: Asked) {
+        let Some(tool) = self.elicitation_tool() else {
+            // (Questions come only where there is a client to ask.)
+            return;
+        };
+        let id = crate::ids::new("elicit");
+        let input = elicit::question_input(&asked);
+        let logged = self.emit(EventBody::ToolUse {
+            tool_use_id: id.clone(),
+            name: tool.clone(),
+            input: input.clone(),
+        });
+        tracing::info!(session = %self.session.id, server = %asked.question.server, call = %asked.call_id,
+            question = %id, "an MCP server asks the client (elicitation): the turn stops for the answer");
+        flight.waiting.push(Waiting {
+            reply: asked.reply,
+            pending: Pending {
+                call_id: id,
+                name: tool,
+                input,
+                kind: PendingKind::Client,
+                asked_at: logged.map(|e| e.created_at.clone()).unwrap_or_default(),
+                expires_at: None,
+                expired: false,
+                ended: None,
+            },
+        });
     }
 }

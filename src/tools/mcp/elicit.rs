@@ -44,6 +44,82 @@ pub struct Asker {
     pub elicitor: Option<Arc<dyn Elicitor>>,
     /// Who answers the call's sampling requests (see [`super::sampling`]).
     pub sampler: Option<Arc<dyn super::sampling::Sampler>>,
+    /// The call's time spent waiting on answers, which its timeout does not count.
+    pub paused: Arc<Paused>,
+}
+
+/// How long a call has waited on a person's answers: its `timeout_s` is paused meanwhile (a
+/// question's own wait is bounded where it is asked: the agent's `approval_ttl_s`).
+#[derive(Default)]
+pub struct Paused {
+    /// Questions open, since when, and the time paused before.
+    state: std::sync::Mutex<(u32, Option<tokio::time::Instant>, std::time::Duration)>,
+    changed: tokio::sync::Notify,
+}
+
+/// A question open on a call: its timeout is paused until this is dropped.
+pub struct PauseGuard(Arc<Paused>);
+
+impl Drop for PauseGuard {
+    fn drop(&mut self) {
+        {
+            let mut st = crate::sync::lock(&self.0.state);
+            st.0 = st.0.saturating_sub(1);
+            if st.0 == 0 {
+                if let Some(since) = st.1.take() {
+                    st.2 += since.elapsed();
+                }
+            }
+        }
+        self.0.changed.notify_waiters();
+    }
+}
+
+impl Paused {
+    /// A question is asked: the call's timeout stops until the guard is dropped.
+    pub fn begin(self: &Arc<Self>) -> PauseGuard {
+        let mut st = crate::sync::lock(&self.state);
+        if st.0 == 0 {
+            st.1 = Some(tokio::time::Instant::now());
+        }
+        st.0 += 1;
+        PauseGuard(self.clone())
+    }
+
+    /// Whether a question is open, and the time paused by those answered.
+    fn now(&self) -> (bool, std::time::Duration) {
+        let st = crate::sync::lock(&self.state);
+        (st.0 > 0, st.2)
+    }
+}
+
+/// Run `call` until `deadline`, pushed back by the time spent waiting on answers (`None`:
+/// timed out).
+pub async fn within<F: std::future::Future>(
+    deadline: tokio::time::Instant,
+    paused: &Paused,
+    call: F,
+) -> Option<F::Output> {
+    let mut call = std::pin::pin!(call);
+    loop {
+        let mut changed = std::pin::pin!(paused.changed.notified());
+        changed.as_mut().enable();
+        let (asking, before) = paused.now();
+        if asking {
+            tokio::select! {
+                r = &mut call => return Some(r),
+                _ = changed => continue,
+            }
+        }
+        tokio::select! {
+            r = &mut call => return Some(r),
+            _ = tokio::time::sleep_until(deadline + before) => {
+                if paused.now() == (false, before) {
+                    return None;
+                }
+            }
+        }
+    }
 }
 
 /// A client's answer, from its tool result: `{"action": "accept", "content": {...}}`,

@@ -534,6 +534,7 @@ impl ToolHost for McpHost {
                 session_id: ctx.session_id.clone(),
                 elicitor: ctx.elicitor.clone(),
                 sampler: ctx.sampler.clone(),
+                paused: Default::default(),
             };
             match self.shared.get(&idx) {
                 Some(s) => s.call(&tool, input, asker).await,

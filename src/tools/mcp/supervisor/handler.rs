@@ -55,7 +55,7 @@ impl Drop for Registered {
 
 impl Handler {
     /// Who answers a question now, or why no one can.
-    fn answerer(&self) -> Result<(String, Arc<dyn Elicitor>), String> {
+    fn answerer(&self) -> Result<(Asker, Arc<dyn Elicitor>), String> {
         if self.elicitation == ElicitationMode::Decline {
             return Err("the server's elicitation = \"decline\"".into());
         }
@@ -65,7 +65,7 @@ impl Handler {
         match sessions.as_slice() {
             [] => Err("no tool call of a session is in flight on this server".into()),
             [one] => match &one.elicitor {
-                Some(e) => Ok((one.session_id.clone(), e.clone())),
+                Some(e) => Ok(((*one).clone(), e.clone())),
                 None => Err(format!(
                     "no one can answer for session {} (no AAP client with the agent's elicitation_tool)",
                     one.session_id
@@ -102,7 +102,7 @@ impl Handler {
             return ElicitResult::new(ElicitationAction::Decline);
         };
         let schema = serde_json::to_value(&requested_schema).unwrap_or(Value::Null);
-        let (session, elicitor) = match self.answerer() {
+        let (asker, elicitor) = match self.answerer() {
             Ok(found) => found,
             Err(why) => {
                 tracing::info!(server = %self.server, reason = %why, "MCP elicitation declined");
@@ -114,10 +114,13 @@ impl Handler {
             message,
             schema: schema.clone(),
         };
+        // The call's timeout does not run while a person answers.
+        let pause = asker.paused.begin();
         let answer = elicitor
             .ask(question)
             .await
             .and_then(|a| elicit::complete(&schema, a));
+        drop(pause);
         match answer {
             Ok(Answer::Accept(content)) => {
                 ElicitResult::new(ElicitationAction::Accept).with_content(Value::Object(content))
@@ -125,7 +128,7 @@ impl Handler {
             Ok(Answer::Decline) => ElicitResult::new(ElicitationAction::Decline),
             Ok(Answer::Cancel) => ElicitResult::new(ElicitationAction::Cancel),
             Err(why) => {
-                tracing::info!(server = %self.server, session = %session, reason = %why, "MCP elicitation declined");
+                tracing::info!(server = %self.server, session = %asker.session_id, reason = %why, "MCP elicitation declined");
                 ElicitResult::new(ElicitationAction::Decline)
             }
         }

@@ -283,6 +283,7 @@ impl Supervisor {
         let id = self
             .next_call
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let paused = asker.paused.clone();
         crate::sync::lock(&self.calls).push((id, asker));
         let _registered = Registered {
             calls: self.calls.clone(),
@@ -325,7 +326,11 @@ impl Supervisor {
         let mut params = CallToolRequestParams::new(tool.to_string());
         params.arguments = args;
         let call = crate::tools::relay::call_tool(&peer, params, &self.relays);
-        match tokio::time::timeout_at(deadline, call).await {
+        // (Paused while the server's question waits on a person: see `elicit::within`.)
+        match crate::tools::mcp::elicit::within(deadline, &paused, call)
+            .await
+            .ok_or(())
+        {
             Ok(Ok(result)) => to_output(result),
             Ok(Err(e)) => {
                 let login = match &self.oauth {
