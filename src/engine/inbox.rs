@@ -149,17 +149,22 @@ impl Engine {
                 Err(EngineError::Busy { .. }) => {}
                 Err(e) => return Err(e),
             }
-            let relayed = match turn_id {
-                Some(t) => Relayed::Cancel {
-                    turn_id: Some(t.to_string()),
-                },
-                None => Relayed::Interrupt,
+            // What an interrupt stops is the turn open when it is sent: read before the post
+            // (the holder may have ended it by the time the post returns).
+            let (relayed, stops) = match turn_id {
+                Some(t) => (
+                    Relayed::Cancel {
+                        turn_id: Some(t.to_string()),
+                    },
+                    vec![t.to_string()],
+                ),
+                None => (
+                    Relayed::Interrupt,
+                    self.open_turn(session).await?.into_iter().collect(),
+                ),
             };
             if self.post(session, &relayed, None).await? == Posted::Queued {
-                return Ok(match turn_id {
-                    Some(t) => vec![t.to_string()],
-                    None => self.open_turn(session).await?.into_iter().collect(),
-                });
+                return Ok(stops);
             }
         }
         Ok(Vec::new())
