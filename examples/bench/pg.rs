@@ -266,7 +266,20 @@ pub(super) async fn pg(
         }
         log(
             opts,
-            format!("pg latency round {}/{} done", r + 1, n.rounds),
+            format!(
+                "pg latency round {}/{} done; p50 / p99 µs: direct {:.0} / {:.0}, through {}",
+                r + 1,
+                n.rounds,
+                direct.last().map_or(f64::NAN, |p| p.p50),
+                direct.last().map_or(f64::NAN, |p| p.p99),
+                cols.iter()
+                    .map(|c| c
+                        .c1
+                        .last()
+                        .map_or("-".into(), |p| format!("{:.0} / {:.0}", p.p50, p.p99)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
         );
     }
     // Turns per second at c=32, fsync off and on.
@@ -286,7 +299,14 @@ pub(super) async fn pg(
             }
             log(
                 opts,
-                format!("pg throughput fsync={} run {} done", f == 1, run + 1),
+                format!(
+                    "pg throughput fsync={} run {}: {:.0} / {:.0} / {:.0} turns/s",
+                    f == 1,
+                    run + 1,
+                    cols[0].tput[f].last().unwrap_or(&f64::NAN),
+                    cols[1].tput[f].last().unwrap_or(&f64::NAN),
+                    cols[2].tput[f].last().unwrap_or(&f64::NAN)
+                ),
             );
         }
     }
@@ -307,6 +327,12 @@ pub(super) async fn pg(
         load: (load0, loadavg()),
         secs: started.elapsed().as_secs_f64(),
     })
+}
+
+/// The median of the runs' rates, and their range.
+fn rate_cell(runs: &[f64]) -> String {
+    let lo = runs.iter().copied().fold(f64::NAN, f64::min);
+    format!("{:.0}/s ({lo:.0}–{:.0})", median(runs), max(runs))
 }
 
 impl PgFigures {
@@ -343,11 +369,11 @@ impl PgFigures {
                 "turns/s, c=32, `fsync = false` (PostgreSQL: `synchronous_commit = {}`)",
                 self.sync_commit
             ),
-            each(&|c| format!("{:.0}/s", median(&c.tput[0]))),
+            each(&|c| rate_cell(&c.tput[0])),
         ));
         rows.push((
             "turns/s, c=32, `fsync = true` (PostgreSQL: `synchronous_commit = on`, forced)".into(),
-            each(&|c| format!("{:.0}/s", median(&c.tput[1]))),
+            each(&|c| rate_cell(&c.tput[1])),
         ));
         rows.push((
             "`409 session_busy` answers (retried 1 ms later)".into(),
@@ -561,6 +587,8 @@ pub(super) struct Failover {
     history: Vec<f64>,
     /// Until a turn sent to B once its history shows it has completed.
     next: Vec<f64>,
+    /// When A's lease row expires (read right after the kill).
+    expiry: Vec<f64>,
     /// `409 session_busy` answers to that turn (retried 10 ms later).
     busy: usize,
     runs: usize,
@@ -648,6 +676,15 @@ async fn failover_once(s: &Stage<'_>, f: &mut Failover) -> Result<()> {
     let killed = Instant::now();
     a.kill_9().await?;
     f.runs += 1;
+    // When A's lease expires, seen from the database right after the kill.
+    let expires = tokio::task::block_in_place(|| {
+        s.pg.psql(
+            &s.db,
+            &format!("SELECT extract(epoch FROM expires_at - now()) FROM leases WHERE session_id = '{sid}'"),
+        )
+    });
+    let expires = expires.parse::<f64>().unwrap_or(f64::NAN) + killed.elapsed().as_secs_f64();
+    f.expiry.push(expires);
     let within = Duration::from_secs(2 * f.lease_s + 15);
     let (mut on_stream, mut in_history) = (None, None);
     let mut evs = Vec::new();
@@ -762,6 +799,7 @@ pub(super) async fn failover(
             stream: Vec::new(),
             history: Vec::new(),
             next: Vec::new(),
+            expiry: Vec::new(),
             busy: 0,
             runs: 0,
             problems: Vec::new(),
@@ -771,8 +809,9 @@ pub(super) async fn failover(
             log(
                 opts,
                 format!(
-                    "failover lease_s = {lease_s} run {}: worker_lost on B's stream after {:.2} s, in its history after {:.2} s, next turn done after {:.2} s{}",
+                    "failover lease_s = {lease_s} run {}: A's lease expires {:.2} s after the kill; worker_lost on B's stream after {:.2} s, in its history after {:.2} s, next turn done after {:.2} s{}",
                     i + 1,
+                    f.expiry.last().unwrap_or(&f64::NAN),
                     f.stream.last().unwrap_or(&f64::NAN),
                     f.history.last().unwrap_or(&f64::NAN),
                     f.next.last().unwrap_or(&f64::NAN),
@@ -796,13 +835,15 @@ fn max(v: &[f64]) -> f64 {
 /// The failover table, as Markdown.
 pub(super) fn failover_table(figs: &[Failover], load: &str) -> String {
     let mut out = String::from(
-        "| `lease_s` | runs | after `kill -9` of A mid-turn, B's `events/stream` shows `turn.failed` `worker_lost`, median / max (runs) | B's `events/history` ends with it (polled every 20 ms) | a turn then sent to B has completed (from the kill) | `409 session_busy` to it | problems |\n| --- | --- | --- | --- | --- | --- | --- |\n",
+        "| `lease_s` | runs | A's lease row expires, median / max | after `kill -9` of A mid-turn, B's `events/stream` shows `turn.failed` `worker_lost`, median / max (runs) | B's `events/history` ends with it (polled every 20 ms) | a turn then sent to B has completed (from the kill) | `409 session_busy` to it | problems |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     for f in figs {
         out.push_str(&format!(
-            "| {} | {} | {:.2} s / {:.2} s ({}) | {:.2} s / {:.2} s ({}) | {:.2} s / {:.2} s ({}) | {} | {} |\n",
+            "| {} | {} | {:.2} s / {:.2} s | {:.2} s / {:.2} s ({}) | {:.2} s / {:.2} s ({}) | {:.2} s / {:.2} s ({}) | {} | {} |\n",
             f.lease_s,
             f.runs,
+            median(&f.expiry),
+            max(&f.expiry),
             median(&f.stream),
             max(&f.stream),
             f.stream.len(),
