@@ -639,7 +639,11 @@ struct Stage<'a> {
 }
 
 /// One failover: a turn held at the model on a fresh A, `kill -9` of A, B takes over.
-async fn failover_once(s: &Stage<'_>, f: &mut Failover) -> Result<()> {
+/// `stagger`: how long the turn runs before the kill. Runs one after the other would otherwise
+/// kill A at the same point of B's expiry check every time (a run ends right after one; the
+/// next kill follows a fixed setup later), always the worst case: the runs spread it over
+/// the check's period instead.
+async fn failover_once(s: &Stage<'_>, f: &mut Failover, stagger: Duration) -> Result<()> {
     let (client, b) = (s.client, &s.b);
     let a = Child::spawn(s.exe, &s.config).await?;
     let sid = session_at(client, &a.base).await?;
@@ -673,6 +677,7 @@ async fn failover_once(s: &Stage<'_>, f: &mut Failover) -> Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
+    tokio::time::sleep(stagger).await;
     let killed = Instant::now();
     a.kill_9().await?;
     f.runs += 1;
@@ -805,7 +810,9 @@ pub(super) async fn failover(
             problems: Vec::new(),
         };
         for i in 0..runs {
-            failover_once(&stage, &mut f).await?;
+            let period = lease_s as f64 / 2.0;
+            let stagger = Duration::from_secs_f64(period * (i as f64 + 0.5) / runs as f64);
+            failover_once(&stage, &mut f, stagger).await?;
             log(
                 opts,
                 format!(
@@ -858,7 +865,7 @@ pub(super) fn failover_table(figs: &[Failover], load: &str) -> String {
         ));
     }
     out.push_str(&format!(
-        "\nTwo turnstile processes (`--serve`) on one PostgreSQL database; A holds a turn at the model when it is killed, B follows the session's events/stream from before the turn. A holder renews its leases every lease_s / 3 and every instance looks for expired ones every lease_s / 2, so worker_lost is due between 2/3 and 1.5 × lease_s after the kill. {load}.\n"
+        "\nTwo turnstile processes (`--serve`) on one PostgreSQL database; A holds a turn at the model when it is killed, B follows the session's events/stream from before the turn; A is killed (i + 0.5) / runs × lease_s / 2 into run i's turn, so that the kills fall at spread points of B's expiry check. A holder renews its leases every lease_s / 3 and every instance looks for expired ones every lease_s / 2, so worker_lost is due between 2/3 and 1.5 × lease_s after the kill. {load}.\n"
     ));
     for p in figs.iter().flat_map(|f| &f.problems) {
         out.push_str(&format!("\nPROBLEM: {p}"));
