@@ -30,6 +30,8 @@ use turnstile::startup::{self, Running, StartOptions};
 use turnstile::testkit::fake_openai::{FakeOpenAi, Reply, SendLog};
 use turnstile::upstream::{ModelRequest, NoDeltas, Provider as _, ToolDef};
 
+#[path = "failover.rs"]
+mod failover;
 #[path = "pg.rs"]
 mod pg;
 
@@ -1733,7 +1735,7 @@ async fn run_on_worker(opts: &Options) -> Result<Report> {
     let mut failover = None;
     if wants("failover") {
         log(opts, "8. failover: kill -9 of an instance mid-turn");
-        failover = Some(pg::failover(opts, &client, &fake).await?);
+        failover = Some(failover::failover(opts, &client, &fake).await?);
     }
 
     let mut rss_figs = Vec::new();
@@ -1993,7 +1995,7 @@ async fn run_on_worker(opts: &Options) -> Result<Report> {
         notes.push(p.table());
     }
     if let Some((f, load)) = &failover {
-        notes.push(pg::failover_table(f, load));
+        notes.push(failover::failover_table(f, load));
     }
     if matches!(opts.rss, RssMode::InProcess) && !rss_figs.is_empty() {
         notes.push(
@@ -2102,7 +2104,7 @@ async fn run_on_worker(opts: &Options) -> Result<Report> {
     put("turns_per_s", turns_per_s, 0);
     put("turns_per_s_fsync", turns_per_s_fsync, 0);
     pg::PgFigures::json(pg_figs.as_ref(), &mut j);
-    pg::failover_json(failover.as_ref().map(|f| f.0.as_slice()), &mut j);
+    failover::failover_json(failover.as_ref().map(|f| f.0.as_slice()), &mut j);
     j.insert("smoke".into(), json!(opts.smoke));
     j.insert("machine".into(), json!(machine()));
 
