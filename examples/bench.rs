@@ -5,11 +5,17 @@
 //! cargo run --release --example bench              # the full run (~100 s)
 //! cargo run --release --example bench -- --smoke   # tiny counts, same code paths (seconds)
 //! cargo run --release --example bench -- --only latency,mcp   # some sections (see below)
+//! cargo run --release --example bench -- --store postgres      # SQLite vs PostgreSQL (1 and 2 instances)
+//! cargo run --release --example bench -- --only failover       # kill -9 of an instance mid-turn
 //! ```
 //!
 //! Sections: `latency` (added latency, stream none, c=1 and c=32), `delta` (time to first delta
 //! and inter-delta gaps), `fanout` (delta events/s through `events/stream`), `mcp` (a trusted
-//! MCP tool in a turn), `tput` (turns/s with fsync off and on), `rss` (memory per idle stream).
+//! MCP tool in a turn), `tput` (turns/s with fsync off and on), `rss` (memory per idle stream);
+//! and, only when named (they start a PostgreSQL cluster of their own, see `bench/pg.rs`): `pg`
+//! (`--store postgres` adds it: added latency at c=1 and turns/s at c=32 on SQLite, PostgreSQL
+//! with one instance and with two, side by side) and `failover` (the time until another instance
+//! closes a killed instance's turn `worker_lost` and runs the next one, `lease_s` 2 and 10).
 //! Figures of sections not run are left out of the table and `null` in the JSON.
 //!
 //! Prints a table (figure, value, target, met?) and, last, one JSON line with every figure.
@@ -35,7 +41,8 @@ fn main() -> anyhow::Result<()> {
         return bench_lib::serve_main(Path::new(config));
     }
     let mut smoke = false;
-    let mut only = None;
+    let mut only: Option<Vec<String>> = None;
+    let mut store_pg = false;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         match arg.as_str() {
@@ -58,11 +65,19 @@ fn main() -> anyhow::Result<()> {
                 }
                 only = Some(list);
             }
+            "--store" => match it.next().map(String::as_str) {
+                Some("postgres") => store_pg = true,
+                Some("sqlite") => {}
+                other => anyhow::bail!("--store takes sqlite or postgres, not {other:?}"),
+            },
             other => anyhow::bail!(
-                "unknown argument {other:?}; usage: bench [--smoke] [--only {}]",
+                "unknown argument {other:?}; usage: bench [--smoke] [--store sqlite|postgres] [--only {}]",
                 bench_lib::SECTIONS.join(",")
             ),
         }
+    }
+    if store_pg {
+        only.get_or_insert_with(Vec::new).push("pg".into());
     }
     if cfg!(debug_assertions) {
         eprintln!("[bench] this is a debug build: run it with --release for real figures");

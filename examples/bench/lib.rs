@@ -30,6 +30,11 @@ use turnstile::startup::{self, Running, StartOptions};
 use turnstile::testkit::fake_openai::{FakeOpenAi, Reply, SendLog};
 use turnstile::upstream::{ModelRequest, NoDeltas, Provider as _, ToolDef};
 
+#[path = "failover.rs"]
+mod failover;
+#[path = "pg.rs"]
+mod pg;
+
 /// How turnstile is run for the idle-stream RSS figure.
 #[derive(Debug, Clone)]
 pub enum RssMode {
@@ -148,7 +153,9 @@ impl Report {
     /// The table, as Markdown (it goes into the README as is).
     pub fn table(&self) -> String {
         let mut out = String::new();
-        out.push_str("| figure | value | target | met? |\n| --- | --- | --- | --- |\n");
+        if !self.rows.is_empty() {
+            out.push_str("| figure | value | target | met? |\n| --- | --- | --- | --- |\n");
+        }
         for r in &self.rows {
             let met = match r.met {
                 Some(true) => "met",
@@ -1607,7 +1614,10 @@ async fn check_no_tools(client: &Client, fake: &FakeOpenAi, srv: &Server) -> Res
 }
 
 /// The sections of the run, for `--only`.
-pub const SECTIONS: &[&str] = &["latency", "delta", "fanout", "mcp", "tput", "rss"];
+/// `pg` and `failover` (they start PostgreSQL) run only when named.
+pub const SECTIONS: &[&str] = &[
+    "latency", "delta", "fanout", "mcp", "tput", "rss", "pg", "failover",
+];
 
 /// Runs the bench. Everything runs in a spawned task, so the client's side is on a runtime
 /// worker in every section (not on the thread that called `block_on`, which would add a thread
@@ -1619,7 +1629,11 @@ pub async fn run(opts: &Options) -> Result<Report> {
 
 async fn run_on_worker(opts: &Options) -> Result<Report> {
     let n = Counts::new(opts.smoke);
-    let wants = |s: &str| opts.only.as_ref().is_none_or(|o| o.iter().any(|x| x == s));
+    let wants = |s: &str| {
+        opts.only
+            .as_ref()
+            .map_or(!pg::OPT_IN.contains(&s), |o| o.iter().any(|x| x == s))
+    };
     let started = Instant::now();
     let client = client();
     let fake = FakeOpenAi::start().await;
@@ -1713,6 +1727,17 @@ async fn run_on_worker(opts: &Options) -> Result<Report> {
         }
         fast.stop().await;
         safe.stop().await;
+    }
+
+    let mut pg_figs = None;
+    if wants("pg") {
+        log(opts, "7. SQLite, PostgreSQL one instance, two instances");
+        pg_figs = Some(pg::pg(opts, &n, &client, &fake).await?);
+    }
+    let mut failover = None;
+    if wants("failover") {
+        log(opts, "8. failover: kill -9 of an instance mid-turn");
+        failover = Some(failover::failover(opts, &client, &fake).await?);
     }
 
     let mut rss_figs = Vec::new();
@@ -1968,6 +1993,12 @@ async fn run_on_worker(opts: &Options) -> Result<Report> {
         started.elapsed().as_secs_f64(),
         n.rounds - 1
     )];
+    if let Some(p) = &pg_figs {
+        notes.push(p.table());
+    }
+    if let Some((f, load)) = &failover {
+        notes.push(failover::failover_table(f, load));
+    }
     if matches!(opts.rss, RssMode::InProcess) && !rss_figs.is_empty() {
         notes.push(
             "RSS measured in process (smoke test): the figure includes the client's sockets."
@@ -2074,6 +2105,8 @@ async fn run_on_worker(opts: &Options) -> Result<Report> {
     put("deltas_per_s", deltas_per_s, 0);
     put("turns_per_s", turns_per_s, 0);
     put("turns_per_s_fsync", turns_per_s_fsync, 0);
+    pg::PgFigures::json(pg_figs.as_ref(), &mut j);
+    failover::failover_json(failover.as_ref().map(|f| f.0.as_slice()), &mut j);
     j.insert("smoke".into(), json!(opts.smoke));
     j.insert("machine".into(), json!(machine()));
 
