@@ -101,6 +101,15 @@ impl Store {
         }
     }
 
+    /// The shared store's size in bytes (PostgreSQL's `pg_database_size`; `None` when it cannot
+    /// be read). The embedded store: `None`, its size is that of its files under `data_dir`.
+    pub async fn database_bytes(&self) -> Option<u64> {
+        match &self.backend {
+            Backend::Sqlite(_) => None,
+            Backend::Postgres(p) => p.database_bytes().await.ok(),
+        }
+    }
+
     /// Scale-out: the sessions whose lease this instance holds.
     pub fn held_leases(&self) -> Vec<String> {
         match &self.backend {

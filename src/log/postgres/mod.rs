@@ -207,6 +207,11 @@ impl PgStore {
 
 impl PgStore {
     /// Runs `f` with the pool on the store's runtime.
+    /// The database's size on disk (see [`read::database_bytes`]).
+    pub(crate) async fn database_bytes(&self) -> Result<u64, StoreError> {
+        self.run(read::database_bytes).await
+    }
+
     async fn run<T, Fut>(&self, f: impl FnOnce(Pool) -> Fut) -> Result<T, StoreError>
     where
         T: Send + 'static,

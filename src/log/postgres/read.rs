@@ -170,6 +170,16 @@ pub(super) async fn file_bytes_of(pool: Pool, owner: Option<String>) -> Result<u
     Ok(c.query_one(&stmt, &[&owner]).await?.get::<_, i64>(0).max(0) as u64)
 }
 
+/// The database's size on disk (`pg_database_size`: tables, indexes, TOAST; the events and the
+/// stored files' bytes), for `GET /status`.
+pub(super) async fn database_bytes(pool: Pool) -> Result<u64, StoreError> {
+    let c = pool.get().await?;
+    let stmt = c
+        .prepare_cached("SELECT pg_database_size(current_database())::int8")
+        .await?;
+    Ok(c.query_one(&stmt, &[]).await?.get::<_, i64>(0).max(0) as u64)
+}
+
 /// Whether a file record names the blob with this SHA-256.
 pub(super) async fn blob_in_use(pool: Pool, sha: String) -> Result<bool, StoreError> {
     let c = pool.get().await?;
