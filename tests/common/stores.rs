@@ -4,6 +4,7 @@
 //! process it spawned (or killed), on either backend.
 //!
 //! Used by a test file with `#[path = "common/stores.rs"] mod stores;` (beside `mod common;`).
+#![allow(dead_code)]
 
 use std::path::Path;
 
