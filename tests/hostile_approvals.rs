@@ -7,6 +7,8 @@
 
 mod common;
 mod sse_reader;
+#[path = "common/stores.rs"]
+mod stores;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -104,7 +106,8 @@ async fn start(fake: &FakeOpenAi, ttl_s: u64, policy: &str) -> (TestServer, Path
 async fn restart(server: TestServer, fake: &FakeOpenAi, ttl_s: u64, policy: &str) -> TestServer {
     let dir = server.stop().await;
     let path = calls_path(&dir);
-    TestServer::start_in(dir, &config(fake, &path, ttl_s, policy)).await
+    let config = stores::keep_store(dir.path(), &config(fake, &path, ttl_s, policy));
+    TestServer::start_in(dir, &config).await
 }
 
 /// Read the session's event stream (after `after`, an event id) until an event satisfies `stop`.
@@ -239,7 +242,9 @@ async fn expiry_is_computed_from_the_log_after_a_restart() {
 async fn an_expired_permission_beside_a_client_call_is_denied_in_the_follow_up_that_need_not_answer_it(
 ) {
     let fake = FakeOpenAi::start().await;
-    let (server, log) = start(&fake, 3600, ASK_ECHO).await;
+    // A real 1 s TTL, not the engine's clock hook: the expiry must hold on a store whose next
+    // turn reads the session back from the log (PostgreSQL takes the session's lease anew).
+    let (server, log) = start(&fake, 1, ASK_ECHO).await;
     let tool = json!({"name": "get_location", "description": "", "parameters": {"type": "object"}});
     let sid = server.session(json!({"tools": [tool]})).await;
     push_calls(
@@ -250,11 +255,18 @@ async fn an_expired_permission_beside_a_client_call_is_denied_in_the_follow_up_t
         ],
     );
     post_turn(&server, &sid, &user("go")).await;
-    let session = server.engine().session(None, &sid).await.unwrap();
-    server
-        .engine()
-        .expire_approvals_ahead(&session, Duration::from_secs(3601));
-    let (_, info) = server.http.get(&format!("/sessions/{sid}")).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let info = loop {
+        let (_, info) = server.http.get(&format!("/sessions/{sid}")).await;
+        if info["pending"][1]["expired"] == true {
+            break info;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "call_p not expired 10 s after its 1 s TTL: {info}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert_eq!(
         info["status"], "awaiting_client",
         "the client call still waits: {info}"

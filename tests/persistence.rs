@@ -4,11 +4,13 @@
 
 mod common;
 mod sse_reader;
+#[path = "common/stores.rs"]
+mod stores;
 
 use common::{config_text, logcheck::check_log, Http, TestServer};
 use serde_json::json;
 use tokio::process::Child;
-use turnstile::log::{EventBody, FailReason, Store};
+use turnstile::log::{EventBody, FailReason};
 use turnstile::testkit::fake_openai::{FakeOpenAi, Gate, Reply};
 
 #[tokio::test]
@@ -179,9 +181,9 @@ fn kill9(p: &Proc) {
     assert!(status.success());
 }
 
+/// The session's stored events, from the store of the config in `dir` (SQLite or PostgreSQL).
 async fn stored(dir: &std::path::Path, sid: &str) -> Vec<turnstile::log::Event> {
-    let store = Store::open(&dir.join("data"), false).unwrap();
-    store.events(sid, 0, 1 << 20).await.unwrap()
+    stores::events(&dir.join("tools.toml"), sid).await
 }
 
 #[tokio::test]

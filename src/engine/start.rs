@@ -210,13 +210,16 @@ impl Engine {
                     stopped.push(q.control.turn_id.clone());
                 }
             }
+            // A plan waits from before its turn's last write is durable: that turn, still
+            // running, has ended but for it. The interrupt ends the wait, not the turn.
+            let plan_waits = turn_id.is_none() && st.plan.is_some();
             if let Some(r) = &st.running {
-                if wanted(&r.turn_id) && !r.token.is_cancelled() {
+                if wanted(&r.turn_id) && !r.token.is_cancelled() && !plan_waits {
                     r.stop(StopCause::Cancelled);
                     stopped.push(r.turn_id.clone());
                 }
             }
-            if turn_id.is_none() && st.running.is_none() && st.plan.take().is_some() {
+            if plan_waits && st.plan.take().is_some() {
                 stopped.push(self.interrupt_plan(session, &mut st));
             }
             // Nothing running: cancelled queued turns are logged right away.
@@ -230,9 +233,10 @@ impl Engine {
 
     /// Ends the wait of a plan when everything is cancelled (the runs API's interrupt): the
     /// run's last turn is a rejection of the plan, cancelled before it started, so the log, the
-    /// run stream (`done`) and a restart all show that the run ended there. Its turn id.
+    /// run stream (`done`) and a restart all show that the run ended there. Logged now, or,
+    /// while the plan's turn is still ending, queued cancelled behind it (logged as it ends).
+    /// Its turn id.
     fn interrupt_plan(&self, session: &Session, st: &mut State) -> String {
-        let turn_id = crate::ids::new("turn");
         let decision = PlanDecision::Reject {
             reason: Some("Interrupted: the run was stopped.".into()),
         };
@@ -241,7 +245,26 @@ impl Engine {
             files: vec![],
             skills: vec![],
         };
-        turn::log_unstarted(session, st, &self.inner.store, &turn_id, &input);
+        let control = TurnControl::new(ids::new("turn"));
+        let turn_id = control.turn_id.clone();
+        if st.running.is_none() {
+            turn::log_unstarted(session, st, &self.inner.store, &turn_id, &input);
+            return turn_id;
+        }
+        control.stop(StopCause::Cancelled);
+        let order = TurnOrder::unattended(input, "");
+        st.queue.push_back(Job {
+            control,
+            input: order.input,
+            answering: Vec::new(),
+            sink: None,
+            client: order.delivery.client,
+            plan: false,
+            max_steps: None,
+            text: order.delivery.text,
+            slot: None,
+            parent: tracing::Span::current(),
+        });
         turn_id
     }
 

@@ -98,7 +98,8 @@ fn state_name(s: ServerState) -> &'static str {
     }
 }
 
-/// `GET /status`: every MCP server's state, active turns by agent, the store's size on disk.
+/// `GET /status`: every MCP server's state, active turns by agent, the store's size on disk
+/// (the SQLite files under `data_dir`, or the PostgreSQL database's).
 pub async fn status(app: &App) -> Result<Response, ApiError> {
     let data_dir = app.engine.config().server.data_dir.clone();
     let (db_bytes, files_bytes) = tokio::task::spawn_blocking(move || {
