@@ -8,6 +8,8 @@
 //! through it, then delivers it.
 
 mod common;
+#[path = "common/stores.rs"]
+mod stores;
 
 use std::collections::HashMap;
 use std::ffi::CString;
@@ -139,13 +141,7 @@ async fn download(server: &TestServer, path: &str) -> (u16, http::HeaderMap, Vec
 
 /// Regular files under `data/files` (the blob store), temporary uploads excluded.
 fn blob_count(server: &TestServer) -> usize {
-    std::fs::read_dir(server.data_dir().join("files"))
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .filter(|e| e.file_type().map(|t| t.is_file()).unwrap_or(false))
-                .count()
-        })
-        .unwrap_or(0)
+    stores::blob_count(&server.data_dir().with_file_name("tools.toml"))
 }
 
 #[tokio::test]

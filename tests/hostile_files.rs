@@ -6,6 +6,8 @@
 //! (`nosniff`, active types as sandboxed attachments, names without bidi controls).
 
 mod common;
+#[path = "common/stores.rs"]
+mod stores;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -196,17 +198,16 @@ fn multipart_type() -> String {
 }
 
 /// The stored blobs and the files left in `files/tmp`.
+/// The files' bytes the store keeps (on disk or in the database) and the uploads left staged.
 fn stored(data: &Path) -> (usize, usize) {
-    let count = |p: PathBuf| {
-        std::fs::read_dir(p)
-            .map(|d| {
-                d.filter_map(|e| e.ok())
-                    .filter(|e| e.path().is_file())
-                    .count()
-            })
-            .unwrap_or(0)
-    };
-    (count(data.join("files")), count(data.join("files/tmp")))
+    let tmp = std::fs::read_dir(data.join("files/tmp"))
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter(|e| e.path().is_file())
+                .count()
+        })
+        .unwrap_or(0);
+    (stores::blob_count(&data.with_file_name("tools.toml")), tmp)
 }
 
 fn message_of(v: &Value) -> String {

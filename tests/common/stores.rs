@@ -77,3 +77,26 @@ fn without_store(config: &str) -> String {
     }
     out
 }
+
+/// How many distinct files' bytes the store of the config file `config` keeps: the blobs under
+/// `data_dir/files` (SQLite), or the SHA-256s in the database's `file_chunks` (PostgreSQL).
+pub fn blob_count(config: &Path) -> usize {
+    let cfg = turnstile::config::load(config).unwrap_or_else(|e| panic!("config: {e}"));
+    match (cfg.store.backend, &cfg.store.url_env) {
+        (StoreBackendKind::Postgres, Some(var)) => {
+            let url = std::env::var(var).unwrap_or_else(|_| panic!("{var} is not set"));
+            let db = url.rsplit('/').next().expect("a database in the URL");
+            crate::common::postgres::shared()
+                .psql(db, "SELECT count(DISTINCT sha256) FROM file_chunks")
+                .parse()
+                .expect("a count")
+        }
+        _ => std::fs::read_dir(cfg.server.data_dir.join("files"))
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .filter(|e| e.path().is_file())
+                    .count()
+            })
+            .unwrap_or(0),
+    }
+}
