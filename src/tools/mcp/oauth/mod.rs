@@ -163,7 +163,8 @@ impl OAuth {
         self.cfg.grant != OAuthGrant::AuthorizationCode
     }
 
-    /// A new token by the machine grant configured, logged when refused.
+    /// A new token by the machine grant configured; when refused, logged and kept as why
+    /// the server is not reachable.
     async fn obtain(&self, st: &mut State, scope: Option<String>) -> Result<(), String> {
         let r = match self.cfg.grant {
             OAuthGrant::IdentityAssertion => self.identity_assertion(st, scope).await,
@@ -171,6 +172,8 @@ impl OAuth {
         };
         if let Err(e) = &r {
             tracing::warn!(server = %self.server, grant = ?self.cfg.grant, error = %e, "OAuth token request failed");
+            // What the calls and `turnstile check` say (the server's words, never a secret).
+            st.needs_login = Some(format!("the token request failed: {e}"));
         }
         r
     }
@@ -343,6 +346,9 @@ impl OAuth {
         if self.machine() {
             let mut st = self.state.lock().await;
             self.obtain(&mut st, None).await?;
+            if let Some(saved) = &st.saved {
+                self.store.save(saved)?;
+            }
             return Ok(st
                 .saved
                 .as_ref()
