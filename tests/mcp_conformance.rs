@@ -44,15 +44,11 @@ const SUPPORTED: &[&str] = &[
     "auth/2025-03-26-oauth-endpoint-fallback",
     "auth/client-credentials-jwt",
     "auth/client-credentials-basic",
+    "auth/cross-app-access-complete-flow",
 ];
 
 /// Non-draft client scenarios not yet supported, with why.
-const NOT_YET: &[(&str, &str)] = &[
-    (
-        "auth/cross-app-access-complete-flow",
-        "an extension (token exchange and JWT-bearer grant from an enterprise IdP) turnstile does not implement",
-    ),
-];
+const NOT_YET: &[(&str, &str)] = &[];
 
 /// The framework's folder: `npm ci` of tests/mcp_conformance/package-lock.json.
 fn framework() -> PathBuf {

@@ -268,6 +268,10 @@ pub enum OAuthGrant {
     AuthorizationCode,
     /// Machine to machine: the client's own credentials.
     ClientCredentials,
+    /// Enterprise-managed authorization (MCP extension, SEP-990): an identity assertion from
+    /// the enterprise IdP, exchanged there (RFC 8693) for an ID-JAG, presented to the server's
+    /// authorization server as a JWT-bearer grant (RFC 7523).
+    IdentityAssertion,
 }
 
 /// `[mcp_servers.X.oauth]`.
@@ -285,6 +289,26 @@ pub struct OAuthConfig {
     pub signing_algorithm: String,
     /// The loopback port of `turnstile login`'s redirect listener; 0: any free port.
     pub redirect_port: u16,
+    /// For `grant = "identity_assertion"`.
+    pub idp: Option<IdpConfig>,
+}
+
+/// `[mcp_servers.X.oauth]` keys of `grant = "identity_assertion"`: the enterprise IdP.
+#[derive(Debug, Clone, Default)]
+pub struct IdpConfig {
+    /// The IdP's token endpoint, given or found from `idp_issuer`'s metadata.
+    pub token_endpoint: Option<String>,
+    pub issuer: Option<String>,
+    /// This client's id at the IdP.
+    pub client_id: String,
+    /// The variable holding its secret at the IdP, if it has one.
+    pub client_secret_env: Option<String>,
+    /// Where the identity assertion (the user's ID token from single sign-on) is read, each
+    /// time one is needed: a variable, or a file another process keeps fresh.
+    pub assertion_env: Option<String>,
+    pub assertion_file: Option<PathBuf>,
+    /// `"id_token"` (default) or `"saml2"`.
+    pub assertion_type: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

@@ -178,7 +178,7 @@ pub(super) struct RawMcpServer {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawOAuth {
-    /// `"authorization_code"` (default) or `"client_credentials"`.
+    /// `"authorization_code"` (default), `"client_credentials"` or `"identity_assertion"`.
     #[serde(default)]
     pub grant: Option<Spanned<String>>,
     /// A pre-registered client id (else a client ID metadata document, else dynamic registration).
@@ -200,6 +200,21 @@ pub(super) struct RawOAuth {
     /// The loopback port `turnstile login` listens on for the redirect (0: any free port).
     #[serde(default)]
     pub redirect_port: Option<Spanned<i64>>,
+    /// `grant = "identity_assertion"`: the enterprise IdP and the assertion it is given.
+    #[serde(default)]
+    pub idp_issuer: Option<Spanned<String>>,
+    #[serde(default)]
+    pub idp_token_endpoint: Option<Spanned<String>>,
+    #[serde(default)]
+    pub idp_client_id: Option<Spanned<String>>,
+    #[serde(default)]
+    pub idp_client_secret_env: Option<Spanned<String>>,
+    #[serde(default)]
+    pub identity_assertion_env: Option<Spanned<String>>,
+    #[serde(default)]
+    pub identity_assertion_file: Option<Spanned<String>>,
+    #[serde(default)]
+    pub identity_assertion_type: Option<Spanned<String>>,
 }
 
 /// `[policy]`

@@ -3,7 +3,8 @@
 The conformance framework (`conformance client --command "python3 driver.py" --scenario S`)
 starts the scenario's MCP server and runs this script with the server's URL as its last
 argument, `MCP_CONFORMANCE_SCENARIO` and, for some scenarios, `MCP_CONFORMANCE_CONTEXT` (client
-credentials) in the environment.
+credentials; for cross-app access also the enterprise IdP's issuer, this client's id there and
+the user's ID token) in the environment.
 
 The script writes a tools.toml whose `[mcp_servers.conf]` points at that URL, runs
 `turnstile login conf` first when the scenario needs an authorization (it opens the printed
@@ -69,6 +70,13 @@ def config(url, scenario, context, data):
         )
     if scenario.startswith("auth/client-credentials"):
         oauth.append('grant = "client_credentials"')
+    if context.get("idp_id_token"):
+        # Enterprise-managed authorization: the IdP found from its issuer, the user's ID
+        # token in a variable, as an operator would set it up.
+        oauth.append('grant = "identity_assertion"')
+        oauth.append(f"idp_issuer = {toml_str(context['idp_issuer'])}")
+        oauth.append(f"idp_client_id = {toml_str(context['idp_client_id'])}")
+        oauth.append('identity_assertion_env = "CONF_ID_TOKEN"')
     if scenario == "auth/basic-cimd":
         oauth.append(
             'client_metadata_url = "https://conformance-test.local/client-metadata.json"'
@@ -229,10 +237,12 @@ def main():
     env = dict(os.environ)
     env["TURNSTILE_SECRET_KEY"] = "conformance-driver-secret-key-0123456789"
     env["CONF_CLIENT_SECRET"] = context.get("client_secret", "")
+    env["CONF_ID_TOKEN"] = context.get("idp_id_token", "")
     env.setdefault("RUST_LOG", "info")
-    if scenario.startswith("auth/") and not scenario.startswith(
-        "auth/client-credentials"
-    ):
+    machine = scenario.startswith("auth/client-credentials") or context.get(
+        "idp_id_token"
+    )
+    if scenario.startswith("auth/") and not machine:
         if not login(binary, cfg, env):
             log("login failed")
             return 1

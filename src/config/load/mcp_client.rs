@@ -9,7 +9,8 @@ use super::mcp_servers::key;
 use super::values::key_path;
 use super::{resolve_path, ConfigError, Cx};
 use crate::config::raw::RawMcpServer;
-use crate::config::{ElicitationMode, OAuthConfig, OAuthGrant};
+use crate::config::raw::RawOAuth;
+use crate::config::{ElicitationMode, IdpConfig, OAuthConfig, OAuthGrant};
 
 /// `elicitation`: `"ask"` (default) or `"decline"`.
 ///
@@ -71,13 +72,17 @@ pub(super) fn oauth(
         None => None,
         Some(v) => Some(cx.non_empty(v, &k("client_id"), "the client id")?),
     };
-    if grant == OAuthGrant::ClientCredentials && client_id.is_none() {
+    if grant != OAuthGrant::AuthorizationCode && client_id.is_none() {
+        let g = o.grant.as_ref().map_or("", |g| g.get_ref().as_str());
         return Err(cx.err(
             table.span(),
             &k("client_id"),
-            "grant = \"client_credentials\" needs the client_id the authorization server issued",
+            format!("grant = \"{g}\" needs the client_id the authorization server issued"),
         ));
     }
+    let idp = (grant == OAuthGrant::IdentityAssertion)
+        .then(|| idp(cx, o, base_dir, &k, table.span()))
+        .transpose()?;
     let client_metadata_url = match &o.client_metadata_url {
         None => None,
         Some(v) => Some(cx.http_url(
@@ -118,10 +123,92 @@ pub(super) fn oauth(
         private_key_file,
         signing_algorithm,
         redirect_port: cx.int(o.redirect_port.as_ref(), &k("redirect_port"), 0, 0, 65535)? as u16,
+        idp,
     }))
 }
 
-/// `grant`: `"authorization_code"` (default) or `"client_credentials"`.
+/// The IdP keys of `grant = "identity_assertion"`: where its token endpoint is (given, or
+/// from its issuer's metadata), this client there, and where the identity assertion is read
+/// (a variable or a file, never the config itself).
+fn idp(
+    cx: &Cx<'_>,
+    o: &RawOAuth,
+    base_dir: &Path,
+    k: &dyn Fn(&str) -> String,
+    span: std::ops::Range<usize>,
+) -> Result<IdpConfig, ConfigError> {
+    let need = |key: &str, what: &str| {
+        cx.err(
+            span.clone(),
+            &k(key),
+            format!("grant = \"identity_assertion\" needs {what}"),
+        )
+    };
+    let url = |v: &Option<Spanned<String>>, key: &str| {
+        v.as_ref()
+            .map(|v| cx.http_url(v, &k(key), "https://idp.example.com"))
+            .transpose()
+    };
+    let token_endpoint = url(&o.idp_token_endpoint, "idp_token_endpoint")?;
+    let issuer = url(&o.idp_issuer, "idp_issuer")?;
+    if token_endpoint.is_none() && issuer.is_none() {
+        return Err(need(
+            "idp_issuer",
+            "the enterprise IdP: idp_issuer (its metadata names the token endpoint) or idp_token_endpoint",
+        ));
+    }
+    let client_id = match &o.idp_client_id {
+        Some(v) => cx.non_empty(v, &k("idp_client_id"), "the IdP client id")?,
+        None => {
+            return Err(need(
+                "idp_client_id",
+                "this client's id at the IdP (idp_client_id)",
+            ))
+        }
+    };
+    let assertion_env = cx.env_var_name(
+        o.identity_assertion_env.as_ref(),
+        &k("identity_assertion_env"),
+    )?;
+    let assertion_file = match &o.identity_assertion_file {
+        None => None,
+        Some(v) => Some(resolve_path(
+            base_dir,
+            Path::new(&cx.non_empty(v, &k("identity_assertion_file"), "the path")?),
+        )),
+    };
+    if assertion_env.is_some() == assertion_file.is_some() {
+        return Err(need(
+            "identity_assertion_env",
+            "one of identity_assertion_env (a variable) or identity_assertion_file (a file) holding the user's identity assertion",
+        ));
+    }
+    let assertion_type = match &o.identity_assertion_type {
+        None => "id_token".to_string(),
+        Some(v) => cx
+            .choice(
+                v,
+                &k("identity_assertion_type"),
+                "identity assertion type",
+                &["id_token", "saml2"],
+            )?
+            .to_string(),
+    };
+    Ok(IdpConfig {
+        token_endpoint,
+        issuer,
+        client_id,
+        client_secret_env: cx.env_var_name(
+            o.idp_client_secret_env.as_ref(),
+            &k("idp_client_secret_env"),
+        )?,
+        assertion_env,
+        assertion_file,
+        assertion_type,
+    })
+}
+
+/// `grant`: `"authorization_code"` (default), `"client_credentials"` or `"identity_assertion"`.
 fn grant(cx: &Cx<'_>, v: Option<&Spanned<String>>, key: &str) -> Result<OAuthGrant, ConfigError> {
     let Some(v) = v else {
         return Ok(OAuthGrant::AuthorizationCode);
@@ -131,9 +218,14 @@ fn grant(cx: &Cx<'_>, v: Option<&Spanned<String>>, key: &str) -> Result<OAuthGra
             v,
             key,
             "grant",
-            &["authorization_code", "client_credentials"],
+            &[
+                "authorization_code",
+                "client_credentials",
+                "identity_assertion",
+            ],
         )? {
             "client_credentials" => OAuthGrant::ClientCredentials,
+            "identity_assertion" => OAuthGrant::IdentityAssertion,
             _ => OAuthGrant::AuthorizationCode,
         },
     )
@@ -174,5 +266,37 @@ mod tests {
         assert!(e.contains("oauth only applies to an HTTP server"), "{e}");
         let e = bad("[mcp_servers.m]\nurl = \"http://127.0.0.1:1/mcp\"\n[mcp_servers.m.oauth]\ngrant = \"client_credentials\"\n").to_string();
         assert!(e.contains("client_id"), "{e}");
+    }
+
+    #[test]
+    fn identity_assertion_grant_needs_its_idp_and_an_assertion() {
+        let head = "[mcp_servers.m]\nurl = \"http://127.0.0.1:1/mcp\"\n[mcp_servers.m.oauth]\ngrant = \"identity_assertion\"\nclient_id = \"c\"\n";
+        let c = ok(&format!("{head}idp_issuer = \"https://idp.example.com\"\nidp_client_id = \"i\"\nidp_client_secret_env = \"IDP_SECRET\"\nidentity_assertion_env = \"ID_TOKEN\"\n"));
+        let o = c.mcp_servers[0].oauth.as_ref().unwrap();
+        assert_eq!(o.grant, OAuthGrant::IdentityAssertion);
+        let idp = o.idp.as_ref().unwrap();
+        assert_eq!(idp.issuer.as_deref(), Some("https://idp.example.com"));
+        assert_eq!(idp.client_id, "i");
+        assert_eq!(idp.client_secret_env.as_deref(), Some("IDP_SECRET"));
+        assert_eq!(idp.assertion_env.as_deref(), Some("ID_TOKEN"));
+        assert_eq!(idp.assertion_type, "id_token");
+        let e = bad(&format!(
+            "{head}idp_client_id = \"i\"\nidentity_assertion_env = \"T\"\n"
+        ))
+        .to_string();
+        assert!(
+            e.contains("idp_issuer") && e.contains("idp_token_endpoint"),
+            "{e}"
+        );
+        let e = bad(&format!(
+            "{head}idp_token_endpoint = \"https://idp/token\"\nidp_client_id = \"i\"\n"
+        ))
+        .to_string();
+        assert!(
+            e.contains("identity_assertion_env") && e.contains("identity_assertion_file"),
+            "{e}"
+        );
+        let e = bad(&format!("{head}idp_token_endpoint = \"https://idp/token\"\nidentity_assertion_file = \"t.jwt\"\n")).to_string();
+        assert!(e.contains("idp_client_id"), "{e}");
     }
 }

@@ -4,12 +4,15 @@
 //! ([`OAuth::bearer`]: stored, refreshed before expiry, or fetched by client credentials) and is
 //! told of each 401/403 challenge ([`OAuth::challenged`]: refresh, a new client-credentials
 //! token with the challenged scope (step-up, at most [`STEP_UPS`] times), or "needs a login").
+//! The machine grants (client credentials, and the enterprise IdP's identity assertion of
+//! [`identity`]) get their tokens without anyone, as they are needed.
 //! An operator logs in once with `turnstile login SERVER` ([`OAuth::login`]): discovery,
 //! registration (pre-registered id, client ID metadata document, or dynamic registration),
 //! PKCE, `resource`, the redirect received on a loopback port. Tokens are stored encrypted
 //! ([`store`]), never logged, and only ever sent to the server they were issued for.
 
 pub mod discovery;
+mod identity;
 mod login;
 pub mod store;
 mod tokens;
@@ -119,10 +122,9 @@ impl OAuth {
     pub async fn bearer(&self) -> Option<String> {
         let mut st = self.state.lock().await;
         self.reload(&mut st);
-        if st.saved.is_none() && self.cfg.grant == OAuthGrant::ClientCredentials {
-            if let Err(e) = self.client_credentials(&mut st, None).await {
-                tracing::warn!(server = %self.server, error = %e, "OAuth client-credentials token request failed");
-            }
+        if st.saved.is_none() && self.machine() {
+            // Refused: logged by `obtain`; the request goes without and its 401 tells.
+            let _ = self.obtain(&mut st, None).await;
         }
         let expiring = st
             .saved
@@ -150,10 +152,30 @@ impl OAuth {
                 Err(e) => tracing::warn!(server = %self.server, error = %e, "OAuth refresh failed"),
             }
         }
-        if self.cfg.grant == OAuthGrant::ClientCredentials {
-            return self.client_credentials(st, s.scope.clone()).await.is_ok();
+        if self.machine() {
+            return self.obtain(st, s.scope.clone()).await.is_ok();
         }
         false
+    }
+
+    /// A grant that needs no person (client credentials, identity assertion).
+    fn machine(&self) -> bool {
+        self.cfg.grant != OAuthGrant::AuthorizationCode
+    }
+
+    /// A new token by the machine grant configured; when refused, logged and kept as why
+    /// the server is not reachable.
+    async fn obtain(&self, st: &mut State, scope: Option<String>) -> Result<(), String> {
+        let r = match self.cfg.grant {
+            OAuthGrant::IdentityAssertion => self.identity_assertion(st, scope).await,
+            _ => self.client_credentials(st, scope).await,
+        };
+        if let Err(e) = &r {
+            tracing::warn!(server = %self.server, grant = ?self.cfg.grant, error = %e, "OAuth token request failed");
+            // What the calls and `turnstile check` say (the server's words, never a secret).
+            st.needs_login = Some(format!("the token request failed: {e}"));
+        }
+        r
     }
 
     fn keep(&self, st: &mut State, saved: Saved) {
@@ -187,8 +209,8 @@ impl OAuth {
                 st.saved.as_ref().and_then(|s| s.scope.as_deref()),
                 challenge.scope.as_deref(),
             );
-            if self.cfg.grant == OAuthGrant::ClientCredentials {
-                return self.client_credentials(&mut st, scope).await.is_ok();
+            if self.machine() {
+                return self.obtain(&mut st, scope).await.is_ok();
             }
             login::remember_scope(&self.store_dir(), &self.server, scope.as_deref());
             st.needs_login = Some(format!(
@@ -199,15 +221,12 @@ impl OAuth {
             return false;
         }
         // 401.
-        if self.cfg.grant == OAuthGrant::ClientCredentials {
+        if self.machine() {
             if st.step_ups >= STEP_UPS {
                 return false;
             }
             st.step_ups += 1;
-            return self
-                .client_credentials(&mut st, challenge.scope.clone())
-                .await
-                .is_ok();
+            return self.obtain(&mut st, challenge.scope.clone()).await.is_ok();
         }
         if st.saved.is_some() && !st.refreshed_for_401 {
             st.refreshed_for_401 = true;
@@ -235,13 +254,10 @@ impl OAuth {
         self.store.dir()
     }
 
-    /// Client credentials: discovery (once per token), then the grant.
-    async fn client_credentials(
-        &self,
-        st: &mut State,
-        scope: Option<String>,
-    ) -> Result<(), String> {
-        let (found_as, resource) = match &st.saved {
+    /// The MCP server's authorization server and resource: those of the stored token, else
+    /// discovered.
+    async fn found(&self, st: &State) -> Result<(discovery::AuthServer, String), String> {
+        Ok(match &st.saved {
             Some(s) => (s.auth_server.clone(), s.resource.clone()),
             None => {
                 let f = discovery::discover(&self.url, &Challenge::default())
@@ -249,7 +265,15 @@ impl OAuth {
                     .map_err(|e| e.to_string())?;
                 (f.auth_server, f.resource)
             }
-        };
+        })
+    }
+
+    /// This client at the authorization server (configured id; secret or private-key JWT)
+    /// and, for `private_key_jwt`, the signed client assertion.
+    fn as_client(
+        &self,
+        found_as: &discovery::AuthServer,
+    ) -> Result<(ClientReg, Option<String>), String> {
         let client_id = self
             .cfg
             .client_id
@@ -284,8 +308,23 @@ impl OAuth {
             auth_method: method,
             redirect_uri: None,
         };
-        let scope =
-            scope.or_else(|| (!self.cfg.scopes.is_empty()).then(|| self.cfg.scopes.join(" ")));
+        Ok((reg, assertion))
+    }
+
+    /// The scope asked for, else the configured one.
+    fn scope_or_configured(&self, scope: Option<String>) -> Option<String> {
+        scope.or_else(|| (!self.cfg.scopes.is_empty()).then(|| self.cfg.scopes.join(" ")))
+    }
+
+    /// Client credentials: discovery (once per token), then the grant.
+    async fn client_credentials(
+        &self,
+        st: &mut State,
+        scope: Option<String>,
+    ) -> Result<(), String> {
+        let (found_as, resource) = self.found(st).await?;
+        let (reg, assertion) = self.as_client(&found_as)?;
+        let scope = self.scope_or_configured(scope);
         let saved =
             tokens::client_credentials(&found_as, &reg, &resource, scope.as_deref(), assertion)
                 .await?;
@@ -302,7 +341,20 @@ impl OAuth {
     }
 
     /// `turnstile login`: the whole authorization-code flow; `announce` gets the URL to open.
+    /// For a machine grant, a token is fetched now (a check of the configuration).
     pub async fn login(&self, announce: &(dyn Fn(&str) + Sync)) -> Result<String, String> {
+        if self.machine() {
+            let mut st = self.state.lock().await;
+            self.obtain(&mut st, None).await?;
+            if let Some(saved) = &st.saved {
+                self.store.save(saved)?;
+            }
+            return Ok(st
+                .saved
+                .as_ref()
+                .and_then(|s| s.scope.clone())
+                .unwrap_or_default());
+        }
         let saved = login::run(self, announce).await?;
         let scope = saved.scope.clone();
         let mut st = self.state.lock().await;

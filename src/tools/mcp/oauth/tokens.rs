@@ -54,7 +54,7 @@ fn http(
 }
 
 /// What a token response becomes.
-fn saved(
+pub(super) fn saved(
     t: &BasicTokenResponse,
     resource: &str,
     auth_server: &AuthServer,
