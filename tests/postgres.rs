@@ -12,7 +12,7 @@ mod sse_reader;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::postgres::PgCluster;
+use common::postgres::{Pair, PgCluster};
 use common::{config_text, logcheck::check_log, Http, TestServer};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
@@ -60,6 +60,10 @@ async fn send_turn(http: &Http, sid: &str, text: &str) -> Value {
         .await;
     assert_eq!(status, 200, "{v}");
     v
+}
+
+fn pair(pg: &PgCluster, fake: &FakeOpenAi, lease_s: u64) -> Pair {
+    pg.pair(&config_text(fake, ""), lease_s)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -414,42 +418,6 @@ async fn files_upload_and_download_and_the_quota_counts_from_the_store_across_a_
     assert_eq!(status, 201);
 }
 
-async fn spawn(dir: &std::path::Path) -> (tokio::process::Child, Http) {
-    use tokio::io::AsyncBufReadExt;
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_turnstile"))
-        .args(["serve", "--config"])
-        .arg(dir.join("tools.toml"))
-        .args(["--listen", "127.0.0.1:0"])
-        .env("RUST_LOG", "info")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn turnstile");
-    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let addr = loop {
-        let line = lines
-            .next_line()
-            .await
-            .unwrap()
-            .expect("exited before listening");
-        if let Some(rest) = line.split("listening on http://").nth(1) {
-            break rest.split_whitespace().next().unwrap().parse().unwrap();
-        }
-    };
-    let log = dir.join("log.txt");
-    tokio::spawn(async move {
-        use std::io::Write;
-        let mut f = std::fs::File::create(log).unwrap();
-        while let Ok(Some(l)) = lines.next_line().await {
-            if l.contains("WARN") || l.contains("ERROR") {
-                let _ = writeln!(f, "{l}");
-            }
-        }
-    });
-    (child, Http::new(addr))
-}
-
 #[tokio::test]
 async fn kill_9_mid_turn_then_a_restart_closes_the_turn_worker_lost() {
     let pg = PgCluster::start();
@@ -461,7 +429,7 @@ async fn kill_9_mid_turn_then_a_restart_closes_the_turn_worker_lost() {
         format!("{}{url_table}", config_text(&fake, "")),
     )
     .unwrap();
-    let (mut child, http) = spawn(dir.path()).await;
+    let (mut child, http) = common::binary::serve_in(dir.path()).await;
     let (_, created) = http.post("/sessions", &json!({})).await;
     let sid = created["sessionId"].as_str().unwrap().to_string();
     fake.push(Reply::text("durable answer"));
@@ -490,7 +458,7 @@ async fn kill_9_mid_turn_then_a_restart_closes_the_turn_worker_lost() {
         .success());
     let _ = child.wait().await;
 
-    let (mut child, http) = spawn(dir.path()).await;
+    let (mut child, http) = common::binary::serve_in(dir.path()).await;
     let (_, hist) = http.get(&format!("/sessions/{sid}/events/history")).await;
     let evs = hist["events"].as_array().unwrap();
     let types: Vec<&str> = evs.iter().map(|e| e["type"].as_str().unwrap()).collect();
@@ -665,22 +633,6 @@ async fn two_instances_share_sessions_through_leases_and_hear_each_others_commit
     assert_eq!(b.unfinished_sessions().await.unwrap(), ["sess_x"]);
 }
 
-/// Two real instances on one database, each with its own data folder.
-struct Pair {
-    dirs: [tempfile::TempDir; 2],
-    url: String,
-}
-
-fn pair(pg: &PgCluster, fake: &FakeOpenAi, lease_s: u64) -> Pair {
-    let (table, url) = pg.store_table_and_url(&format!("lease_s = {lease_s}"));
-    let text = format!("{}{table}", config_text(fake, ""));
-    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
-    for d in &dirs {
-        std::fs::write(d.path().join("tools.toml"), &text).unwrap();
-    }
-    Pair { dirs, url }
-}
-
 async fn event_types(http: &Http, sid: &str) -> Vec<Value> {
     let (status, v) = http
         .get(&format!("/sessions/{sid}/events/history?limit=1000"))
@@ -713,8 +665,8 @@ async fn a_turn_on_b_while_a_runs_is_busy_and_b_takes_over_within_lease_s_after_
     let fake = FakeOpenAi::start().await;
     let lease_s = 2;
     let p = pair(&pg, &fake, lease_s);
-    let (mut a, a_http) = spawn(p.dirs[0].path()).await;
-    let (mut b, b_http) = spawn(p.dirs[1].path()).await;
+    let (mut a, a_http) = common::binary::serve_in(p.dirs[0].path()).await;
+    let (mut b, b_http) = common::binary::serve_in(p.dirs[1].path()).await;
     let (_, created) = a_http.post("/sessions", &json!({})).await;
     let sid = created["sessionId"].as_str().unwrap().to_string();
     // A runs a turn, held at the model.
@@ -784,8 +736,8 @@ async fn sigterm_hands_the_leases_back_at_once_and_turns_alternate_between_insta
     let fake = FakeOpenAi::start().await;
     // A long lease: B could not take A's sessions by expiry within this test.
     let p = pair(&pg, &fake, 60);
-    let (mut a, a_http) = spawn(p.dirs[0].path()).await;
-    let (mut b, b_http) = spawn(p.dirs[1].path()).await;
+    let (mut a, a_http) = common::binary::serve_in(p.dirs[0].path()).await;
+    let (mut b, b_http) = common::binary::serve_in(p.dirs[1].path()).await;
     let (_, created) = a_http.post("/sessions", &json!({})).await;
     let sid = created["sessionId"].as_str().unwrap().to_string();
     // Idle sessions have no writer: turns go to either instance, each seeing the other's.
@@ -840,8 +792,8 @@ async fn a_turn_on_a_reaches_a_stream_on_b_once_each_and_history_is_identical_on
     let pg = PgCluster::start();
     let fake = FakeOpenAi::start().await;
     let p = pair(&pg, &fake, 10);
-    let (mut a, a_http) = spawn(p.dirs[0].path()).await;
-    let (mut b, b_http) = spawn(p.dirs[1].path()).await;
+    let (mut a, a_http) = common::binary::serve_in(p.dirs[0].path()).await;
+    let (mut b, b_http) = common::binary::serve_in(p.dirs[1].path()).await;
     let (_, created) = a_http.post("/sessions", &json!({})).await;
     let sid = created["sessionId"].as_str().unwrap().to_string();
     fake.push(Reply::text("before"));

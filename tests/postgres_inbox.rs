@@ -8,6 +8,7 @@ mod sse_reader;
 
 use std::time::{Duration, Instant};
 
+use common::postgres::Pair;
 use common::{config_text, logcheck::check_log, Http};
 use serde_json::{json, Value};
 use turnstile::log::{Posted, Released, Store};
@@ -19,69 +20,19 @@ const LEASE: Duration = Duration::from_secs(10);
 /// How long a test waits for what it expects.
 const WITHIN: Duration = Duration::from_secs(20);
 
-/// Two instances' data folders on one fresh database; its URL.
-struct Pair {
-    dirs: [tempfile::TempDir; 2],
-    url: String,
-}
-
+/// Both instances of a pair, running; a session created on the first.
 fn pair(fake: &FakeOpenAi, lease_s: u64) -> Pair {
     pair_with(fake, lease_s, "")
 }
 
 /// [`pair`] with `extra` TOML in the config.
 fn pair_with(fake: &FakeOpenAi, lease_s: u64, extra: &str) -> Pair {
-    let pg = common::postgres::shared();
-    let (table, url) = pg.store_table_and_url(&format!("lease_s = {lease_s}"));
-    let text = format!("{}{table}", config_text(fake, extra));
-    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
-    for d in &dirs {
-        std::fs::write(d.path().join("tools.toml"), &text).unwrap();
-    }
-    Pair { dirs, url }
+    common::postgres::shared().pair(&config_text(fake, extra), lease_s)
 }
 
-/// The real binary serving with the config in `dir`; its warnings go to `dir/log.txt`.
-async fn spawn(dir: &std::path::Path) -> (tokio::process::Child, Http) {
-    use tokio::io::AsyncBufReadExt;
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_turnstile"))
-        .args(["serve", "--config"])
-        .arg(dir.join("tools.toml"))
-        .args(["--listen", "127.0.0.1:0"])
-        .env("RUST_LOG", "info")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn turnstile");
-    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let addr = loop {
-        let line = lines
-            .next_line()
-            .await
-            .unwrap()
-            .expect("exited before listening");
-        if let Some(rest) = line.split("listening on http://").nth(1) {
-            break rest.split_whitespace().next().unwrap().parse().unwrap();
-        }
-    };
-    let log = dir.join("log.txt");
-    tokio::spawn(async move {
-        use std::io::Write;
-        let mut f = std::fs::File::create(log).unwrap();
-        while let Ok(Some(l)) = lines.next_line().await {
-            if l.contains("WARN") || l.contains("ERROR") {
-                let _ = writeln!(f, "{l}");
-            }
-        }
-    });
-    (child, Http::new(addr))
-}
-
-/// Both instances of a pair, running; a session created on the first.
 async fn start_both(p: &Pair) -> (Vec<tokio::process::Child>, Http, Http, String) {
-    let (a, a_http) = spawn(p.dirs[0].path()).await;
-    let (b, b_http) = spawn(p.dirs[1].path()).await;
+    let (a, a_http) = common::binary::serve_in(p.dirs[0].path()).await;
+    let (b, b_http) = common::binary::serve_in(p.dirs[1].path()).await;
     let (status, created) = a_http.post("/sessions", &json!({})).await;
     assert_eq!(status, 201, "{created}");
     let sid = created["sessionId"].as_str().unwrap().to_string();

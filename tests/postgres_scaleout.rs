@@ -10,66 +10,16 @@ mod sse_reader;
 
 use std::time::{Duration, Instant};
 
-use common::postgres::PgCluster;
+use common::postgres::{Pair, PgCluster};
 use common::{config_text, logcheck::check_log, Http};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use turnstile::log::Store;
 use turnstile::testkit::fake_openai::{FakeOpenAi, Gate, Reply};
 
-/// Two real instances on one database, each with its own data folder.
-struct Pair {
-    dirs: [tempfile::TempDir; 2],
-    url: String,
-}
-
-fn pair(pg: &PgCluster, fake: &FakeOpenAi, lease_s: u64) -> Pair {
-    let (table, url) = pg.store_table_and_url(&format!("lease_s = {lease_s}"));
-    let text = format!("{}{table}", config_text(fake, ""));
-    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
-    for d in &dirs {
-        std::fs::write(d.path().join("tools.toml"), &text).unwrap();
-    }
-    Pair { dirs, url }
-}
-
 /// The database's name in its connection string.
 fn db_name(url: &str) -> &str {
     url.rsplit('/').next().unwrap()
-}
-
-async fn spawn(dir: &std::path::Path) -> (tokio::process::Child, Http) {
-    use tokio::io::AsyncBufReadExt;
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_turnstile"))
-        .args(["serve", "--config"])
-        .arg(dir.join("tools.toml"))
-        .args(["--listen", "127.0.0.1:0"])
-        .env("RUST_LOG", "info")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn turnstile");
-    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let addr = loop {
-        let line = lines
-            .next_line()
-            .await
-            .unwrap()
-            .expect("exited before listening");
-        if let Some(rest) = line.split("listening on http://").nth(1) {
-            break rest.split_whitespace().next().unwrap().parse().unwrap();
-        }
-    };
-    // Warnings and errors go to the test's output (shown when it fails).
-    tokio::spawn(async move {
-        while let Ok(Some(l)) = lines.next_line().await {
-            if l.contains("WARN") || l.contains("ERROR") {
-                eprintln!("{l}");
-            }
-        }
-    });
-    (child, Http::new(addr))
 }
 
 async fn event_list(http: &Http, sid: &str) -> Vec<Value> {
@@ -139,13 +89,17 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
+fn pair(pg: &PgCluster, fake: &FakeOpenAi, lease_s: u64) -> Pair {
+    pg.pair(&config_text(fake, ""), lease_s)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_streamed_turn_on_a_shows_its_deltas_live_on_b_in_order_before_the_message() {
     let pg = PgCluster::start();
     let fake = FakeOpenAi::start().await;
     let p = pair(&pg, &fake, 10);
-    let (mut a, a_http) = spawn(p.dirs[0].path()).await;
-    let (mut b, b_http) = spawn(p.dirs[1].path()).await;
+    let (mut a, a_http) = common::binary::serve_in(p.dirs[0].path()).await;
+    let (mut b, b_http) = common::binary::serve_in(p.dirs[1].path()).await;
     let mut channel = listen_deltas(&p.url).await;
     let (_, created) = a_http.post("/sessions", &json!({})).await;
     let sid = created["sessionId"].as_str().unwrap().to_string();
@@ -297,13 +251,13 @@ async fn a_subscriber_on_b_reconnecting_mid_turn_gets_each_stored_event_once_and
     let pg = PgCluster::start();
     let fake = FakeOpenAi::start().await;
     let p = pair(&pg, &fake, 10);
-    let (mut b, b_http) = spawn(p.dirs[1].path()).await;
+    let (mut b, b_http) = common::binary::serve_in(p.dirs[1].path()).await;
     let (_, created) = b_http.post("/sessions", &json!({})).await;
     let sid = created["sessionId"].as_str().unwrap().to_string();
     let stream_path = format!("/sessions/{sid}/events/stream");
     let mut first = sse_reader::get(&b_http.base, &stream_path, &[]).await.ok();
     // A starts after B began watching: it learns of the watch from the database.
-    let (mut a, a_http) = spawn(p.dirs[0].path()).await;
+    let (mut a, a_http) = common::binary::serve_in(p.dirs[0].path()).await;
     // The answer streams half, waits for the gate, then streams the rest.
     let gate = Gate::new();
     let text: String = (0..400).map(|i| format!("t{i} ")).collect();
@@ -436,8 +390,8 @@ async fn a_file_uploaded_on_a_downloads_on_b_whole_and_by_range_and_a_delete_on_
     let pg = PgCluster::start();
     let fake = FakeOpenAi::start().await;
     let p = pair(&pg, &fake, 10);
-    let (mut a, a_http) = spawn(p.dirs[0].path()).await;
-    let (mut b, b_http) = spawn(p.dirs[1].path()).await;
+    let (mut a, a_http) = common::binary::serve_in(p.dirs[0].path()).await;
+    let (mut b, b_http) = common::binary::serve_in(p.dirs[1].path()).await;
     let db = db_name(&p.url);
     let empty = db_bytes(&a_http).await;
     assert!(empty > 0, "the tables take room");
@@ -534,8 +488,8 @@ async fn a_large_file_goes_into_the_database_and_out_on_the_other_instance_in_bo
     let pg = PgCluster::start();
     let fake = FakeOpenAi::start().await;
     let p = pair(&pg, &fake, 10);
-    let (mut a, a_http) = spawn(p.dirs[0].path()).await;
-    let (mut b, b_http) = spawn(p.dirs[1].path()).await;
+    let (mut a, a_http) = common::binary::serve_in(p.dirs[0].path()).await;
+    let (mut b, b_http) = common::binary::serve_in(p.dirs[1].path()).await;
     let (a_pid, b_pid) = (a.id().unwrap(), b.id().unwrap());
     // Warm both up (a download of a small file) so that the peaks compare like with like.
     let small = upload(&a_http, "small.bin", vec![7u8; 1000]).await;

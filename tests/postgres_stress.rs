@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::postgres::PgCluster;
+use common::postgres::{Pair, PgCluster};
 use common::{config_text, Http};
 use serde_json::json;
 use turnstile::log::{Event, Store};
@@ -25,59 +25,6 @@ use turnstile::testkit::fake_openai::{FakeOpenAi, Reply};
 const LEASE: Duration = Duration::from_secs(10);
 const SESSIONS: usize = 4;
 const TURNS_PER_SESSION: usize = 50;
-
-/// Two real instances on one database, each with its own data folder.
-struct Pair {
-    dirs: [tempfile::TempDir; 2],
-    url: String,
-}
-
-fn pair(pg: &PgCluster, fake: &FakeOpenAi, lease_s: u64) -> Pair {
-    let (table, url) = pg.store_table_and_url(&format!("lease_s = {lease_s}"));
-    let text = format!("{}{table}", config_text(fake, ""));
-    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
-    for d in &dirs {
-        std::fs::write(d.path().join("tools.toml"), &text).unwrap();
-    }
-    Pair { dirs, url }
-}
-
-/// The real binary on `dir/tools.toml`; its WARN and ERROR lines go to `dir/log.txt`.
-async fn spawn(dir: &std::path::Path) -> (tokio::process::Child, Http) {
-    use tokio::io::AsyncBufReadExt;
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_turnstile"))
-        .args(["serve", "--config"])
-        .arg(dir.join("tools.toml"))
-        .args(["--listen", "127.0.0.1:0"])
-        .env("RUST_LOG", "info")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn turnstile");
-    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let addr = loop {
-        let line = lines
-            .next_line()
-            .await
-            .unwrap()
-            .expect("exited before listening");
-        if let Some(rest) = line.split("listening on http://").nth(1) {
-            break rest.split_whitespace().next().unwrap().parse().unwrap();
-        }
-    };
-    let log = dir.join("log.txt");
-    tokio::spawn(async move {
-        use std::io::Write;
-        let mut f = std::fs::File::create(log).unwrap();
-        while let Ok(Some(l)) = lines.next_line().await {
-            if l.contains("WARN") || l.contains("ERROR") {
-                let _ = writeln!(f, "{l}");
-            }
-        }
-    });
-    (child, Http::new(addr))
-}
 
 /// Follows a session's event stream, switching instance (with `Last-Event-ID`) every few
 /// frames, until it has `target` stored events (`target` 0: not known yet); their ids.
@@ -240,6 +187,10 @@ fn each_accepted_turn_ran_once(sid: &str, accepted: &[String], events: &[Event])
     );
 }
 
+fn pair(pg: &PgCluster, fake: &FakeOpenAi, lease_s: u64) -> Pair {
+    pg.pair(&config_text(fake, ""), lease_s)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_turns_over_two_instances_with_cancels_and_reconnects_lose_and_repeat_nothing()
 {
@@ -249,8 +200,8 @@ async fn two_hundred_turns_over_two_instances_with_cancels_and_reconnects_lose_a
         fake.push(Reply::text(&format!("answer {i}")));
     }
     let p = pair(&pg, &fake, 10);
-    let (mut a, a_http) = spawn(p.dirs[0].path()).await;
-    let (mut b, b_http) = spawn(p.dirs[1].path()).await;
+    let (mut a, a_http) = common::binary::serve_in(p.dirs[0].path()).await;
+    let (mut b, b_http) = common::binary::serve_in(p.dirs[1].path()).await;
     let https = [a_http.clone(), b_http.clone()];
     let mut sids = Vec::new();
     for i in 0..SESSIONS {

@@ -12,6 +12,32 @@ use tokio::process::{Child, Command};
 /// (killed on drop) and the address it listens on, read from its log; the rest of its log is
 /// drained so that the child never blocks on a full pipe.
 pub async fn serve(config: &Path) -> (Child, SocketAddr) {
+    let (child, mut lines, addr) = start(config).await;
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, addr)
+}
+
+/// [`serve`] of `dir/tools.toml`, with the WARN and ERROR lines of its log written to
+/// `dir/log.txt` (for a failing test to show what the instance said), and a client of it.
+pub async fn serve_in(dir: &Path) -> (Child, super::Http) {
+    let (child, mut lines, addr) = start(&dir.join("tools.toml")).await;
+    let log = dir.join("log.txt");
+    tokio::spawn(async move {
+        use std::io::Write;
+        let mut f = std::fs::File::create(log).expect("log.txt");
+        while let Ok(Some(l)) = lines.next_line().await {
+            if l.contains("WARN") || l.contains("ERROR") {
+                let _ = writeln!(f, "{l}");
+            }
+        }
+    });
+    (child, super::Http::new(addr))
+}
+
+type Lines = tokio::io::Lines<BufReader<tokio::process::ChildStderr>>;
+
+/// The child serving `config`, the rest of its log, and the address it listens on.
+async fn start(config: &Path) -> (Child, Lines, SocketAddr) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile"))
         .args(["serve", "--config"])
         .arg(config)
@@ -38,6 +64,5 @@ pub async fn serve(config: &Path) -> (Child, SocketAddr) {
                 .expect("addr");
         }
     };
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    (child, addr)
+    (child, lines, addr)
 }

@@ -252,3 +252,24 @@ impl PgCluster {
         (table, url)
     }
 }
+
+/// Two real instances' data folders on one fresh database, each with the same `tools.toml`.
+pub struct Pair {
+    pub dirs: [tempfile::TempDir; 2],
+    /// The database's connection string.
+    pub url: String,
+}
+
+impl PgCluster {
+    /// A [`Pair`] whose `tools.toml` is `config` plus a `[store]` table with `lease_s`, on a
+    /// fresh database of this cluster.
+    pub fn pair(&self, config: &str, lease_s: u64) -> Pair {
+        let (table, url) = self.store_table_and_url(&format!("lease_s = {lease_s}"));
+        let text = format!("{config}{table}");
+        let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+        for d in &dirs {
+            std::fs::write(d.path().join("tools.toml"), &text).unwrap();
+        }
+        Pair { dirs, url }
+    }
+}
