@@ -5,6 +5,7 @@
 //! cargo build --release --example mcp_cost --example mcp_example
 //! target/release/examples/mcp_cost host 1000       # the tool host: McpHost::call on mcp__ex__add
 //! target/release/examples/mcp_cost endpoint 1000   # tools/call through /mcp (raw HTTP client)
+//! target/release/examples/mcp_cost direct 1000     # the baseline: an rmcp client calling `add`
 //! valgrind --tool=callgrind --separate-threads=yes target/release/examples/mcp_cost host 1000
 //! ```
 //!
@@ -71,7 +72,7 @@ fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (mode, n) = match args.as_slice() {
         [mode, n] => (mode.clone(), n.parse::<usize>().context("N")?),
-        _ => bail!("usage: mcp_cost host|endpoint N"),
+        _ => bail!("usage: mcp_cost host|endpoint|direct N"),
     };
     let exe = std::env::current_exe()?;
     let child = exe.with_file_name(format!("mcp_example{}", std::env::consts::EXE_SUFFIX));
@@ -98,7 +99,8 @@ fn main() -> Result<()> {
     let (allocs, bytes, took) = match mode.as_str() {
         "host" => runtime.block_on(host(cfg, dir.path().join("sandboxes/ses_cost"), n))?,
         "endpoint" => runtime.block_on(endpoint(cfg, n))?,
-        other => bail!("unknown mode {other:?}: host or endpoint"),
+        "direct" => runtime.block_on(direct(&child, n))?,
+        other => bail!("unknown mode {other:?}: host, endpoint or direct"),
     };
     println!(
         "{mode}: {n} calls, {:.1} allocations/call, {:.0} bytes allocated/call, {:.1} µs/call",
@@ -159,6 +161,43 @@ async fn host(
     let took = t.elapsed();
     let (a1, b1) = counters();
     host.shutdown().await;
+    Ok((a1 - a0, b1 - b0, took))
+}
+
+/// The baseline: a plain rmcp client calling `add` on its own child.
+async fn direct(child: &std::path::Path, n: usize) -> Result<(u64, u64, Duration)> {
+    use rmcp::model::CallToolRequestParams;
+    use rmcp::transport::TokioChildProcess;
+    use rmcp::ServiceExt;
+    let mut cmd = tokio::process::Command::new(child);
+    cmd.kill_on_drop(true);
+    let (transport, _) = TokioChildProcess::builder(cmd)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .context("spawning mcp_example")?;
+    let client = ().serve(transport).await.context("MCP initialize")?;
+    let serde_json::Value::Object(args) = json!({"a": 2, "b": 3}) else {
+        unreachable!()
+    };
+    let call = || async {
+        let params = CallToolRequestParams::new("add").with_arguments(args.clone());
+        let res = client.call_tool(params).await.context("tools/call")?;
+        if res.is_error == Some(true) {
+            bail!("add failed: {res:?}");
+        }
+        Ok(())
+    };
+    for _ in 0..WARMUP {
+        call().await?;
+    }
+    let (a0, b0) = counters();
+    let t = Instant::now();
+    for _ in 0..n {
+        call().await?;
+    }
+    let took = t.elapsed();
+    let (a1, b1) = counters();
+    let _ = client.cancel().await;
     Ok((a1 - a0, b1 - b0, took))
 }
 
