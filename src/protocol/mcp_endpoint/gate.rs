@@ -152,6 +152,68 @@ impl Gate {
     }
 }
 
+impl Gate {
+    /// `tools/call`: the policy's verdict, then the call through the tool host.
+    async fn run_call(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let name = request.name.to_string();
+        let all = self.host.tools();
+        let Some(tool) = all.iter().find(|t| t.spec.name == name) else {
+            crate::metrics::tool(&*self.host, &name).not_run(crate::metrics::NotRun::Refused);
+            return Ok(refused(format!("Unknown tool {name}.")).into());
+        };
+        let started = Instant::now();
+        let metrics = crate::metrics::tool(&*self.host, &name);
+        if tool.verdict == Verdict::Deny {
+            metrics.not_run(crate::metrics::NotRun::Refused);
+            log_call(tool, "refused", started.elapsed());
+            return Ok(refused(format!(
+                "Tool {name} is denied by policy (rule deny = {:?}).",
+                tool.rule
+            ))
+            .into());
+        }
+        if !self.agent.tool_globs.is_match(&name) {
+            metrics.not_run(crate::metrics::NotRun::Refused);
+            log_call(tool, "refused", started.elapsed());
+            return Ok(refused(format!(
+                "Tool {name} is not among agent {}'s tools.",
+                self.agent.name
+            ))
+            .into());
+        }
+        let args = request.arguments.map(Value::Object).unwrap_or(Value::Null);
+        if tool.verdict == Verdict::Ask {
+            if let Some(why) = self.ask(tool, &args, &context).await {
+                metrics.not_run(crate::metrics::NotRun::Denied);
+                log_call(tool, "denied", started.elapsed());
+                return Ok(refused(why).into());
+            }
+        }
+        let ctx = self.call_context(&context);
+        let timer = metrics.start();
+        let call = self.host.call(&ctx, &name, args);
+        let out = tokio::select! {
+            out = relay_progress(&context, call) => out,
+            _ = context.ct.cancelled() => {
+                drop(timer);
+                log_call(tool, "cancelled", started.elapsed());
+                return Ok(to_result(ToolOutput::error("Cancelled."), "").into());
+            }
+        };
+        timer.done(out.is_error);
+        log_call(
+            tool,
+            if out.is_error { "error" } else { "ok" },
+            started.elapsed(),
+        );
+        Ok(to_result(out, &self.base_url(&context)).into())
+    }
+}
+
 /// Run `call`, relaying its progress to the client when the request asked for progress.
 async fn relay_progress(
     context: &RequestContext<RoleServer>,
@@ -212,58 +274,9 @@ impl ServerHandler for Gate {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let name = request.name.to_string();
-        let all = self.host.tools();
-        let Some(tool) = all.iter().find(|t| t.spec.name == name) else {
-            crate::metrics::tool(&*self.host, &name).not_run(crate::metrics::NotRun::Refused);
-            return Ok(refused(format!("Unknown tool {name}.")).into());
-        };
-        let started = Instant::now();
-        let metrics = crate::metrics::tool(&*self.host, &name);
-        if tool.verdict == Verdict::Deny {
-            metrics.not_run(crate::metrics::NotRun::Refused);
-            log_call(tool, "refused", started.elapsed());
-            return Ok(refused(format!(
-                "Tool {name} is denied by policy (rule deny = {:?}).",
-                tool.rule
-            ))
-            .into());
-        }
-        if !self.agent.tool_globs.is_match(&name) {
-            metrics.not_run(crate::metrics::NotRun::Refused);
-            log_call(tool, "refused", started.elapsed());
-            return Ok(refused(format!(
-                "Tool {name} is not among agent {}'s tools.",
-                self.agent.name
-            ))
-            .into());
-        }
-        let args = request.arguments.map(Value::Object).unwrap_or(Value::Null);
-        if tool.verdict == Verdict::Ask {
-            if let Some(why) = self.ask(tool, &args, &context).await {
-                metrics.not_run(crate::metrics::NotRun::Denied);
-                log_call(tool, "denied", started.elapsed());
-                return Ok(refused(why).into());
-            }
-        }
-        let ctx = self.call_context(&context);
-        let timer = metrics.start();
-        let call = self.host.call(&ctx, &name, args);
-        let out = tokio::select! {
-            out = relay_progress(&context, call) => out,
-            _ = context.ct.cancelled() => {
-                drop(timer);
-                log_call(tool, "cancelled", started.elapsed());
-                return Ok(to_result(ToolOutput::error("Cancelled."), "").into());
-            }
-        };
-        timer.done(out.is_error);
-        log_call(
-            tool,
-            if out.is_error { "error" } else { "ok" },
-            started.elapsed(),
-        );
-        Ok(to_result(out, &self.base_url(&context)).into())
+        // rmcp moves each request's handler future (the largest of these methods' futures)
+        // into a spawned task: boxed, the call's state is not copied along every request.
+        Box::pin(self.run_call(request, context)).await
     }
 
     async fn list_resources(
@@ -271,7 +284,7 @@ impl ServerHandler for Gate {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
-        Ok(Gate::list_resources(self).await)
+        Ok(Box::pin(Gate::list_resources(self)).await)
     }
 
     async fn list_resource_templates(
@@ -279,7 +292,7 @@ impl ServerHandler for Gate {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, ErrorData> {
-        Ok(Gate::list_resource_templates(self).await)
+        Ok(Box::pin(Gate::list_resource_templates(self)).await)
     }
 
     async fn read_resource(
@@ -287,7 +300,7 @@ impl ServerHandler for Gate {
         request: ReadResourceRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
-        Ok(Gate::read_resource(self, request.uri, &context)
+        Ok(Box::pin(Gate::read_resource(self, request.uri, &context))
             .await?
             .into())
     }
@@ -297,7 +310,7 @@ impl ServerHandler for Gate {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, ErrorData> {
-        Ok(Gate::list_prompts(self).await)
+        Ok(Box::pin(Gate::list_prompts(self)).await)
     }
 
     async fn get_prompt(
@@ -305,7 +318,9 @@ impl ServerHandler for Gate {
         request: GetPromptRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<GetPromptResponse, ErrorData> {
-        Ok(Gate::get_prompt(self, request, &context).await?.into())
+        Ok(Box::pin(Gate::get_prompt(self, request, &context))
+            .await?
+            .into())
     }
 
     async fn complete(
@@ -313,7 +328,7 @@ impl ServerHandler for Gate {
         request: CompleteRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<CompleteResult, ErrorData> {
-        Gate::complete(self, request).await
+        Box::pin(Gate::complete(self, request)).await
     }
 
     async fn subscribe(
@@ -321,7 +336,7 @@ impl ServerHandler for Gate {
         request: SubscribeRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        Gate::subscribe(self, request.uri).await
+        Box::pin(Gate::subscribe(self, request.uri)).await
     }
 
     async fn unsubscribe(

@@ -130,6 +130,17 @@ impl Endpoint {
         &self,
         agent: Option<&str>,
         owner: Option<String>,
+        req: Request,
+    ) -> Result<Response, ApiError> {
+        // Boxed: rmcp's request future is large, and the API's future (every route's, AAP ones
+        // too) would otherwise be as large and copied as such on every request.
+        Box::pin(self.serve(agent, owner, req)).await
+    }
+
+    async fn serve(
+        &self,
+        agent: Option<&str>,
+        owner: Option<String>,
         mut req: Request,
     ) -> Result<Response, ApiError> {
         let Some(ep) = (match agent {

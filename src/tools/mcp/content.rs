@@ -2,21 +2,36 @@
 //! `data:` URL, embedded text resources become text, binary resources and audio a line naming
 //! them, structured content is kept as its JSON text, `isError` is the error flag.
 
-use rmcp::model::CallToolResult;
+use rmcp::model::{CallToolResult, ContentBlock};
 use serde_json::{json, Value};
 
 use crate::tools::ToolOutput;
 
 /// Map one MCP result.
 pub fn to_output(result: CallToolResult) -> ToolOutput {
-    let items = serde_json::to_value(&result.content).unwrap_or(Value::Array(vec![]));
-    let mut blocks: Vec<Value> = Vec::new();
-    for item in items.as_array().into_iter().flatten() {
-        if let Some(b) = block(item) {
-            blocks.push(b);
+    let is_error = result.is_error.unwrap_or(false);
+    let structured = result.structured_content;
+    let mut items = result.content;
+    // The common answer, one text block and nothing structured: its text as it is.
+    if structured.is_none() && matches!(items.as_slice(), [ContentBlock::Text(_)]) {
+        if let Some(ContentBlock::Text(t)) = items.pop() {
+            return ToolOutput {
+                content: Value::String(t.text),
+                is_error,
+                files: vec![],
+            };
         }
     }
-    if let Some(structured) = &result.structured_content {
+    // Text blocks are mapped as they are; the other kinds through their JSON form.
+    let mut blocks: Vec<Value> = Vec::with_capacity(items.len() + 1);
+    for item in items {
+        let mapped = match item {
+            ContentBlock::Text(t) => Some(text(t.text)),
+            other => serde_json::to_value(&other).ok().and_then(|v| block(&v)),
+        };
+        blocks.extend(mapped);
+    }
+    if let Some(structured) = &structured {
         if !mirrored(&blocks, structured) {
             blocks.push(json!({"type": "text", "text": structured.to_string()}));
         }
@@ -28,7 +43,7 @@ pub fn to_output(result: CallToolResult) -> ToolOutput {
     };
     ToolOutput {
         content,
-        is_error: result.is_error.unwrap_or(false),
+        is_error,
         files: vec![],
     }
 }
