@@ -6,6 +6,8 @@
 //! a line naming the file).
 
 mod common;
+#[path = "common/stores.rs"]
+mod stores;
 
 use base64::Engine as _;
 use bytes::Bytes;
@@ -142,19 +144,18 @@ async fn download(server: &TestServer, id: &str, range: Option<&str>) -> (u16, H
     .await
 }
 
-/// Regular files in the blob store and in its temporary folder.
+/// The files' bytes the store keeps (blobs on disk, or in the database) and the uploads left
+/// staged in its temporary folder.
 fn stored(server: &TestServer) -> (usize, usize) {
-    let count = |dir: std::path::PathBuf| {
-        std::fs::read_dir(dir)
-            .map(|d| {
-                d.filter_map(|e| e.ok())
-                    .filter(|e| e.file_type().map(|t| t.is_file()).unwrap_or(false))
-                    .count()
-            })
-            .unwrap_or(0)
-    };
-    let files = server.data_dir().join("files");
-    (count(files.clone()), count(files.join("tmp")))
+    let tmp = std::fs::read_dir(server.data_dir().join("files/tmp"))
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter(|e| e.file_type().map(|t| t.is_file()).unwrap_or(false))
+                .count()
+        })
+        .unwrap_or(0);
+    let config = server.data_dir().with_file_name("tools.toml");
+    (stores::blob_count(&config), tmp)
 }
 
 #[tokio::test]
