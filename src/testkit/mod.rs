@@ -6,3 +6,4 @@
 pub mod fake_anthropic;
 pub mod fake_openai;
 mod server;
+pub mod sinks;

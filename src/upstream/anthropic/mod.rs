@@ -156,30 +156,7 @@ mod tests {
     use std::sync::Arc;
     use tokio::sync::mpsc;
 
-    #[derive(Default)]
-    struct Rec {
-        text: Vec<String>,
-        thinking: Vec<String>,
-    }
-
-    impl DeltaSink for Rec {
-        fn text(&mut self, fragment: &str) {
-            self.text.push(fragment.to_string());
-        }
-        fn thinking(&mut self, fragment: &str) {
-            self.thinking.push(fragment.to_string());
-        }
-    }
-
-    /// Forwards text fragments as they come, so a test can watch them while the call runs.
-    struct Forward(mpsc::UnboundedSender<String>);
-
-    impl DeltaSink for Forward {
-        fn text(&mut self, fragment: &str) {
-            let _ = self.0.send(fragment.to_string());
-        }
-        fn thinking(&mut self, _: &str) {}
-    }
+    use crate::testkit::sinks::{Forward, Rec};
 
     fn provider(fake: &FakeAnthropic) -> Anthropic {
         Anthropic::new(fake.base_url(), None, Duration::from_secs(10), 4096)
