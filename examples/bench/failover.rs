@@ -3,8 +3,6 @@
 //! A; the time until B's `events/stream` shows `turn.failed` `worker_lost`, then until a new
 //! turn sent to B at that moment has completed; with `lease_s = 2` and 10.
 
-use std::io::BufRead as _;
-
 use super::pg::{loadavg, max, start_cluster, PgCluster};
 use super::*;
 use turnstile::testkit::fake_openai::Gate;
@@ -23,26 +21,7 @@ impl Child {
             .tempdir_in(bench_tmp())?;
         let path = dir.path().join("tools.toml");
         std::fs::write(&path, config)?;
-        let mut proc = std::process::Command::new(exe)
-            .arg("--serve")
-            .arg(&path)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::inherit())
-            .spawn()
-            .with_context(|| format!("starting {} --serve", exe.display()))?;
-        let stdout = proc.stdout.take().expect("piped");
-        let line = tokio::task::spawn_blocking(move || {
-            let mut line = String::new();
-            std::io::BufReader::new(stdout)
-                .read_line(&mut line)
-                .map(|_| line)
-        })
-        .await??;
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .ok_or_else(|| anyhow!("the server child said {line:?}"))?;
+        let (proc, addr) = serve_child(exe, &path).await?;
         Ok(Child {
             base: format!("http://{addr}"),
             proc,

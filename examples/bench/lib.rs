@@ -1399,27 +1399,7 @@ async fn rss(opts: &Options, client: &Client, streams: usize) -> Result<Rss> {
     let mut in_proc = None;
     let (addr, pid): (SocketAddr, String) = match &opts.rss {
         RssMode::Child(exe) => {
-            let mut c = std::process::Command::new(exe)
-                .arg("--serve")
-                .arg(&config)
-                .stdin(std::process::Stdio::piped())
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::inherit())
-                .spawn()
-                .with_context(|| format!("starting {} --serve", exe.display()))?;
-            let stdout = c.stdout.take().expect("piped");
-            let line = tokio::task::spawn_blocking(move || {
-                let mut line = String::new();
-                std::io::BufReader::new(stdout)
-                    .read_line(&mut line)
-                    .map(|_| line)
-            })
-            .await??;
-            let addr = line
-                .trim()
-                .strip_prefix("listening on ")
-                .ok_or_else(|| anyhow!("the server child said {line:?}"))?
-                .parse()?;
+            let (c, addr) = serve_child(exe, &config).await?;
             let pid = c.id().to_string();
             child = Some(c);
             (addr, pid)
@@ -2169,4 +2149,31 @@ pub fn ensure_mcp_example(exe: &Path) -> Result<PathBuf> {
         );
     }
     Ok(path)
+}
+
+/// `EXE --serve CONFIG` (the bench's own binary serving in a child process) and the address it
+/// says it listens on.
+async fn serve_child(exe: &Path, config: &Path) -> Result<(std::process::Child, SocketAddr)> {
+    let mut c = std::process::Command::new(exe)
+        .arg("--serve")
+        .arg(config)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .with_context(|| format!("starting {} --serve", exe.display()))?;
+    let stdout = c.stdout.take().expect("piped");
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .map(|_| line)
+    })
+    .await??;
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .ok_or_else(|| anyhow!("the server child said {line:?}"))?
+        .parse()?;
+    Ok((c, addr))
 }
