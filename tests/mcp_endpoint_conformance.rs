@@ -4,15 +4,15 @@
 //! `target/test-deps/mcp_conformance` exactly as tests/mcp_conformance.rs does) runs each server
 //! scenario (`conformance server --url http://127.0.0.1:PORT/mcp --suite all`) against the
 //! real turnstile binary with `/mcp` on, federating the fixture server `fx`
-//! (tests/mcp_endpoint_resources/child.py: the framework's reference resources, template,
-//! prompts and completions), everything trusted.
+//! (tests/mcp_endpoint_resources/child.py: the framework's reference tools, resources,
+//! template, prompts and completions), everything trusted, sampling allowed.
 //!
-//! The framework's scenarios address a server's own names (a tool `test_image_content`, a
-//! prompt `test_simple_prompt`); a gateway names them after their server (`mcp__fx__…`,
-//! `fx/…`), so those cannot pass. [`PASS`] must pass; [`VACUOUS`] pass only because
-//! turnstile's refusal happens to satisfy the scenario's check (asserted, so the claim stays
-//! true); [`FAIL`] must fail, each with why: a scenario that starts passing fails this test
-//! until it is moved.
+//! The scenarios address the reference server's own names (a tool `test_image_content`, a
+//! prompt `test_simple_prompt`), so `/mcp` serves them with `names = "own"`: what passes is
+//! turnstile passing the server through (content of every kind, progress, sampling and
+//! elicitation relayed to the framework's client, schemas as listed). [`PASS`] must pass and
+//! [`FAIL`] must fail, each with why: a scenario that starts passing fails this test until it
+//! is moved.
 
 mod common;
 #[path = "common/mcpep2.rs"]
@@ -26,15 +26,27 @@ use std::time::Duration;
 use common::provision::{self, deps_dir, ensure, manifest_dir};
 use serde_json::Value;
 
-/// Server scenarios a gateway passes on its merits.
+/// Server scenarios that pass.
 const PASS: &[&str] = &[
     "server-initialize",
     "ping",
     "tools-list",
+    "tools-call-simple-text",
+    "tools-call-image",
+    "tools-call-audio",
+    "tools-call-embedded-resource",
+    "tools-call-mixed-content",
+    "tools-call-error",
+    "tools-call-with-progress",
+    // The child's sampling request, relayed to the framework's client (which declared sampling).
+    "tools-call-sampling",
+    "tools-call-elicitation",
+    "elicitation-sep1034-defaults",
+    "elicitation-sep1330-enums",
+    "json-schema-2020-12",
+    "server-sse-polling",
     "server-sse-multiple-streams",
     "dns-rebinding-protection",
-    // The fixture server's resources, read by their own URIs (test://static-text): a URI
-    // without the turnstile://<server>/ prefix goes to the one server that lists it.
     "resources-list",
     "resources-read-text",
     "resources-read-binary",
@@ -42,44 +54,23 @@ const PASS: &[&str] = &[
     "resources-subscribe",
     "resources-unsubscribe",
     "prompts-list",
+    "prompts-get-simple",
+    "prompts-get-with-args",
+    "prompts-get-embedded-resource",
+    "prompts-get-with-image",
+    "completion-complete",
 ];
 
-/// Scenarios the framework counts as passed although nothing of theirs ran.
-const VACUOUS: &[(&str, &str)] = &[
-    (
-        "tools-call-simple-text",
-        "calls a tool literally named test_simple_text, which /mcp does not have (its tools are mcp__<server>__<tool>); the scenario only checks for a text block, and turnstile's error result \"Unknown tool test_simple_text.\" is one",
-    ),
-    (
-        "tools-call-error",
-        "calls a tool literally named test_error_handling and checks isError; turnstile's \"Unknown tool test_error_handling.\" error result has it",
-    ),
-];
-
-/// Why a scenario that calls a tool by its own name fails.
-const TOOL_NAMES: &str =
-    "/mcp names a server's tools mcp__<server>__<tool> (issue 22), so it gets \"Unknown tool\"";
+/// Why a shared server's logging is not passed through.
+const SHARED_LOGS: &str = "a shared server's log level and its notifications/message belong to no one session: setting it for one client, or relaying its messages to whoever has a call open, would reach (or hand over) every key's";
 
 /// Scenarios that fail, with why.
 const FAIL: &[(&str, &str)] = &[
-    ("tools-call-image", "calls a tool literally named test_image_content: TOOL"),
-    ("tools-call-audio", "calls a tool literally named test_audio_content: TOOL"),
-    ("tools-call-embedded-resource", "calls a tool literally named test_embedded_resource: TOOL"),
-    ("tools-call-mixed-content", "calls a tool literally named test_multiple_content_types: TOOL"),
-    ("tools-call-with-progress", "calls a tool literally named test_tool_with_progress: TOOL (progress itself is relayed: tests/mcp_endpoint.rs)"),
-    ("tools-call-sampling", "calls a tool literally named test_sampling: TOOL; and a call through /mcp is never sampled (there is no turn to charge it to)"),
-    ("tools-call-elicitation", "calls a tool literally named test_elicitation: TOOL"),
-    ("elicitation-sep1034-defaults", "calls a tool literally named test_elicitation_sep1034_defaults: TOOL"),
-    ("elicitation-sep1330-enums", "calls a tool literally named test_elicitation_sep1330_enums: TOOL"),
-    ("json-schema-2020-12", "looks in tools/list for a tool literally named json_schema_2020_12_tool; /mcp lists a server's tools as mcp__<server>__<tool> (issue 22)"),
-    ("server-sse-polling", "calls a tool literally named test_reconnection: TOOL (rmcp's priming event and retry field pass)"),
-    ("tools-call-with-logging", "sets a log level, then calls a tool literally named test_tool_with_logging: TOOL; and logging is not passed through (below)"),
-    ("logging-set-level", "logging/setLevel is not served: a shared server's log level and its notifications/message belong to no one session, so setting it for, or relaying it to, one client would reach every key's"),
-    ("completion-complete", "completes an argument of the prompt literally named test_prompt_with_arguments; /mcp names prompts <server>/<prompt> (fx/test_prompt_with_arguments completes: tests/mcp_endpoint_resources.rs)"),
-    ("prompts-get-simple", "gets the prompt literally named test_simple_prompt; /mcp names prompts <server>/<prompt>"),
-    ("prompts-get-with-args", "gets the prompt literally named test_prompt_with_arguments; /mcp names prompts <server>/<prompt>"),
-    ("prompts-get-embedded-resource", "gets the prompt literally named test_prompt_with_embedded_resource; /mcp names prompts <server>/<prompt>"),
-    ("prompts-get-with-image", "gets the prompt literally named test_prompt_with_image; /mcp names prompts <server>/<prompt>"),
+    ("logging-set-level", "logging/setLevel is not served: LOGS"),
+    (
+        "tools-call-with-logging",
+        "sets a log level, then expects the tool's three log messages: LOGS",
+    ),
 ];
 
 /// The framework's folder: `npm ci` of tests/mcp_conformance/package-lock.json (the same key
@@ -185,7 +176,7 @@ fn outcome(checks: &[Value]) -> (bool, String) {
 
 fn config(dir: &Path) -> PathBuf {
     let text = format!(
-        "[server]\ndata_dir = {:?}\nsandboxes = {:?}\n\n[agents.assistant]\ntools = [\"*\"]\n\n{}\n[policy]\ndefault = \"trust\"\n\n[mcp_endpoint]\nenabled = true\n",
+        "[server]\ndata_dir = {:?}\nsandboxes = {:?}\n\n[agents.assistant]\ntools = [\"*\"]\n\n{}sampling = true\n\n[policy]\ndefault = \"trust\"\n\n[mcp_endpoint]\nenabled = true\nnames = \"own\"\n",
         dir.join("data").display().to_string(),
         dir.join("sandboxes").display().to_string(),
         fixtures::fixture_server("fx"),
@@ -202,13 +193,12 @@ async fn server_scenarios_against_the_mcp_endpoint() {
     let known: Vec<&str> = PASS
         .iter()
         .copied()
-        .chain(VACUOUS.iter().map(|(s, _)| *s))
         .chain(FAIL.iter().map(|(s, _)| *s))
         .collect();
     for s in &listed {
         assert!(
             known.contains(&s.as_str()),
-            "the framework lists server scenario {s}, which this test does not know: add it to PASS, VACUOUS or FAIL"
+            "the framework lists server scenario {s}, which this test does not know: add it to PASS or FAIL"
         );
     }
     for s in &known {
@@ -232,18 +222,16 @@ async fn server_scenarios_against_the_mcp_endpoint() {
         .collect();
     let passed = results.iter().filter(|r| r.1).count();
     println!(
-        "MCP conformance, server scenarios against /mcp: {passed} passed ({} of them vacuously), {} failed, of {}",
-        VACUOUS.len(),
+        "MCP conformance, server scenarios against /mcp: {passed} passed, {} failed, of {}",
         results.len() - passed,
         results.len()
     );
     let mut wrong = Vec::new();
     for (scenario, ok, out) in &results {
-        let why = VACUOUS
+        let why = FAIL
             .iter()
-            .chain(FAIL)
             .find(|(s, _)| s == scenario)
-            .map(|(_, why)| format!(" ({})", why.replace("TOOL", TOOL_NAMES)))
+            .map(|(_, why)| format!(" ({})", why.replace("LOGS", SHARED_LOGS)))
             .unwrap_or_default();
         println!(
             "  {} {scenario}{why}  {}",
@@ -251,8 +239,8 @@ async fn server_scenarios_against_the_mcp_endpoint() {
             out.lines().next().unwrap_or_default()
         );
         let expected = !FAIL.iter().any(|(s, _)| s == scenario);
-        let vacuous = VACUOUS.iter().any(|(s, _)| s == scenario);
-        if *ok != expected || (vacuous && !out.contains("Unknown tool")) {
+        // A pass must be the reference tools' own answers, never an "Unknown tool" refusal.
+        if *ok != expected || (*ok && out.contains("Unknown tool")) {
             wrong.push(scenario.clone());
         }
     }

@@ -17,8 +17,14 @@ const P: &str = "turnstile://fx/";
 /// `/mcp` over the fixture server `fx`: all of it trusted, but test://secret denied and
 /// test://watched-resource and the prompt test_simple_prompt asked.
 fn config(dir: &Path) -> std::path::PathBuf {
+    config_with(dir, "", "")
+}
+
+/// [`config`] with `servers` federated beside `fx` (their tools trusted too) and `endpoint`
+/// lines in `[mcp_endpoint]`.
+fn config_with(dir: &Path, servers: &str, endpoint: &str) -> std::path::PathBuf {
     let text = format!(
-        "[server]\ndata_dir = {:?}\nsandboxes = {:?}\n\n[agents.assistant]\ntools = [\"*\"]\n\n{}\n[policy]\ntrust = [\"mcp__fx__*\"]\nask = [\"mcp__fx__test://watched-resource\", \"mcp__fx__test_simple_prompt\"]\ndeny = [\"mcp__fx__test://secret\"]\ndefault = \"deny\"\n\n[mcp_endpoint]\nenabled = true\n",
+        "[server]\ndata_dir = {:?}\nsandboxes = {:?}\n\n[agents.assistant]\ntools = [\"*\"]\n\n{}\n{servers}\n[policy]\ntrust = [\"mcp__fx__*\", \"mcp__fy__*\", \"mcp__ex__echo\"]\nask = [\"mcp__fx__test://watched-resource\", \"mcp__fx__test_simple_prompt\"]\ndeny = [\"mcp__fx__test://secret\"]\ndefault = \"deny\"\n\n[mcp_endpoint]\nenabled = true\n{endpoint}",
         dir.join("data").display().to_string(),
         dir.join("sandboxes").display().to_string(),
         fixtures::fixture_server("fx"),
@@ -204,4 +210,156 @@ async fn list_changed_and_subscribed_updates_are_relayed() {
         .as_str()
         .unwrap_or_default();
     assert!(denied.contains("denied by policy"), "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_servers_tool_definitions_and_results_pass_through_as_it_sent_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_child, url) = serve(dir.path()).await;
+    let v = client(&url, "verbatim").await;
+    // Listed as the server listed it, renamed: title, output schema and annotations kept.
+    let tool = &v["structured_tool"];
+    assert_eq!(tool["name"], "mcp__fx__structured", "{v}");
+    assert_eq!(tool["title"], "Structured weather", "{v}");
+    assert_eq!(
+        tool["outputSchema"],
+        json!({"type": "object", "properties": {"temperature": {"type": "number"}}, "required": ["temperature"]}),
+        "{v}"
+    );
+    assert_eq!(
+        tool["annotations"],
+        json!({"readOnlyHint": true, "idempotentHint": true}),
+        "{v}"
+    );
+    // The result as the server sent it: structured content and _meta (not a text rendering).
+    let r = &v["structured"];
+    assert_eq!(r["structuredContent"], json!({"temperature": 21.5}), "{v}");
+    assert_eq!(r["_meta"], json!({"fixture/source": "child.py"}), "{v}");
+    assert_eq!(
+        r["content"],
+        json!([{"type": "text", "text": "{\"temperature\": 21.5}"}])
+    );
+    // Every kind of content block, unchanged.
+    assert_eq!(
+        v["test_audio_content"],
+        json!([{"type": "audio", "mimeType": "audio/wav", "data": "UklGRiYAAABXQVZFZm10IBAAAAABAAEAQB8AAAB9AAACABAAZGF0YQIAAAA="}]),
+        "{v}"
+    );
+    assert_eq!(
+        v["test_embedded_resource"],
+        json!([{"type": "resource", "resource": {"uri": "test://embedded-resource", "mimeType": "text/plain", "text": "This is an embedded resource content."}}]),
+        "{v}"
+    );
+    let mixed: Vec<&str> = v["test_multiple_content_types"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(mixed, ["text", "image", "resource"], "{v}");
+    assert_eq!(
+        v["error"],
+        json!({"is_error": true, "content": [{"type": "text", "text": "This tool intentionally returns an error for testing"}]}),
+        "{v}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_own_names_a_servers_names_are_served_where_unique_and_federated_ones_still_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let ex = common::mcp::example_server("ex", "");
+    let path = config_with(dir.path(), &ex, "names = \"own\"\n");
+    let (_child, addr) = common::binary::serve(&path).await;
+    let v = client(&format!("http://{addr}/mcp"), "names").await;
+    let tools = strings(&v["tools"]);
+    for own in ["structured", "test_simple_text", "add_resource", "echo"] {
+        assert!(tools.contains(&own), "{own} by its own name: {tools:?}");
+    }
+    assert!(
+        !tools.iter().any(|t| t.starts_with("mcp__")),
+        "no tool keeps a federated name when its own is unique: {tools:?}"
+    );
+    assert!(!tools.contains(&"fail"), "policy still hides: {tools:?}");
+    assert!(
+        strings(&v["prompts"]).contains(&"test_prompt_with_arguments"),
+        "{v}"
+    );
+    let resources = strings(&v["resources"]);
+    assert!(resources.contains(&"test://static-text"), "{resources:?}");
+    assert!(
+        !resources.contains(&"test://secret"),
+        "policy (on the federated name) still denies: {resources:?}"
+    );
+    assert_eq!(strings(&v["templates"]), ["test://template/{id}/data"]);
+    let answer = json!({"is_error": false, "content": [{"type": "text", "text": "{\"temperature\": 21.5}"}]});
+    assert_eq!(v["call_structured"], answer, "{v}");
+    assert_eq!(v["call_mcp__fx__structured"], answer, "{v}");
+    assert_eq!(
+        v["prompt_own"],
+        json!(["Prompt with arguments: arg1='a', arg2='b'"]),
+        "{v}"
+    );
+    assert_eq!(
+        v["prompt_federated"],
+        json!(["Prompt with arguments: arg1='c', arg2='d'"]),
+        "{v}"
+    );
+    assert_eq!(v["read_own"][0]["uri"], "test://static-text", "{v}");
+    assert_eq!(
+        v["read_federated"][0]["uri"],
+        format!("{P}test://static-text"),
+        "{v}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_own_names_what_two_servers_share_keeps_its_federated_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let fy = fixtures::fixture_server("fy");
+    let path = config_with(dir.path(), &fy, "names = \"own\"\n");
+    let (_child, addr) = common::binary::serve(&path).await;
+    let v = client(&format!("http://{addr}/mcp"), "names").await;
+    let tools = strings(&v["tools"]);
+    assert!(
+        tools.contains(&"mcp__fx__structured") && tools.contains(&"mcp__fy__structured"),
+        "{tools:?}"
+    );
+    assert!(
+        !tools.contains(&"structured"),
+        "a name two servers have names neither: {tools:?}"
+    );
+    let prompts = strings(&v["prompts"]);
+    assert!(
+        prompts.contains(&"fx/test_simple_prompt") || prompts.contains(&"fy/test_simple_prompt"),
+        "{prompts:?}"
+    );
+    assert!(
+        !prompts.contains(&"test_prompt_with_arguments"),
+        "{prompts:?}"
+    );
+    let resources = strings(&v["resources"]);
+    assert!(
+        resources.contains(&"turnstile://fy/test://static-text"),
+        "{resources:?}"
+    );
+    assert!(!resources.contains(&"test://static-text"), "{resources:?}");
+    assert_eq!(
+        v["call_structured"]["content"][0]["text"], "Unknown tool structured.",
+        "{v}"
+    );
+    assert_eq!(v["call_mcp__fx__structured"]["is_error"], false, "{v}");
+    assert!(
+        v["prompt_own"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("Prompt test_prompt_with_arguments"),
+        "{v}"
+    );
+    assert!(
+        v["read_own"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("several MCP servers serve it"),
+        "{v}"
+    );
 }

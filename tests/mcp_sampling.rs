@@ -2,7 +2,7 @@
 //! sampling_server.py) asks for completions during a tool call; turnstile answers them from the
 //! session's upstream (the fake, which records each request) within the server's budget, counts
 //! them into the turn's usage and metrics, and refuses them past the budget or where the server
-//! is not allowed to sample.
+//! is not allowed to sample. A call through `/mcp` is sampled by the MCP client that made it.
 
 mod common;
 
@@ -244,17 +244,48 @@ async fn a_server_without_sampling_true_gets_no_capability_and_its_request_is_re
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_call_through_mcp_has_no_turn_to_sample_from_and_is_refused() {
+/// An MCP client of `/mcp` that answers sampling requests from "its model" (saying which
+/// `maxTokens` it was asked for), or one that declares no sampling (`samples: false`).
+#[derive(Clone)]
+struct McpClient {
+    samples: bool,
+}
+
+// Sampling is deprecated by SEP-2577 (a later protocol); servers of the current ones use it.
+#[allow(deprecated)]
+impl rmcp::ClientHandler for McpClient {
+    fn get_info(&self) -> rmcp::model::ClientConfig {
+        let mut info = rmcp::model::ClientConfig::default();
+        #[allow(deprecated)]
+        if self.samples {
+            info.capabilities.sampling = Some(rmcp::model::SamplingCapability::default());
+        }
+        info
+    }
+
+    async fn create_message(
+        &self,
+        params: rmcp::model::CreateMessageRequestParams,
+        _: rmcp::service::RequestContext<rmcp::RoleClient>,
+    ) -> Result<rmcp::model::CreateMessageResult, rmcp::ErrorData> {
+        let text = format!("client model, max_tokens {}", params.max_tokens);
+        Ok(rmcp::model::CreateMessageResult::new(
+            rmcp::model::SamplingMessage::assistant_text(text),
+            "the-clients-model".into(),
+        ))
+    }
+}
+
+/// Call `mcp__<name>__ask` through `/mcp` as `client`: the tool's text.
+async fn ask_through_mcp(
+    server: &TestServer,
+    name: &str,
+    client: McpClient,
+    args: Value,
+) -> String {
     use rmcp::ServiceExt;
-    let fake = FakeOpenAi::start().await;
-    let extra = format!(
-        "{}\n[mcp_endpoint]\nenabled = true\nagents = [\"assistant\"]\n",
-        sampling_server("ep", "sampling = true")
-    );
-    let server = TestServer::start(&config_text(&fake, &extra)).await;
     let url = format!("http://{}/mcp", server.addr);
-    let client = ()
+    let client = client
         .serve(turnstile::tools::mcp::http_client::transport(
             &url,
             std::collections::HashMap::new(),
@@ -262,25 +293,90 @@ async fn a_call_through_mcp_has_no_turn_to_sample_from_and_is_refused() {
         ))
         .await
         .expect("connect to /mcp");
-    let mut params = rmcp::model::CallToolRequestParams::new("mcp__ep__ask");
-    params.arguments = json!({"prompt": "Say hi"}).as_object().cloned();
+    let mut params = rmcp::model::CallToolRequestParams::new(format!("mcp__{name}__ask"));
+    params.arguments = args.as_object().cloned();
     let result = tokio::time::timeout(Duration::from_secs(30), client.peer().call_tool(params))
         .await
         .expect("the call answered within 30 s")
         .expect("the call succeeded");
-    let text = serde_json::to_value(&result.content).unwrap()[0]["text"]
+    let _ = client.cancel().await;
+    serde_json::to_value(&result.content).unwrap()[0]["text"]
         .as_str()
         .unwrap()
-        .to_string();
+        .to_string()
+}
+
+/// `/mcp` over the sampling server `name` (each test its own: the metrics are the process's).
+fn mcp_endpoint_config(fake: &FakeOpenAi, name: &str, server_keys: &str) -> String {
+    let extra = format!(
+        "{}\n[mcp_endpoint]\nenabled = true\nagents = [\"assistant\"]\n",
+        sampling_server(name, server_keys)
+    );
+    config_text(fake, &extra)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_through_mcp_from_a_client_that_cannot_sample_is_refused() {
+    let fake = FakeOpenAi::start().await;
+    let server = TestServer::start(&mcp_endpoint_config(&fake, "ep", "sampling = true")).await;
+    let text = ask_through_mcp(
+        &server,
+        "ep",
+        McpClient { samples: false },
+        json!({"prompt": "Say hi"}),
+    )
+    .await;
     assert_eq!(
         text,
-        "caps_sampling=True\nrefused: sampling refused: the call in flight is not part of a turn (calls through /mcp are not sampled)"
+        "caps_sampling=True\nrefused: sampling refused: the call in flight came through /mcp from a client that did not declare the sampling capability"
     );
     assert!(
         fake.requests().is_empty(),
         "the upstream was asked to sample"
     );
-    let _ = client.cancel().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_through_mcp_is_sampled_by_its_client_within_the_servers_budget() {
+    let fake = FakeOpenAi::start().await;
+    let keys = "sampling = true\nsampling_max_tokens = 64\nsampling_calls_per_turn = 2";
+    let server = TestServer::start(&mcp_endpoint_config(&fake, "relayed", keys)).await;
+    let text = ask_through_mcp(
+        &server,
+        "relayed",
+        McpClient { samples: true },
+        json!({"prompt": "Say hi", "max_tokens": 5000, "times": 3}),
+    )
+    .await;
+    // The client's model answers (maxTokens capped at the server's sampling_max_tokens), twice:
+    // the third request of the call is past sampling_calls_per_turn.
+    assert_eq!(
+        text,
+        "caps_sampling=True\n\
+         sampled=client model, max_tokens 64 model=the-clients-model stop=None role=assistant\n\
+         sampled=client model, max_tokens 64 model=the-clients-model stop=None role=assistant\n\
+         refused: sampling refused: this call already made 2 sampling requests for relayed (limit: [mcp_servers.relayed] sampling_calls_per_turn in tools.toml)"
+    );
+    assert!(
+        fake.requests().is_empty(),
+        "turnstile's upstream was asked to sample a call the client made"
+    );
+    assert_eq!(
+        metric(
+            &server,
+            "turnstile_mcp_sampling_total{server=\"relayed\",outcome=\"ok\"}"
+        )
+        .await,
+        2
+    );
+    assert_eq!(
+        metric(
+            &server,
+            "turnstile_mcp_sampling_total{server=\"relayed\",outcome=\"refused\"}"
+        )
+        .await,
+        1
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -78,6 +78,22 @@ pub struct McpEndpointConfig {
     /// Whose tool sets it serves, by agent name (each one of `agents`): `/mcp` serves the first,
     /// `/mcp/<agent>` each one. Default: the default agent.
     pub agents: Vec<String>,
+    /// `names`: how MCP clients see the servers' tools, prompts and resources.
+    pub names: EndpointNames,
+}
+
+/// `[mcp_endpoint] names`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum EndpointNames {
+    /// `"federated"` (default): `mcp__<server>__<tool>`, `<server>/<prompt>`,
+    /// `turnstile://<server>/<uri>`, the names agents and the policy use.
+    #[default]
+    Federated,
+    /// `"own"`: each server's own tool and prompt names and resource URIs, where no other
+    /// server has the same one (those keep the federated form). For a client that expects a
+    /// server's names, as when turnstile fronts one server to gate it. The policy still
+    /// judges the federated names.
+    Own,
 }
 
 /// `[telemetry]`: where traces go, if anywhere.

@@ -278,6 +278,8 @@ pub(super) struct RawMcpEndpoint {
     pub enabled: Option<bool>,
     #[serde(default)]
     pub agents: Option<Vec<Spanned<String>>>,
+    #[serde(default)]
+    pub names: Option<Spanned<String>>,
 }
 
 /// `[store]`

@@ -31,6 +31,9 @@ pub struct ServerTool {
     /// The operator's verdict, and the rule that decided it.
     pub verdict: Verdict,
     pub rule: String,
+    /// The tool as its MCP server listed it (title, annotations, output schema, icons, `_meta`),
+    /// for `/mcp` to pass on; `None` for a built-in tool.
+    pub definition: Option<Arc<rmcp::model::Tool>>,
 }
 
 /// What a tool call gave back.
@@ -60,6 +63,16 @@ impl ToolOutput {
     }
 }
 
+/// What a call made for an MCP client gave back (see [`ToolHost::call_verbatim`]).
+#[derive(Debug)]
+pub enum Reply {
+    /// An MCP server's own result, as it sent it: every kind of content block, structured
+    /// content, `_meta`.
+    Mcp(rmcp::model::CallToolResult),
+    /// A built-in tool's output, or why the call did not reach a server.
+    Output(ToolOutput),
+}
+
 /// Where a call runs.
 #[derive(Clone)]
 pub struct CallContext {
@@ -71,8 +84,9 @@ pub struct CallContext {
     /// Who can answer an MCP server's elicitation during the call (`None`: no one; it is
     /// declined with a logged reason).
     pub elicitor: Option<Arc<dyn mcp::elicit::Elicitor>>,
-    /// Who answers an MCP server's sampling requests during the call: the turn's upstream
-    /// (`None`: refused, as for calls through `/mcp`, which have no turn to count them in).
+    /// Who answers an MCP server's sampling requests during the call: the turn's upstream, or
+    /// the `/mcp` client that made the call (`None`: refused, for a `/mcp` client that cannot
+    /// sample).
     pub sampler: Option<Arc<dyn mcp::sampling::Sampler>>,
 }
 
@@ -88,6 +102,17 @@ pub trait ToolHost: Send + Sync + 'static {
         name: &'a str,
         input: Value,
     ) -> BoxFuture<'a, ToolOutput>;
+
+    /// Run one call for a client that speaks MCP itself (`/mcp`): as [`ToolHost::call`], but an
+    /// MCP server's result is given back as the server sent it rather than mapped for a model.
+    fn call_verbatim<'a>(
+        &'a self,
+        ctx: &'a CallContext,
+        name: &'a str,
+        input: Value,
+    ) -> BoxFuture<'a, Reply> {
+        Box::pin(async move { Reply::Output(self.call(ctx, name, input).await) })
+    }
 
     /// A session is gone: release what was kept for it (session-scoped servers).
     fn session_closed<'a>(&'a self, _session_id: &'a str) -> BoxFuture<'a, ()> {

@@ -9,7 +9,7 @@ use futures_util::future::BoxFuture;
 use serde_json::Value;
 
 use super::mcp::{FederationError, McpHost, ServerProgress, ServerReport, StartReport};
-use super::{deliver, CallContext, ServerTool, ToolHost, ToolOutput};
+use super::{deliver, CallContext, Reply, ServerTool, ToolHost, ToolOutput};
 use crate::config::Config;
 use crate::files::FileStore;
 use crate::sync::lock;
@@ -58,6 +58,7 @@ impl Toolbox {
             tool: deliver::NAME.into(),
             verdict: decision.verdict,
             rule: decision.rule,
+            definition: None,
         }];
         let listing = Mutex::new(Listing {
             mcp: Arc::new(Vec::new()),
@@ -110,6 +111,19 @@ impl ToolHost for Toolbox {
                 Box::pin(async { ToolOutput::error("deliver_file: no file store is configured") })
             }
         }
+    }
+
+    fn call_verbatim<'a>(
+        &'a self,
+        ctx: &'a CallContext,
+        name: &'a str,
+        input: Value,
+    ) -> BoxFuture<'a, Reply> {
+        if name != deliver::NAME {
+            return self.mcp.call_verbatim(ctx, name, input);
+        }
+        let call = self.call(ctx, name, input);
+        Box::pin(async move { Reply::Output(call.await) })
     }
 
     fn session_closed<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, ()> {

@@ -7,8 +7,16 @@ test://secret; template test://template/{id}/data. Prompts: test_simple_prompt,
 test_prompt_with_arguments (arg1, arg2), test_prompt_with_embedded_resource (resourceUri),
 test_prompt_with_image. Completion of test_prompt_with_arguments' arguments. Subscriptions.
 Tools: add_resource (adds test://added/NAME and prompt added_NAME, then sends both list_changed
-notifications), touch (sends notifications/resources/updated for a URI).
+notifications), touch (sends notifications/resources/updated for a URI), and the framework's
+reference tools (test_simple_text, test_image_content, test_audio_content,
+test_embedded_resource, test_multiple_content_types, test_tool_with_logging,
+test_tool_with_progress, test_error_handling, test_sampling, test_elicitation,
+test_elicitation_sep1034_defaults, test_elicitation_sep1330_enums, test_reconnection,
+json_schema_2020_12_tool), as its everything-server defines them; and `structured` (an output
+schema, annotations, a title, structured content and a `_meta`, to see that they pass through).
 """
+
+import json
 
 import anyio
 import mcp_types as types
@@ -147,7 +155,90 @@ async def complete(ctx, params):
     return types.CompleteResult(completion=types.Completion(values=values, total=len(values), has_more=False))
 
 
-TOOLS = [
+# A minimal WAV file.
+WAV = "UklGRiYAAABXQVZFZm10IBAAAAABAAEAQB8AAAB9AAACABAAZGF0YQIAAAA="
+NO_ARGS = {"type": "object", "properties": {}}
+ELICIT_DEFAULTS = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "description": "User name", "default": "John Doe"},
+        "age": {"type": "integer", "description": "User age", "default": 30},
+        "score": {"type": "number", "description": "User score", "default": 95.5},
+        "status": {"type": "string", "description": "User status",
+                   "enum": ["active", "inactive", "pending"], "default": "active"},
+        "verified": {"type": "boolean", "description": "Verification status", "default": True},
+    },
+    "required": [],
+}
+ELICIT_ENUMS = {
+    "type": "object",
+    "properties": {
+        "untitledSingle": {"type": "string", "description": "Select one option",
+                           "enum": ["option1", "option2", "option3"]},
+        "titledSingle": {"type": "string", "description": "Select one option with titles",
+                         "oneOf": [{"const": "value1", "title": "First Option"},
+                                   {"const": "value2", "title": "Second Option"},
+                                   {"const": "value3", "title": "Third Option"}]},
+        "legacyEnum": {"type": "string", "description": "Select one option (legacy)",
+                       "enum": ["opt1", "opt2", "opt3"],
+                       "enumNames": ["Option One", "Option Two", "Option Three"]},
+        "untitledMulti": {"type": "array", "description": "Select multiple options",
+                          "minItems": 1, "maxItems": 3,
+                          "items": {"type": "string", "enum": ["option1", "option2", "option3"]}},
+        "titledMulti": {"type": "array", "description": "Select multiple options with titles",
+                        "minItems": 1, "maxItems": 3,
+                        "items": {"anyOf": [{"const": "value1", "title": "First Choice"},
+                                            {"const": "value2", "title": "Second Choice"},
+                                            {"const": "value3", "title": "Third Choice"}]}},
+    },
+    "required": [],
+}
+SCHEMA_2020_12 = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "$defs": {"address": {"type": "object",
+                          "properties": {"street": {"type": "string"}, "city": {"type": "string"}}}},
+    "properties": {"name": {"type": "string"}, "address": {"$ref": "#/$defs/address"}},
+    "additionalProperties": False,
+}
+REFERENCE = [
+    types.Tool(name="test_simple_text", description="Tests simple text content response", input_schema=NO_ARGS),
+    types.Tool(name="test_image_content", description="Tests image content response", input_schema=NO_ARGS),
+    types.Tool(name="test_audio_content", description="Tests audio content response", input_schema=NO_ARGS),
+    types.Tool(name="test_embedded_resource", description="Tests embedded resource content response",
+               input_schema=NO_ARGS),
+    types.Tool(name="test_multiple_content_types", description="Tests response with multiple content types",
+               input_schema=NO_ARGS),
+    types.Tool(name="test_tool_with_logging", description="Tests tool that emits log messages during execution",
+               input_schema=NO_ARGS),
+    types.Tool(name="test_tool_with_progress", description="Tests tool that reports progress notifications",
+               input_schema=NO_ARGS),
+    types.Tool(name="test_error_handling", description="Tests error response handling", input_schema=NO_ARGS),
+    types.Tool(name="test_reconnection", description="Tests SSE stream disconnection and client reconnection",
+               input_schema=NO_ARGS),
+    types.Tool(name="test_sampling", description="Tests server-initiated sampling",
+               input_schema={"type": "object", "properties": {"prompt": {"type": "string"}}, "required": ["prompt"]}),
+    types.Tool(name="test_elicitation", description="Tests server-initiated elicitation",
+               input_schema={"type": "object", "properties": {"message": {"type": "string"}},
+                             "required": ["message"]}),
+    types.Tool(name="test_elicitation_sep1034_defaults", description="Tests elicitation with default values",
+               input_schema=NO_ARGS),
+    types.Tool(name="test_elicitation_sep1330_enums", description="Tests elicitation with enum schemas",
+               input_schema=NO_ARGS),
+    types.Tool(name="json_schema_2020_12_tool", description="Tool with JSON Schema 2020-12 features",
+               input_schema=SCHEMA_2020_12),
+    types.Tool(
+        name="structured",
+        title="Structured weather",
+        description="Structured content with an output schema",
+        input_schema=NO_ARGS,
+        output_schema={"type": "object", "properties": {"temperature": {"type": "number"}},
+                       "required": ["temperature"]},
+        annotations=types.ToolAnnotations(read_only_hint=True, idempotent_hint=True),
+    ),
+]
+
+TOOLS = REFERENCE + [
     types.Tool(
         name="add_resource",
         description="Add test://added/NAME and the prompt added_NAME",
@@ -165,19 +256,97 @@ async def list_tools(ctx, params):
     return types.ListToolsResult(tools=TOOLS)
 
 
+def text(t):
+    return types.TextContent(text=t)
+
+
+async def reference(ctx, name, args):
+    """The framework's reference tools, as its everything-server answers them."""
+    session = ctx.session
+    if name == "test_simple_text":
+        return [text("This is a simple text response for testing.")]
+    if name == "test_image_content":
+        return [types.ImageContent(data=PNG, mime_type="image/png")]
+    if name == "test_audio_content":
+        return [types.AudioContent(data=WAV, mime_type="audio/wav")]
+    if name == "test_embedded_resource":
+        res = types.TextResourceContents(uri="test://embedded-resource", mime_type="text/plain",
+                                         text="This is an embedded resource content.")
+        return [types.EmbeddedResource(type="resource", resource=res)]
+    if name == "test_multiple_content_types":
+        res = types.TextResourceContents(uri="test://mixed-content-resource", mime_type="application/json",
+                                         text=json.dumps({"test": "data", "value": 123}))
+        return [text("Multiple content types test:"), types.ImageContent(data=PNG, mime_type="image/png"),
+                types.EmbeddedResource(type="resource", resource=res)]
+    if name == "test_tool_with_logging":
+        for i, line in enumerate(["Tool execution started", "Tool processing data", "Tool execution completed"]):
+            if i:
+                await anyio.sleep(0.05)
+            await session.send_log_message("info", line, related_request_id=ctx.request_id)
+        return [text("Tool with logging executed successfully")]
+    if name == "test_tool_with_progress":
+        token = (ctx.meta or {}).get("progress_token", 0)
+        for i, step in enumerate([0, 50, 100]):
+            if i:
+                await anyio.sleep(0.05)
+            await session.send_progress_notification(token, step, 100, f"Completed step {step} of 100",
+                                                     related_request_id=ctx.request_id)
+        return [text(str(token))]
+    if name == "test_reconnection":
+        await anyio.sleep(0.1)
+        return [text("Reconnection test completed successfully. If you received this, the client "
+                     "properly reconnected after stream closure.")]
+    if name == "test_sampling":
+        try:
+            r = await session.create_message(
+                [types.SamplingMessage(role="user", content=text(args.get("prompt", "")))], max_tokens=100)
+            return [text(f"LLM response: {getattr(r.content, 'text', 'No response')}")]
+        except Exception as e:  # noqa: BLE001 - the reference tool reports any failure
+            return [text(f"Sampling not supported or error: {e}")]
+    elicit = {
+        "test_elicitation": (args.get("message", ""), {
+            "type": "object", "properties": {"response": {"type": "string", "description": "User's response"}},
+            "required": ["response"]}, "User response"),
+        "test_elicitation_sep1034_defaults": (
+            "Please review and update the form fields with defaults", ELICIT_DEFAULTS, "Elicitation completed"),
+        "test_elicitation_sep1330_enums": (
+            "Please select options from the enum fields", ELICIT_ENUMS, "Elicitation completed"),
+    }
+    if name in elicit:
+        message, schema, said = elicit[name]
+        try:
+            r = await session.elicit(message, schema, related_request_id=ctx.request_id)
+            return [text(f"{said}: action={r.action}, content={json.dumps(r.content or {})}")]
+        except Exception as e:  # noqa: BLE001
+            return [text(f"Elicitation not supported or error: {e}")]
+    if name == "json_schema_2020_12_tool":
+        return [text(f"JSON Schema 2020-12 tool called with: {json.dumps(args)}")]
+    return None
+
+
 async def call_tool(ctx, params):
     args = params.arguments or {}
+    if params.name == "test_error_handling":
+        return types.CallToolResult(content=[text("This tool intentionally returns an error for testing")],
+                                    is_error=True)
+    if params.name == "structured":
+        return types.CallToolResult(content=[text('{"temperature": 21.5}')],
+                                    structured_content={"temperature": 21.5},
+                                    _meta={"fixture/source": "child.py"})
+    content = await reference(ctx, params.name, args)
+    if content is not None:
+        return types.CallToolResult(content=content)
     if params.name == "add_resource":
         added.append(args["name"])
         await ctx.session.send_resource_list_changed()
         await ctx.session.send_prompt_list_changed()
-        text = f"added {args['name']}"
+        said = f"added {args['name']}"
     elif params.name == "touch":
         await ctx.session.send_resource_updated(args["uri"])
-        text = f"touched {args['uri']}"
+        said = f"touched {args['uri']}"
     else:
         return types.CallToolResult(content=[types.TextContent(text=f"no tool {params.name}")], is_error=True)
-    return types.CallToolResult(content=[types.TextContent(text=text)])
+    return types.CallToolResult(content=[text(said)])
 
 
 server = Server(

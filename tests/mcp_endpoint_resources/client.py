@@ -13,6 +13,10 @@ Prints one JSON object per line on stdout: what the scenario saw. Scenarios:
   accepts.
 - changed: call add_resource, wait for both list_changed notifications, list again; subscribe
   to a resource, call touch, wait for notifications/resources/updated.
+- verbatim: the tool `structured` as listed and its result; the content blocks of the audio,
+  embedded-resource and mixed-content reference tools; the error one's result.
+- names: list tools, prompts, resources and templates; call `structured` by its own and its
+  federated name; get a prompt and read a resource by their own and federated names.
 """
 
 import json
@@ -127,7 +131,42 @@ async def changed(session, init, events, updated):
     out(updated=updated)
 
 
-SCENARIOS = {"read": read, "prompts": prompts, "accept": accept, "changed": changed}
+def block(c):
+    return c.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+async def verbatim(session, init, events, updated):
+    listed = {t.name: t for t in (await session.list_tools()).tools}
+    t = listed["mcp__fx__structured"]
+    out(structured_tool=t.model_dump(by_alias=True, exclude_none=True, mode="json"))
+    r = await session.call_tool("mcp__fx__structured", {})
+    out(structured=r.model_dump(by_alias=True, exclude_none=True, mode="json"))
+    for name in ["test_audio_content", "test_embedded_resource", "test_multiple_content_types"]:
+        r = await session.call_tool("mcp__fx__" + name, {})
+        out(**{name: [block(c) for c in r.content]})
+    r = await session.call_tool("mcp__fx__test_error_handling", {})
+    out(error={"is_error": r.is_error, "content": [block(c) for c in r.content]})
+
+
+async def names(session, init, events, updated):
+    out(tools=sorted(t.name for t in (await session.list_tools()).tools))
+    out(prompts=sorted(p.name for p in (await session.list_prompts()).prompts))
+    out(resources=sorted(r.uri for r in (await session.list_resources()).resources))
+    out(templates=sorted(t.uri_template for t in (await session.list_resource_templates()).resource_templates))
+    for name in ["structured", "mcp__fx__structured"]:
+        r = await session.call_tool(name, {})
+        out(**{"call_" + name: {"is_error": r.is_error, "content": [block(c) for c in r.content]}})
+    got = await attempt(lambda: session.get_prompt("test_prompt_with_arguments", {"arg1": "a", "arg2": "b"}))
+    out(prompt_own=[m.content.text for m in got["ok"].messages] if "ok" in got else got)
+    got = await session.get_prompt("fx/test_prompt_with_arguments", {"arg1": "c", "arg2": "d"})
+    out(prompt_federated=[m.content.text for m in got.messages])
+    got = await attempt(lambda: session.read_resource("test://static-text"))
+    out(read_own=contents(got["ok"]) if "ok" in got else got)
+    out(read_federated=contents(await session.read_resource(P + "test://static-text")))
+
+
+SCENARIOS = {"read": read, "prompts": prompts, "accept": accept, "changed": changed,
+             "verbatim": verbatim, "names": names}
 
 if __name__ == "__main__":
     anyio.run(main, sys.argv[1], sys.argv[2])

@@ -4,7 +4,7 @@ use toml::Spanned;
 
 use super::{ConfigError, Cx};
 use crate::config::raw::RawMcpEndpoint;
-use crate::config::{AgentConfig, McpEndpointConfig};
+use crate::config::{AgentConfig, EndpointNames, McpEndpointConfig};
 
 pub(super) fn mcp_endpoint(
     cx: &Cx<'_>,
@@ -57,9 +57,17 @@ pub(super) fn mcp_endpoint(
     if names.is_empty() {
         names.extend(agents.first().map(|a| a.name.clone()));
     }
+    let naming = match &t.names {
+        None => EndpointNames::Federated,
+        Some(v) => match cx.choice(v, "mcp_endpoint.names", "naming", &["federated", "own"])? {
+            "own" => EndpointNames::Own,
+            _ => EndpointNames::Federated,
+        },
+    };
     Ok(McpEndpointConfig {
         enabled: t.enabled.unwrap_or(false),
         agents: names,
+        names: naming,
     })
 }
 
@@ -96,5 +104,23 @@ mod tests {
         assert!(e.message.contains("names no agent"), "{}", e.message);
         let e = bad("[mcp_endpoint]\nenable = true\n");
         assert!(e.to_string().contains("enable"), "{e}");
+    }
+
+    #[test]
+    fn names_are_federated_by_default_or_the_servers_own() {
+        use crate::config::EndpointNames;
+        let c = ok("[agents.a]\n[mcp_endpoint]\n");
+        assert_eq!(c.mcp_endpoint.names, EndpointNames::Federated);
+        let c = ok("[agents.a]\n[mcp_endpoint]\nnames = \"own\"\n");
+        assert_eq!(c.mcp_endpoint.names, EndpointNames::Own);
+        let e = bad("[agents.a]\n[mcp_endpoint]\nnames = \"bare\"\n");
+        assert_eq!(
+            (e.line, e.key.as_deref()),
+            (Some(3), Some("mcp_endpoint.names"))
+        );
+        assert!(
+            e.to_string().contains(r#"expected "federated" or "own""#),
+            "{e}"
+        );
     }
 }

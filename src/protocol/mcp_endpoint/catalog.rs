@@ -6,9 +6,11 @@
 //! Names round-trip to their server: a prompt is `<server>/<prompt>` (a server name has no
 //! `/`), a resource `turnstile://<server>/<uri>` (the server's own URI or URI template after the
 //! first `/` past the server, so that it stays an absolute URI; its name is `<server>/<name>`).
-//! A URI without the prefix (as a tool result's link or a prompt's embedded resource carries
-//! it) goes to the one server that lists it or has a template matching it, else to the only
-//! server with resources. A URI comes back in the form the client sent it.
+//! With `[mcp_endpoint] names = "own"` a prompt, resource or template is listed by its server's
+//! own name or URI where no other server lists the same one. A URI without the prefix (as a
+//! tool result's link or a prompt's embedded resource carries it) goes to the one server that
+//! lists it, else the one with a template matching it, else the only server with resources. A
+//! URI comes back in the form the client sent it.
 //!
 //! The policy judges each by `mcp__<server>__<uri>` or `mcp__<server>__<prompt>` (see
 //! [`policy::resource_name`]), the agent's `tools` globs apply to the same names: `deny` hides
@@ -35,8 +37,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::ask::{self, Subject};
 use super::gate::Gate;
-use super::uri::{expose_prompt, expose_uri, parse_prompt, parse_uri, template_matches};
-use crate::config::Verdict;
+use super::uri::{expose_prompt, expose_uri, parse_prompt, parse_uri, shown, template_matches};
+use crate::config::{EndpointNames, Verdict};
 use crate::tools::mcp::policy::{self, Decision};
 use crate::tools::mcp::supervisor::CatalogEvent;
 
@@ -45,6 +47,7 @@ use crate::tools::mcp::supervisor::CatalogEvent;
 pub type Subscribed = Arc<Mutex<HashMap<(String, String), String>>>;
 
 /// A shared server that is up: its connection, `timeout_s` and declared capabilities.
+#[derive(Clone)]
 struct Child {
     server: String,
     peer: Peer<RoleClient>,
@@ -104,6 +107,29 @@ fn outcome<T>(r: &Result<T, ErrorData>) -> &'static str {
     } else {
         "error"
     }
+}
+
+/// How a server claims a URI, weakest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Claim {
+    None,
+    Template,
+    Lists,
+}
+
+/// The children's prompts, each with its child (a failed listing counts as none).
+fn prompts_of(
+    kids: &[Child],
+    lists: Vec<Result<Vec<rmcp::model::Prompt>, ErrorData>>,
+) -> Vec<(&Child, rmcp::model::Prompt)> {
+    kids.iter()
+        .zip(lists)
+        .flat_map(|(c, l)| {
+            or_none(c, "listing prompts", l)
+                .into_iter()
+                .map(move |p| (c, p))
+        })
+        .collect()
 }
 
 impl Gate {
@@ -214,18 +240,27 @@ impl Gate {
                 .map(|c| within(c, "resources/list", c.peer.list_all_resources())),
         )
         .await;
+        let listed: Vec<(&Child, rmcp::model::Resource)> = kids
+            .iter()
+            .zip(lists)
+            .flat_map(|(c, l)| {
+                or_none(c, "listing resources", l)
+                    .into_iter()
+                    .map(move |r| (c, r))
+            })
+            .collect();
+        let names = self.shown(listed.iter().map(|(c, r)| (c, r.uri.as_str())));
         let mut out = Vec::new();
-        for (c, listed) in kids.iter().zip(lists) {
-            let listed = or_none(c, "listing resources", listed);
-            for mut r in listed {
-                if self
-                    .judge(&policy::resource_name(&c.server, &r.uri))
-                    .is_some()
-                {
-                    r.uri = expose_uri(&c.server, &r.uri);
+        for ((c, mut r), uri) in listed.into_iter().zip(names) {
+            if self
+                .judge(&policy::resource_name(&c.server, &r.uri))
+                .is_some()
+            {
+                if uri != r.uri {
                     r.name = expose_prompt(&c.server, &r.name);
-                    out.push(r);
                 }
+                r.uri = uri;
+                out.push(r);
             }
         }
         ListResourcesResult::with_all_items(out)
@@ -241,28 +276,37 @@ impl Gate {
             )
         }))
         .await;
+        let listed: Vec<(&Child, rmcp::model::ResourceTemplate)> = kids
+            .iter()
+            .zip(lists)
+            .flat_map(|(c, l)| {
+                or_none(c, "listing resource templates", l)
+                    .into_iter()
+                    .map(move |t| (c, t))
+            })
+            .collect();
+        let names = self.shown(listed.iter().map(|(c, t)| (c, t.uri_template.as_str())));
         let mut out = Vec::new();
-        for (c, listed) in kids.iter().zip(lists) {
-            let listed = or_none(c, "listing resource templates", listed);
-            for mut t in listed {
-                if self
-                    .judge(&policy::resource_name(&c.server, &t.uri_template))
-                    .is_some()
-                {
-                    t.uri_template = expose_uri(&c.server, &t.uri_template);
+        for ((c, mut t), template) in listed.into_iter().zip(names) {
+            if self
+                .judge(&policy::resource_name(&c.server, &t.uri_template))
+                .is_some()
+            {
+                if template != t.uri_template {
                     t.name = expose_prompt(&c.server, &t.name);
-                    out.push(t);
                 }
+                t.uri_template = template;
+                out.push(t);
             }
         }
         ListResourceTemplatesResult::with_all_items(out)
     }
 
-    /// Whether `child` lists `uri` or has a template matching it.
-    async fn claims(&self, child: &Child, uri: &str) -> bool {
+    /// How `child` claims `uri`: it lists it, or has a template matching it, or neither.
+    async fn claims(&self, child: &Child, uri: &str) -> Claim {
         let listed = within(child, "resources/list", child.peer.list_all_resources()).await;
         if listed.is_ok_and(|l| l.iter().any(|r| r.uri == uri)) {
-            return true;
+            return Claim::Lists;
         }
         let templates = within(
             child,
@@ -270,7 +314,10 @@ impl Gate {
             child.peer.list_all_resource_templates(),
         )
         .await;
-        templates.is_ok_and(|l| l.iter().any(|t| template_matches(&t.uri_template, uri)))
+        if templates.is_ok_and(|l| l.iter().any(|t| template_matches(&t.uri_template, uri))) {
+            return Claim::Template;
+        }
+        Claim::None
     }
 
     /// The server a client's URI is for, and the URI as that server names it.
@@ -286,11 +333,13 @@ impl Gate {
             };
         }
         let claims = join_all(kids.iter().map(|c| self.claims(c, uri))).await;
+        // The servers that list it; else those with a template for it; else the only one.
+        let best = claims.iter().max().copied().unwrap_or(Claim::None);
         let only = kids.len() == 1;
         let mut claiming: Vec<Child> = kids
             .into_iter()
             .zip(claims)
-            .filter(|(_, claims)| *claims || only)
+            .filter(|(_, claim)| (*claim == best && best != Claim::None) || only)
             .map(|(c, _)| c)
             .collect();
         match claiming.len() {
@@ -360,28 +409,56 @@ impl Gate {
                 .map(|c| within(c, "prompts/list", c.peer.list_all_prompts())),
         )
         .await;
+        let listed = prompts_of(&kids, lists);
+        let names = self.shown_prompts(&listed);
         let mut out = Vec::new();
-        for (c, listed) in kids.iter().zip(lists) {
-            let listed = or_none(c, "listing prompts", listed);
-            for mut p in listed {
-                if self
-                    .judge(&policy::prompt_name(&c.server, &p.name))
-                    .is_some()
-                {
-                    p.name = expose_prompt(&c.server, &p.name);
-                    out.push(p);
-                }
+        for ((c, mut p), name) in listed.into_iter().zip(names) {
+            if self
+                .judge(&policy::prompt_name(&c.server, &p.name))
+                .is_some()
+            {
+                p.name = name;
+                out.push(p);
             }
         }
         ListPromptsResult::with_all_items(out)
     }
 
-    /// The server a client's prompt name is for, and the prompt's own name there.
-    fn prompt_child(
-        &self,
-        name: &str,
-        wanted: impl Fn(&ServerCapabilities) -> bool,
-    ) -> Result<(Child, String), ErrorData> {
+    /// The name each of `listed`'s prompts is shown by (see [`shown`]).
+    fn shown_prompts(&self, listed: &[(&Child, rmcp::model::Prompt)]) -> Vec<String> {
+        let pairs: Vec<(&str, String)> = listed
+            .iter()
+            .map(|(c, p)| (p.name.as_str(), expose_prompt(&c.server, &p.name)))
+            .collect();
+        shown(&pairs, self.config.mcp_endpoint.names)
+    }
+
+    /// The URI (or template) each of a listing's resources is shown by (see [`shown`]).
+    fn shown<'c>(&self, listed: impl Iterator<Item = (&'c &'c Child, &'c str)>) -> Vec<String> {
+        let pairs: Vec<(&str, String)> = listed
+            .map(|(c, uri)| (uri, expose_uri(&c.server, uri)))
+            .collect();
+        shown(&pairs, self.config.mcp_endpoint.names)
+    }
+
+    /// The server a client's prompt name is for, and the prompt's own name there: a name
+    /// shown as the server's own (`names = "own"`, which asks the servers for their prompts),
+    /// else `<server>/<prompt>`.
+    async fn prompt_child(&self, name: &str) -> Result<(Child, String), ErrorData> {
+        let wanted = |c: &ServerCapabilities| c.prompts.is_some();
+        if self.config.mcp_endpoint.names == EndpointNames::Own {
+            let kids = self.children(wanted);
+            let lists = join_all(
+                kids.iter()
+                    .map(|c| within(c, "prompts/list", c.peer.list_all_prompts())),
+            )
+            .await;
+            let listed = prompts_of(&kids, lists);
+            let names = self.shown_prompts(&listed);
+            if let Some(((c, p), _)) = listed.iter().zip(&names).find(|(_, n)| *n == name) {
+                return Ok(((*c).clone(), p.name.clone()));
+            }
+        }
         let Some((server, prompt)) = parse_prompt(name) else {
             return Err(ErrorData::invalid_params(
                 format!("Prompt {name}: /mcp names prompts <server>/<prompt> (see prompts/list)"),
@@ -403,7 +480,7 @@ impl Gate {
         ctx: &RequestContext<RoleServer>,
     ) -> Result<GetPromptResult, ErrorData> {
         let started = Instant::now();
-        let (child, prompt) = self.prompt_child(&request.name, |c| c.prompts.is_some())?;
+        let (child, prompt) = self.prompt_child(&request.name).await?;
         let name = policy::prompt_name(&child.server, &prompt);
         let what = format!("Prompt {}", request.name);
         let d = self.check(&what, &name).inspect_err(|_| {
@@ -438,7 +515,7 @@ impl Gate {
     ) -> Result<CompleteResult, ErrorData> {
         let (child, reference) = match &request.r#ref {
             Reference::Prompt(p) => {
-                let (child, prompt) = self.prompt_child(&p.name, |c| c.prompts.is_some())?;
+                let (child, prompt) = self.prompt_child(&p.name).await?;
                 self.check(
                     &format!("Prompt {}", p.name),
                     &policy::prompt_name(&child.server, &prompt),

@@ -1,5 +1,6 @@
-//! A tool host result as an MCP `CallToolResult`: the reverse of `mcp::content`. A string is one
-//! text block; AAP blocks map back (`text` to text, an `image` with a `data:` URL to an MCP image),
+//! A built-in tool's output (or a refusal) as an MCP `CallToolResult`; an MCP server's own
+//! result needs none of this (it is passed on as it came). A string is one text block; AAP
+//! blocks map back (`text` to text, an `image` with a `data:` URL to an MCP image),
 //! anything else is kept as its JSON text; a delivered file (`deliver_file`) is a `resource_link`
 //! to its download URL under `base` (`GET /files/{id}/content`, with the caller's key).
 

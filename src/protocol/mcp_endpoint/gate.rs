@@ -5,9 +5,12 @@
 //! tools, and turns `ask` into an elicitation to the calling client when it declared the
 //! capability (accept runs the call; decline or cancel refuse it, with the client's reason when
 //! it gave one); without the capability an `ask` tool is an error result naming the rule. Calls
-//! go through the tool host (the same supervisors, timeouts and result mapping as agent calls);
-//! a client's `notifications/cancelled` drops the call, which cancels it on the child, and the
-//! child's progress for a call that asked for it goes to the client.
+//! go through the tool host (the same supervisors and timeouts as agent calls), but a server's
+//! result is passed on as the server sent it (every kind of content, structured content,
+//! `_meta`), and its tools are listed as it listed them, renamed: an MCP client reads MCP,
+//! where a model gets the mapping agent calls get. A client's `notifications/cancelled` drops
+//! the call, which cancels it on the child, and the child's progress for a call that asked for
+//! it goes to the client.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,9 +28,10 @@ use serde_json::{json, Value};
 
 use super::ask::{self, Subject};
 use super::content::{refused, to_result};
-use crate::config::{AgentConfig, Config, Verdict};
+use super::uri::shown;
+use crate::config::{AgentConfig, Config, EndpointNames, Verdict};
 use crate::tools::relay::{Progress, PROGRESS};
-use crate::tools::{CallContext, ServerTool, ToolHost, ToolOutput};
+use crate::tools::{CallContext, Reply, ServerTool, ToolHost, ToolOutput};
 
 /// Who opened the session (put into each request's extensions by the endpoint).
 #[derive(Debug, Clone)]
@@ -61,33 +65,65 @@ impl Gate {
     }
 }
 
-/// The tools an MCP client of `agent` sees: its exposed ones (denied ones left out).
-pub fn listed(agent: &AgentConfig, host: &dyn ToolHost) -> Vec<ServerTool> {
-    host.tools()
+/// Every tool of the host with the name an MCP client sees it by (see [`shown`]), denied and
+/// other agents' ones included: a name means the same tool whoever asks.
+fn named(host: &dyn ToolHost, names: EndpointNames) -> Vec<(String, ServerTool)> {
+    let all = host.tools();
+    let pairs: Vec<(&str, String)> = all
         .iter()
-        .filter(|t| t.verdict != Verdict::Deny && agent.tool_globs.is_match(&t.spec.name))
-        .cloned()
+        .map(|t| (t.tool.as_str(), t.spec.name.clone()))
+        .collect();
+    shown(&pairs, names)
+        .into_iter()
+        .zip(all.iter().cloned())
         .collect()
 }
 
-/// What a client's tool list depends on: each listed tool's name and schema.
-fn signature(agent: &AgentConfig, host: &dyn ToolHost) -> Vec<(String, String)> {
-    listed(agent, host)
-        .iter()
-        .map(|t| (t.spec.name.clone(), t.spec.parameters.to_string()))
+/// The tools an MCP client of `agent` sees, by the names it sees them by: its exposed ones
+/// (denied ones left out).
+pub fn listed(
+    agent: &AgentConfig,
+    host: &dyn ToolHost,
+    names: EndpointNames,
+) -> Vec<(String, ServerTool)> {
+    named(host, names)
+        .into_iter()
+        .filter(|(_, t)| t.verdict != Verdict::Deny && agent.tool_globs.is_match(&t.spec.name))
         .collect()
 }
 
-fn as_mcp(t: &ServerTool) -> Tool {
+/// What a client's tool list depends on: each listed tool's name and definition.
+fn signature(agent: &AgentConfig, host: &dyn ToolHost, names: EndpointNames) -> Vec<Tool> {
+    listed(agent, host, names)
+        .iter()
+        .map(|(name, t)| as_mcp(name, t))
+        .collect()
+}
+
+/// A tool as an MCP client sees it, named `name`: an MCP server's definition as the server
+/// listed it (title, annotations, output schema, icons, `_meta`); a built-in one from its spec.
+fn as_mcp(name: &str, t: &ServerTool) -> Tool {
+    if let Some(listed) = &t.definition {
+        let mut tool = (**listed).clone();
+        tool.name = name.to_string().into();
+        return tool;
+    }
     let schema = match &*t.spec.parameters {
         Value::Object(o) => o.clone(),
         _ => serde_json::Map::from_iter([("type".to_string(), json!("object"))]),
     };
     Tool::new(
-        t.spec.name.clone(),
+        name.to_string(),
         t.spec.description.clone(),
         Arc::new(schema),
     )
+}
+
+/// Whether the calling client declared the sampling capability.
+fn can_sample(ctx: &RequestContext<RoleServer>) -> bool {
+    ctx.peer
+        .peer_info()
+        .is_some_and(|i| i.capabilities.sampling.is_some())
 }
 
 impl Gate {
@@ -109,14 +145,21 @@ impl Gate {
             // A federated server's question goes to this client, when it can answer.
             elicitor: ask::can_elicit(ctx).then(
                 || -> Arc<dyn crate::tools::mcp::elicit::Elicitor> {
-                    Arc::new(super::elicit_relay::ClientElicitor {
+                    Arc::new(super::to_client::ClientElicitor {
                         peer: ctx.peer.clone(),
                         ttl: self.agent.approval_ttl,
                     })
                 },
             ),
-            // No turn to answer from or count in: a federated server's sampling is refused.
-            sampler: None,
+            // And its sampling requests (where the operator allows them) to this client's
+            // model, when it can sample; else they are refused.
+            sampler: can_sample(ctx).then(|| -> Arc<dyn crate::tools::mcp::sampling::Sampler> {
+                Arc::new(super::to_client::ClientSampler {
+                    peer: ctx.peer.clone(),
+                    ttl: self.agent.approval_ttl,
+                    made: Default::default(),
+                })
+            }),
         }
     }
 
@@ -159,12 +202,18 @@ impl Gate {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let name = request.name.to_string();
-        let all = self.host.tools();
-        let Some(tool) = all.iter().find(|t| t.spec.name == name) else {
-            crate::metrics::tool(&*self.host, &name).not_run(crate::metrics::NotRun::Refused);
-            return Ok(refused(format!("Unknown tool {name}.")).into());
+        let asked = request.name.to_string();
+        // By the name it is shown by, or (always) by its federated one.
+        let all = named(&*self.host, self.config.mcp_endpoint.names);
+        let Some((_, tool)) = all
+            .iter()
+            .find(|(shown, _)| *shown == asked)
+            .or_else(|| all.iter().find(|(_, t)| t.spec.name == asked))
+        else {
+            crate::metrics::tool(&*self.host, &asked).not_run(crate::metrics::NotRun::Refused);
+            return Ok(refused(format!("Unknown tool {asked}.")).into());
         };
+        let name = tool.spec.name.clone();
         let started = Instant::now();
         let metrics = crate::metrics::tool(&*self.host, &name);
         if tool.verdict == Verdict::Deny {
@@ -195,30 +244,32 @@ impl Gate {
         }
         let ctx = self.call_context(&context);
         let timer = metrics.start();
-        let call = self.host.call(&ctx, &name, args);
-        let out = tokio::select! {
-            out = relay_progress(&context, call) => out,
+        let call = self.host.call_verbatim(&ctx, &name, args);
+        let reply = tokio::select! {
+            reply = relay_progress(&context, call) => reply,
             _ = context.ct.cancelled() => {
                 drop(timer);
                 log_call(tool, "cancelled", started.elapsed());
                 return Ok(to_result(ToolOutput::error("Cancelled."), "").into());
             }
         };
-        timer.done(out.is_error);
-        log_call(
-            tool,
-            if out.is_error { "error" } else { "ok" },
-            started.elapsed(),
-        );
-        Ok(to_result(out, &self.base_url(&context)).into())
+        // An MCP server's result goes on as it came; a built-in tool's output is mapped.
+        let result = match reply {
+            Reply::Mcp(result) => result,
+            Reply::Output(out) => to_result(out, &self.base_url(&context)),
+        };
+        let failed = result.is_error == Some(true);
+        timer.done(failed);
+        log_call(tool, if failed { "error" } else { "ok" }, started.elapsed());
+        Ok(result.into())
     }
 }
 
 /// Run `call`, relaying its progress to the client when the request asked for progress.
-async fn relay_progress(
+async fn relay_progress<T>(
     context: &RequestContext<RoleServer>,
-    call: impl std::future::Future<Output = ToolOutput>,
-) -> ToolOutput {
+    call: impl std::future::Future<Output = T>,
+) -> T {
     let Some(token) = context.meta.get_progress_token() else {
         return call.await;
     };
@@ -263,9 +314,9 @@ impl ServerHandler for Gate {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        let tools = listed(&self.agent, &*self.host);
+        let tools = listed(&self.agent, &*self.host, self.config.mcp_endpoint.names);
         Ok(ListToolsResult::with_all_items(
-            tools.iter().map(as_mcp).collect(),
+            tools.iter().map(|(name, t)| as_mcp(name, t)).collect(),
         ))
     }
 
@@ -353,8 +404,9 @@ impl ServerHandler for Gate {
         let peer = context.peer.clone();
         let agent = self.agent.clone();
         let host = self.host.clone();
+        let names = self.config.mcp_endpoint.names;
         let mut generation = host.generation();
-        let mut last = signature(&agent, &*host);
+        let mut last = signature(&agent, &*host, names);
         let ended = self.ended.clone();
         self.relay_catalog(peer.clone(), ended.clone());
         tokio::spawn(async move {
@@ -366,7 +418,7 @@ impl ServerHandler for Gate {
                 if peer.is_transport_closed() {
                     break;
                 }
-                let now = signature(&agent, &*host);
+                let now = signature(&agent, &*host, names);
                 if now == last {
                     continue;
                 }

@@ -11,8 +11,8 @@
 mod ask;
 pub mod catalog;
 pub mod content;
-mod elicit_relay;
 pub mod gate;
+mod to_client;
 pub mod uri;
 
 use std::collections::HashMap;

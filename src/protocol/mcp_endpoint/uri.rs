@@ -1,7 +1,11 @@
-//! How `/mcp` names a server's prompts and resources so that each name goes back to its server:
-//! `<server>/<prompt>` and `turnstile://<server>/<uri>`. A server name has no `/` (config
-//! validation keeps it to letters, digits, `_` and `-`), so the first `/` after it ends it and
-//! the rest is the server's own name or URI, unchanged.
+//! How `/mcp` names a server's tools, prompts and resources so that each name goes back to its
+//! server: `mcp__<server>__<tool>` (the federation's name), `<server>/<prompt>` and
+//! `turnstile://<server>/<uri>`. A server name has no `/` (config validation keeps it to
+//! letters, digits, `_` and `-`), so the first `/` after it ends it and the rest is the
+//! server's own name or URI, unchanged. With `[mcp_endpoint] names = "own"`, [`shown`] keeps a
+//! server's own name wherever it names one thing only.
+
+use crate::config::EndpointNames;
 
 /// The scheme of a passed-through resource's URI.
 pub const SCHEME: &str = "turnstile://";
@@ -26,6 +30,30 @@ pub fn expose_prompt(server: &str, name: &str) -> String {
 pub fn parse_prompt(name: &str) -> Option<(&str, &str)> {
     let (server, prompt) = name.split_once('/')?;
     (!server.is_empty() && !prompt.is_empty()).then_some((server, prompt))
+}
+
+/// The name each item is shown by, given its own name and its federated one: the federated
+/// one, or with [`EndpointNames::Own`] its own where no other item has that own name and no
+/// other item is shown by it. So every shown name is one item's, and goes back to it.
+pub fn shown<S: AsRef<str>>(items: &[(S, String)], names: EndpointNames) -> Vec<String> {
+    let federated = || items.iter().map(|(_, f)| f.clone()).collect();
+    if names == EndpointNames::Federated {
+        return federated();
+    }
+    let count = |name: &str| {
+        items
+            .iter()
+            .filter(|(own, fed)| own.as_ref() == name || fed == name)
+            .count()
+    };
+    items
+        .iter()
+        .map(|(own, fed)| match count(own.as_ref()) {
+            // Its own name is its federated one (a built-in tool), or no other item's.
+            1 => own.as_ref().to_string(),
+            _ => fed.clone(),
+        })
+        .collect()
 }
 
 /// One piece of an RFC 6570 template.
@@ -119,6 +147,38 @@ mod tests {
         assert_eq!(parse_prompt(&p), Some(("docs", "summarize/long")));
         assert_eq!(parse_prompt("bare"), None);
         assert_eq!(parse_prompt("/x"), None);
+    }
+
+    #[test]
+    fn own_names_where_they_name_one_thing() {
+        let items = vec![
+            ("add", "mcp__a__add".to_string()),
+            ("add", "mcp__b__add".to_string()),
+            ("echo", "mcp__a__echo".to_string()),
+            ("deliver_file", "deliver_file".to_string()),
+            // Its own name is another one's federated name: neither may be shown by it.
+            ("mcp__a__echo", "mcp__c__mcp__a__echo".to_string()),
+        ];
+        assert_eq!(
+            shown(&items, EndpointNames::Federated),
+            vec![
+                "mcp__a__add",
+                "mcp__b__add",
+                "mcp__a__echo",
+                "deliver_file",
+                "mcp__c__mcp__a__echo"
+            ]
+        );
+        assert_eq!(
+            shown(&items, EndpointNames::Own),
+            vec![
+                "mcp__a__add",
+                "mcp__b__add",
+                "echo",
+                "deliver_file",
+                "mcp__c__mcp__a__echo"
+            ]
+        );
     }
 
     #[test]

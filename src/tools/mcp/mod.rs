@@ -32,7 +32,7 @@ use serde_json::Value;
 use crate::config::{Config, McpScope};
 use crate::message::ToolSpec;
 use crate::sync::lock;
-use crate::tools::{CallContext, ServerTool, ToolHost, ToolOutput};
+use crate::tools::{CallContext, Reply, ServerTool, ToolHost, ToolOutput};
 use supervisor::{McpTool, Placement, ServerStatus, Supervisor};
 
 /// A session-scoped instance unused this long is stopped (it restarts at the next call).
@@ -258,6 +258,7 @@ impl McpHost {
                     tool: t.name.clone(),
                     verdict: decision.verdict,
                     rule: decision.rule,
+                    definition: Some(t.definition.clone()),
                 });
             }
         }
@@ -267,6 +268,32 @@ impl McpHost {
         };
         self.generation.send_modify(|g| *g += 1);
         Ok(())
+    }
+
+    /// Call the tool federated as `name` on its server (the session's instance for a
+    /// session-scoped one): the server's result, or the error output a failure is.
+    async fn call_server(
+        &self,
+        ctx: &CallContext,
+        name: &str,
+        input: Value,
+    ) -> Result<rmcp::model::CallToolResult, ToolOutput> {
+        let Some((idx, tool)) = self.route(name) else {
+            return Err(ToolOutput::error(format!("Unknown tool {name}.")));
+        };
+        let asker = elicit::Asker {
+            session_id: ctx.session_id.clone(),
+            elicitor: ctx.elicitor.clone(),
+            sampler: ctx.sampler.clone(),
+            paused: Default::default(),
+        };
+        match self.shared.get(&idx) {
+            Some(s) => s.call(&tool, input, asker).await,
+            None => {
+                let (s, _in_flight) = self.session_instance(idx, ctx).await?;
+                s.call(&tool, input, asker).await
+            }
+        }
     }
 
     fn route(&self, name: &str) -> Option<(usize, String)> {
@@ -527,21 +554,23 @@ impl ToolHost for McpHost {
         input: Value,
     ) -> BoxFuture<'a, ToolOutput> {
         Box::pin(async move {
-            let Some((idx, tool)) = self.route(name) else {
-                return ToolOutput::error(format!("Unknown tool {name}."));
-            };
-            let asker = elicit::Asker {
-                session_id: ctx.session_id.clone(),
-                elicitor: ctx.elicitor.clone(),
-                sampler: ctx.sampler.clone(),
-                paused: Default::default(),
-            };
-            match self.shared.get(&idx) {
-                Some(s) => s.call(&tool, input, asker).await,
-                None => match self.session_instance(idx, ctx).await {
-                    Ok((s, _in_flight)) => s.call(&tool, input, asker).await,
-                    Err(refused) => refused,
-                },
+            match self.call_server(ctx, name, input).await {
+                Ok(result) => content::to_output(result),
+                Err(failed) => failed,
+            }
+        })
+    }
+
+    fn call_verbatim<'a>(
+        &'a self,
+        ctx: &'a CallContext,
+        name: &'a str,
+        input: Value,
+    ) -> BoxFuture<'a, Reply> {
+        Box::pin(async move {
+            match self.call_server(ctx, name, input).await {
+                Ok(result) => Reply::Mcp(result),
+                Err(failed) => Reply::Output(failed),
             }
         })
     }

@@ -7,7 +7,8 @@
 //! [`CallContext`](crate::tools::CallContext): a turn's ([`UpstreamSampler`]) makes one call of
 //! the session's upstream and model, with no tools, `maxTokens` capped at `sampling_max_tokens`,
 //! and counts it against the turn's `sampling_calls_per_turn` (per server) and into the turn's
-//! `usage`. Calls through `/mcp` have no turn and no sampler: refused. Every refusal is an MCP
+//! `usage`. A call through `/mcp` relays the request to its MCP client when that client can
+//! sample (`protocol/mcp_endpoint/to_client.rs`), else it is refused. Every refusal is an MCP
 //! error whose message names the key that decided it; every request is counted in
 //! `turnstile_mcp_sampling_total{server,outcome}`.
 

@@ -75,8 +75,8 @@ impl Handler {
         }
     }
 
-    /// Who answers a sampling request now (the turn of the one session with a call in
-    /// flight), or why no one can.
+    /// Who answers a sampling request now (the turn, or the `/mcp` client, of the one session
+    /// with a call in flight), or why no one can.
     fn sampler(&self) -> Result<Arc<dyn Sampler>, String> {
         let calls = crate::sync::lock(&self.calls);
         let mut sessions: Vec<&Asker> = calls.iter().map(|(_, a)| a).collect();
@@ -84,7 +84,7 @@ impl Handler {
         match sessions.as_slice() {
             [] => Err("no tool call of a turn is in flight on this server".into()),
             [one] => one.sampler.clone().ok_or_else(|| {
-                "the call in flight is not part of a turn (calls through /mcp are not sampled)"
+                "the call in flight came through /mcp from a client that did not declare the sampling capability"
                     .into()
             }),
             _ => Err("calls of several sessions are in flight on this shared server: whose turn answers cannot be told".into()),

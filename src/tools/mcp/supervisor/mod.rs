@@ -13,13 +13,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rmcp::model::CallToolRequestParams;
+use rmcp::model::{CallToolRequestParams, CallToolResult};
 use rmcp::service::{Peer, RoleClient};
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::content::to_output;
 use super::elicit::Asker;
 
 mod catalog;
@@ -37,6 +36,8 @@ pub struct McpTool {
     pub name: String,
     pub description: String,
     pub input_schema: std::sync::Arc<Value>,
+    /// The whole definition, as listed.
+    pub definition: std::sync::Arc<rmcp::model::Tool>,
 }
 
 /// Where the connection stands.
@@ -276,9 +277,15 @@ impl Supervisor {
         self.tools.clone()
     }
 
-    /// Call a tool; every failure is an error output. Waits for the server to be up (within the
-    /// call's timeout) if it is restarting.
-    pub async fn call(&self, tool: &str, input: Value, asker: Asker) -> ToolOutput {
+    /// Call a tool: the server's result, or the error output a failure is (the server not up
+    /// within the call's timeout, a transport error, the timeout itself). Waits for the server
+    /// to be up (within the call's timeout) if it is restarting.
+    pub async fn call(
+        &self,
+        tool: &str,
+        input: Value,
+        asker: Asker,
+    ) -> Result<CallToolResult, ToolOutput> {
         crate::sync::lock(&self.tracker).last_call = Some(std::time::SystemTime::now());
         let id = self
             .next_call
@@ -296,7 +303,10 @@ impl Supervisor {
             match state {
                 Link::Ready(peer) => break peer,
                 Link::Stopped => {
-                    return ToolOutput::error(format!("MCP server {} is stopped", self.name))
+                    return Err(ToolOutput::error(format!(
+                        "MCP server {} is stopped",
+                        self.name
+                    )))
                 }
                 Link::Starting | Link::Down(_) => {
                     match tokio::time::timeout_at(deadline, link.changed()).await {
@@ -306,11 +316,11 @@ impl Supervisor {
                                 Link::Down(why) => why.clone(),
                                 _ => "it is starting".to_string(),
                             };
-                            return ToolOutput::error(format!(
+                            return Err(ToolOutput::error(format!(
                                 "MCP server {} is not available ({why}); the call timed out after {} s",
                                 self.name,
                                 self.timeout.as_secs()
-                            ));
+                            )));
                         }
                     }
                 }
@@ -320,7 +330,9 @@ impl Supervisor {
             Value::Object(map) => Some(map),
             Value::Null => None,
             other => {
-                return ToolOutput::error(format!("tool input must be a JSON object, not {other}"))
+                return Err(ToolOutput::error(format!(
+                    "tool input must be a JSON object, not {other}"
+                )))
             }
         };
         let mut params = CallToolRequestParams::new(tool.to_string());
@@ -331,16 +343,16 @@ impl Supervisor {
             .await
             .ok_or(())
         {
-            Ok(Ok(result)) => to_output(result),
+            Ok(Ok(result)) => Ok(result),
             Ok(Err(e)) => {
                 let login = match &self.oauth {
                     Some(o) => o.needs_login().await,
                     None => None,
                 };
-                ToolOutput::error(match login {
+                Err(ToolOutput::error(match login {
                     Some(why) => format!("MCP server {} needs a login: {why}", self.name),
                     None => format!("MCP server {} failed the call: {e}", self.name),
-                })
+                }))
             }
             // Spec 003: a call cut short gets "Cancelled."; why goes to the log, not the model.
             Err(_) => {
@@ -350,7 +362,7 @@ impl Supervisor {
                     timeout_s = self.timeout.as_secs(),
                     "an MCP tool call did not answer within its timeout_s: cancelled"
                 );
-                ToolOutput::error("Cancelled.")
+                Err(ToolOutput::error("Cancelled."))
             }
         }
     }
@@ -564,8 +576,9 @@ async fn list(peer: &Peer<RoleClient>) -> Result<Vec<McpTool>, String> {
         .into_iter()
         .map(|t| McpTool {
             name: t.name.to_string(),
-            description: t.description.map(|d| d.to_string()).unwrap_or_default(),
+            description: t.description.as_deref().unwrap_or_default().to_string(),
             input_schema: std::sync::Arc::new(Value::Object((*t.input_schema).clone())),
+            definition: std::sync::Arc::new(t),
         })
         .collect())
 }
