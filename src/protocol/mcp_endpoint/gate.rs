@@ -65,18 +65,14 @@ impl Gate {
     }
 }
 
-/// Every tool of the host with the name an MCP client sees it by (see [`shown`]), denied and
-/// other agents' ones included: a name means the same tool whoever asks.
-fn named(host: &dyn ToolHost, names: EndpointNames) -> Vec<(String, ServerTool)> {
-    let all = host.tools();
+/// The name an MCP client sees each of `all` by (see [`shown`]), computed over every tool of
+/// the host, denied and other agents' ones included: a name means the same tool whoever asks.
+fn shown_names(all: &[ServerTool], names: EndpointNames) -> Vec<String> {
     let pairs: Vec<(&str, String)> = all
         .iter()
         .map(|t| (t.tool.as_str(), t.spec.name.clone()))
         .collect();
     shown(&pairs, names)
-        .into_iter()
-        .zip(all.iter().cloned())
-        .collect()
 }
 
 /// The tools an MCP client of `agent` sees, by the names it sees them by: its exposed ones
@@ -86,9 +82,12 @@ pub fn listed(
     host: &dyn ToolHost,
     names: EndpointNames,
 ) -> Vec<(String, ServerTool)> {
-    named(host, names)
+    let all = host.tools();
+    shown_names(&all, names)
         .into_iter()
+        .zip(all.iter())
         .filter(|(_, t)| t.verdict != Verdict::Deny && agent.tool_globs.is_match(&t.spec.name))
+        .map(|(name, t)| (name, t.clone()))
         .collect()
 }
 
@@ -203,13 +202,18 @@ impl Gate {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let asked = request.name.to_string();
-        // By the name it is shown by, or (always) by its federated one.
-        let all = named(&*self.host, self.config.mcp_endpoint.names);
-        let Some((_, tool)) = all
-            .iter()
-            .find(|(shown, _)| *shown == asked)
-            .or_else(|| all.iter().find(|(_, t)| t.spec.name == asked))
-        else {
+        // By its federated name, or (names = "own") the name it is shown by.
+        let all = self.host.tools();
+        let own = || {
+            let names = shown_names(&all, self.config.mcp_endpoint.names);
+            names.iter().position(|n| *n == asked).map(|i| &all[i])
+        };
+        let found = all.iter().find(|t| t.spec.name == asked);
+        let found = match self.config.mcp_endpoint.names {
+            EndpointNames::Federated => found,
+            EndpointNames::Own => found.or_else(own),
+        };
+        let Some(tool) = found else {
             crate::metrics::tool(&*self.host, &asked).not_run(crate::metrics::NotRun::Refused);
             return Ok(refused(format!("Unknown tool {asked}.")).into());
         };
