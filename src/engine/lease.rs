@@ -245,9 +245,9 @@ pub(crate) async fn release(inner: &Arc<Inner>, session: &Arc<Session>) -> Optio
 }
 
 /// Whether nothing of this instance writes the session now: no turn running or queued, and
-/// every event appended published (so committed). MCP calls waiting on a question to the client live only in this instance's memory: while
-/// some do, the lease stays here (another instance reading the log back would end them as
-/// after a restart).
+/// every event appended published (so committed). MCP calls waiting on a question to the
+/// client live only in this instance's memory: while some do, the lease stays here (another
+/// instance reading the log back would end them as after a restart).
 fn idle_here(st: &super::session::State) -> bool {
     st.running.is_none() && st.queue.is_empty() && st.out.held.is_empty() && st.waits.idle()
 }
