@@ -10,9 +10,10 @@
 //! The scenarios address the reference server's own names (a tool `test_image_content`, a
 //! prompt `test_simple_prompt`), so `/mcp` serves them with `names = "own"`: what passes is
 //! turnstile passing the server through (content of every kind, progress, sampling and
-//! elicitation relayed to the framework's client, schemas as listed). [`PASS`] must pass and
-//! [`FAIL`] must fail, each with why: a scenario that starts passing fails this test until it
-//! is moved.
+//! elicitation relayed to the framework's client, schemas as listed). It runs twice: over a
+//! shared fixture, where [`FAIL`] (logging) must fail, each with why, and over a
+//! session-scoped one (an instance per MCP session), where every scenario must pass. A
+//! scenario that starts passing fails this test until it is moved.
 
 mod common;
 #[path = "common/mcpep2.rs"]
@@ -26,7 +27,7 @@ use std::time::Duration;
 use common::provision::{self, deps_dir, ensure, manifest_dir};
 use serde_json::Value;
 
-/// Server scenarios that pass.
+/// Server scenarios that pass (against a session-scoped server, those in [`FAIL`] too).
 const PASS: &[&str] = &[
     "server-initialize",
     "ping",
@@ -64,7 +65,7 @@ const PASS: &[&str] = &[
 /// Why a shared server's logging is not passed through.
 const SHARED_LOGS: &str = "a shared server's log level and its notifications/message belong to no one session: setting it for one client, or relaying its messages to whoever has a call open, would reach (or hand over) every key's";
 
-/// Scenarios that fail, with why.
+/// Scenarios that fail against a shared server, with why.
 const FAIL: &[(&str, &str)] = &[
     ("logging-set-level", "logging/setLevel is not served: LOGS"),
     (
@@ -174,9 +175,11 @@ fn outcome(checks: &[Value]) -> (bool, String) {
     )
 }
 
-fn config(dir: &Path) -> PathBuf {
+/// `/mcp` over the fixture `fx` with `names = "own"`, its `[mcp_servers.fx]` table with
+/// `extra` lines.
+fn config(dir: &Path, extra: &str) -> PathBuf {
     let text = format!(
-        "[server]\ndata_dir = {:?}\nsandboxes = {:?}\n\n[agents.assistant]\ntools = [\"*\"]\n\n{}sampling = true\n\n[policy]\ndefault = \"trust\"\n\n[mcp_endpoint]\nenabled = true\nnames = \"own\"\n",
+        "[server]\ndata_dir = {:?}\nsandboxes = {:?}\n\n[agents.assistant]\ntools = [\"*\"]\n\n{}sampling = true\n{extra}\n\n[policy]\ndefault = \"trust\"\n\n[mcp_endpoint]\nenabled = true\nnames = \"own\"\n",
         dir.join("data").display().to_string(),
         dir.join("sandboxes").display().to_string(),
         fixtures::fixture_server("fx"),
@@ -187,7 +190,20 @@ fn config(dir: &Path) -> PathBuf {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn server_scenarios_against_the_mcp_endpoint() {
+async fn server_scenarios_against_a_shared_server() {
+    scenarios("a shared server", "", FAIL).await;
+}
+
+/// Each MCP session gets its own instance of the fixture (`scope = "session"`), whose log
+/// messages are its session's: logging passes too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_scenarios_against_a_session_scoped_server() {
+    scenarios("a session-scoped server", "scope = \"session\"", &[]).await;
+}
+
+/// Run every server scenario against `/mcp` over the fixture (`extra` in its table): each one
+/// listed must pass but those in `fail`, which must fail.
+async fn scenarios(what: &str, extra: &str, fail: &[(&str, &str)]) {
     let framework = framework();
     let listed = listed_scenarios(&framework);
     let known: Vec<&str> = PASS
@@ -208,7 +224,7 @@ async fn server_scenarios_against_the_mcp_endpoint() {
         );
     }
     let dir = tempfile::tempdir().unwrap();
-    let (_child, addr) = common::binary::serve(&config(dir.path())).await;
+    let (_child, addr) = common::binary::serve(&config(dir.path(), extra)).await;
     let url = format!("http://{addr}/mcp");
     let (output, checks) = run_all(&framework, &url, &dir.path().join("results")).await;
     let results: Vec<(String, bool, String)> = listed
@@ -222,13 +238,13 @@ async fn server_scenarios_against_the_mcp_endpoint() {
         .collect();
     let passed = results.iter().filter(|r| r.1).count();
     println!(
-        "MCP conformance, server scenarios against /mcp: {passed} passed, {} failed, of {}",
+        "MCP conformance, server scenarios against /mcp over {what}: {passed} passed, {} failed, of {}",
         results.len() - passed,
         results.len()
     );
     let mut wrong = Vec::new();
     for (scenario, ok, out) in &results {
-        let why = FAIL
+        let why = fail
             .iter()
             .find(|(s, _)| s == scenario)
             .map(|(_, why)| format!(" ({})", why.replace("LOGS", SHARED_LOGS)))
@@ -238,7 +254,7 @@ async fn server_scenarios_against_the_mcp_endpoint() {
             if *ok { "PASS" } else { "FAIL" },
             out.lines().next().unwrap_or_default()
         );
-        let expected = !FAIL.iter().any(|(s, _)| s == scenario);
+        let expected = !fail.iter().any(|(s, _)| s == scenario);
         // A pass must be the reference tools' own answers, never an "Unknown tool" refusal.
         if *ok != expected || (*ok && out.contains("Unknown tool")) {
             wrong.push(scenario.clone());

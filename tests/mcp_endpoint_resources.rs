@@ -363,3 +363,103 @@ async fn with_own_names_what_two_servers_share_keeps_its_federated_name() {
         "{v}"
     );
 }
+
+/// `fx` as a session-scoped server: an instance per MCP session.
+const SESSION_SCOPED: &str = "scope = \"session\"\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_scoped_servers_catalog_is_its_sessions_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = config_with(dir.path(), SESSION_SCOPED, "");
+    let (_child, addr) = common::binary::serve(&path).await;
+    let url = format!("http://{addr}/mcp");
+    let v = client(&url, "read").await;
+    assert_eq!(
+        v["capabilities"]["resources"],
+        json!({"subscribe": true, "listChanged": true}),
+        "declared from the server's probe: {v}"
+    );
+    assert!(
+        strings(&v["resources"]).contains(&"turnstile://fx/test://static-text"),
+        "{v}"
+    );
+    assert_eq!(
+        v["text"][0]["text"],
+        "This is the content of the static text resource."
+    );
+    assert!(
+        v["denied"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("denied by policy"),
+        "{v}"
+    );
+    // One session adds a resource to its instance (and hears of it); another session's
+    // instance is another process, which never had it.
+    let changed = client(&url, "changed").await;
+    assert!(
+        strings(&changed["resources"]).contains(&"turnstile://fx/test://added/fresh"),
+        "{changed}"
+    );
+    assert_eq!(
+        strings(&changed["updated"]),
+        [format!("{P}test://static-text").as_str()]
+    );
+    let other = client(&url, "read").await;
+    assert!(
+        !strings(&other["resources"]).contains(&"turnstile://fx/test://added/fresh"),
+        "another session's instance: {other}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_scoped_servers_log_messages_reach_its_session_at_the_level_it_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = config_with(dir.path(), SESSION_SCOPED, "");
+    let (_child, addr) = common::binary::serve(&path).await;
+    let v = client(&format!("http://{addr}/mcp"), "logs").await;
+    assert_eq!(v["logging"], true, "{v}");
+    assert_eq!(v["set_info"], "ok", "{v}");
+    assert_eq!(v["called"], "Tool with logging executed successfully");
+    let data = |key: &str| -> Vec<String> {
+        v[key]
+            .as_array()
+            .unwrap_or_else(|| panic!("{key}: {v}"))
+            .iter()
+            .map(|m| {
+                format!(
+                    "{} {}",
+                    m["level"].as_str().unwrap(),
+                    m["data"].as_str().unwrap()
+                )
+            })
+            .collect()
+    };
+    assert_eq!(
+        data("at_info"),
+        [
+            "info Tool execution started",
+            "info Tool processing data",
+            "info Tool execution completed"
+        ]
+    );
+    assert_eq!(v["set_error"], "ok", "{v}");
+    assert_eq!(
+        data("at_error"),
+        ["error sentinel"],
+        "info messages are not relayed below the level the client set"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_servers_log_messages_reach_no_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_child, url) = serve(dir.path()).await;
+    let v = client(&url, "logs").await;
+    assert_eq!(
+        v["logging"], false,
+        "a shared server's logs are no one session's: {v}"
+    );
+    assert_eq!(v["set_info"]["code"], -32601, "{v}");
+    assert_eq!(v["called"], "Tool with logging executed successfully");
+}

@@ -6,13 +6,15 @@ Resources: test://static-text, test://static-binary (a PNG), test://watched-reso
 test://secret; template test://template/{id}/data. Prompts: test_simple_prompt,
 test_prompt_with_arguments (arg1, arg2), test_prompt_with_embedded_resource (resourceUri),
 test_prompt_with_image. Completion of test_prompt_with_arguments' arguments. Subscriptions.
+Logging (logging/setLevel accepted; test_tool_with_logging sends three messages).
 Tools: add_resource (adds test://added/NAME and prompt added_NAME, then sends both list_changed
 notifications), touch (sends notifications/resources/updated for a URI), and the framework's
 reference tools (test_simple_text, test_image_content, test_audio_content,
 test_embedded_resource, test_multiple_content_types, test_tool_with_logging,
 test_tool_with_progress, test_error_handling, test_sampling, test_elicitation,
 test_elicitation_sep1034_defaults, test_elicitation_sep1330_enums, test_reconnection,
-json_schema_2020_12_tool), as its everything-server defines them; and `structured` (an output
+json_schema_2020_12_tool), as its everything-server defines them; `log_at` (one log message at a
+level); and `structured` (an output
 schema, annotations, a title, structured content and a `_meta`, to see that they pass through).
 """
 
@@ -148,6 +150,10 @@ async def get_prompt(ctx, params):
     return types.GetPromptResult(messages=msgs)
 
 
+async def set_level(ctx, params):
+    return types.EmptyResult()
+
+
 async def complete(ctx, params):
     words = ["paris", "park", "party", "testValue"]
     value = params.argument.value
@@ -227,6 +233,9 @@ REFERENCE = [
                input_schema=NO_ARGS),
     types.Tool(name="json_schema_2020_12_tool", description="Tool with JSON Schema 2020-12 features",
                input_schema=SCHEMA_2020_12),
+    types.Tool(name="log_at", description="Send one log message at a level",
+               input_schema={"type": "object", "properties": {"level": {"type": "string"}, "text": {"type": "string"}},
+                             "required": ["level", "text"]}),
     types.Tool(
         name="structured",
         title="Structured weather",
@@ -319,6 +328,9 @@ async def reference(ctx, name, args):
             return [text(f"{said}: action={r.action}, content={json.dumps(r.content or {})}")]
         except Exception as e:  # noqa: BLE001
             return [text(f"Elicitation not supported or error: {e}")]
+    if name == "log_at":
+        await session.send_log_message(args["level"], args["text"], related_request_id=ctx.request_id)
+        return [text("logged")]
     if name == "json_schema_2020_12_tool":
         return [text(f"JSON Schema 2020-12 tool called with: {json.dumps(args)}")]
     return None
@@ -360,6 +372,7 @@ server = Server(
     on_list_prompts=list_prompts,
     on_get_prompt=get_prompt,
     on_completion=complete,
+    on_set_logging_level=set_level,
     on_list_tools=list_tools,
     on_call_tool=call_tool,
 )

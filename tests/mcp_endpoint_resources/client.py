@@ -17,6 +17,8 @@ Prints one JSON object per line on stdout: what the scenario saw. Scenarios:
   embedded-resource and mixed-content reference tools; the error one's result.
 - names: list tools, prompts, resources and templates; call `structured` by its own and its
   federated name; get a prompt and read a resource by their own and federated names.
+- logs: whether logging is declared; set the level to info, call test_tool_with_logging, the
+  messages received; then at error, again.
 """
 
 import json
@@ -66,13 +68,23 @@ async def main(url, scenario):
         out(elicited=params.message)
         return types.ElicitResult(action="accept", content={})
 
+    logged = []
+    seen = {}  # a message's data -> an event set when it arrives
+
+    async def on_log(params):
+        logged.append({"level": params.level, "data": params.data})
+        seen.setdefault(params.data, anyio.Event()).set()
+
     elicitation = accept if scenario == "accept" else None
     async with httpx2.AsyncClient(timeout=30) as http:
         async with streamable_http_client(url, http_client=http) as (read, write):
             async with ClientSession(read, write, elicitation_callback=elicitation,
-                                     message_handler=on_message) as session:
+                                     message_handler=on_message, logging_callback=on_log) as session:
                 init = await session.initialize()
-                await SCENARIOS[scenario](session, init, events, updated)
+                if scenario == "logs":
+                    await logs(session, init, logged, seen)
+                else:
+                    await SCENARIOS[scenario](session, init, events, updated)
 
 
 async def read(session, init, events, updated):
@@ -163,6 +175,35 @@ async def names(session, init, events, updated):
     got = await attempt(lambda: session.read_resource("test://static-text"))
     out(read_own=contents(got["ok"]) if "ok" in got else got)
     out(read_federated=contents(await session.read_resource(P + "test://static-text")))
+
+
+async def logs(session, init, logged, seen):
+    async def level(name):
+        try:
+            await session.set_logging_level(name)
+            return "ok"
+        except MCPError as e:
+            return {"code": e.code, "message": e.message}
+
+    async def until(text):
+        """Wait (10 s at most) for a message whose data is `text`; the messages so far."""
+        with anyio.fail_after(10):
+            await seen.setdefault(text, anyio.Event()).wait()
+        return list(logged)
+
+    out(logging=init.capabilities.logging is not None)
+    out(set_info=await level("info"))
+    r = await session.call_tool("mcp__fx__test_tool_with_logging", {})
+    out(called="".join(c.text for c in r.content))
+    if init.capabilities.logging is None:
+        return
+    out(at_info=await until("Tool execution completed"))
+    logged.clear()
+    out(set_error=await level("error"))
+    await session.call_tool("mcp__fx__test_tool_with_logging", {})
+    # The instance's messages reach the client in order: its info ones before this one.
+    await session.call_tool("mcp__fx__log_at", {"level": "error", "text": "sentinel"})
+    out(at_error=await until("sentinel"))
 
 
 SCENARIOS = {"read": read, "prompts": prompts, "accept": accept, "changed": changed,

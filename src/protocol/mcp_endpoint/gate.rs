@@ -15,6 +15,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+#[allow(deprecated)]
+use rmcp::model::SetLevelRequestParams;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CompleteRequestParams, CompleteResult,
     GetPromptRequestParams, GetPromptResponse, Implementation, ListPromptsResult,
@@ -44,8 +46,8 @@ pub struct Gate {
     pub config: Arc<Config>,
     pub agent: AgentConfig,
     pub host: Arc<dyn ToolHost>,
-    /// The resources its client subscribed to.
-    pub subscribed: super::catalog::Subscribed,
+    /// What it keeps of the servers' catalogs (subscriptions, its log level, relays).
+    pub kept: super::catalog::Kept,
     /// Cancelled when the session's server is dropped (its relays end with it).
     pub ended: tokio_util::sync::CancellationToken,
     _ending: tokio_util::sync::DropGuard,
@@ -58,7 +60,7 @@ impl Gate {
             config,
             agent,
             host,
-            subscribed: Default::default(),
+            kept: Default::default(),
             _ending: ended.clone().drop_guard(),
             ended,
         }
@@ -128,7 +130,7 @@ fn can_sample(ctx: &RequestContext<RoleServer>) -> bool {
 impl Gate {
     /// The call's context: the MCP session stands for the AAP session (its workspace,
     /// its session-scoped servers) and the key that opened it owns what it delivers.
-    fn call_context(&self, ctx: &RequestContext<RoleServer>) -> CallContext {
+    pub(super) fn call_context(&self, ctx: &RequestContext<RoleServer>) -> CallContext {
         let parts = ctx.extensions.get::<http::request::Parts>();
         let sid = parts
             .and_then(|p| p.headers.get("mcp-session-id"))
@@ -201,6 +203,8 @@ impl Gate {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        // This session's own instances (one may start for this call) tell its client.
+        self.relay_own(&context);
         let asked = request.name.to_string();
         // By its federated name, or (names = "own") the name it is shown by.
         let all = self.host.tools();
@@ -337,17 +341,17 @@ impl ServerHandler for Gate {
     async fn list_resources(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
-        Ok(Box::pin(Gate::list_resources(self)).await)
+        Ok(Box::pin(Gate::list_resources(self, &context)).await)
     }
 
     async fn list_resource_templates(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, ErrorData> {
-        Ok(Box::pin(Gate::list_resource_templates(self)).await)
+        Ok(Box::pin(Gate::list_resource_templates(self, &context)).await)
     }
 
     async fn read_resource(
@@ -363,9 +367,9 @@ impl ServerHandler for Gate {
     async fn list_prompts(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, ErrorData> {
-        Ok(Box::pin(Gate::list_prompts(self)).await)
+        Ok(Box::pin(Gate::list_prompts(self, &context)).await)
     }
 
     async fn get_prompt(
@@ -381,17 +385,26 @@ impl ServerHandler for Gate {
     async fn complete(
         &self,
         request: CompleteRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CompleteResult, ErrorData> {
-        Box::pin(Gate::complete(self, request)).await
+        Box::pin(Gate::complete(self, request, &context)).await
     }
 
     async fn subscribe(
         &self,
         request: SubscribeRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        Box::pin(Gate::subscribe(self, request.uri)).await
+        Box::pin(Gate::subscribe(self, request.uri, &context)).await
+    }
+
+    #[allow(deprecated)]
+    async fn set_level(
+        &self,
+        request: SetLevelRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        Box::pin(Gate::set_level(self, request, &context)).await
     }
 
     async fn unsubscribe(
@@ -412,7 +425,7 @@ impl ServerHandler for Gate {
         let mut generation = host.generation();
         let mut last = signature(&agent, &*host, names);
         let ended = self.ended.clone();
-        self.relay_catalog(peer.clone(), ended.clone());
+        self.relay_catalog(peer.clone());
         tokio::spawn(async move {
             loop {
                 tokio::select! {

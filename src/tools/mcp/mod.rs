@@ -127,7 +127,12 @@ pub struct McpHost {
     shared: HashMap<usize, Arc<Supervisor>>,
     /// Tool lists of session-scoped servers, from their probe.
     probed: HashMap<usize, Arc<Vec<McpTool>>>,
+    /// What session-scoped servers declared (resources, prompts, logging) to their probe.
+    probed_caps: HashMap<usize, rmcp::model::ServerCapabilities>,
     sessions: Mutex<SessionInstances>,
+    /// The catalog events of each session's instances, by session id (see
+    /// [`McpHost::session_catalog_events`]).
+    session_feeds: Mutex<HashMap<String, supervisor::SessionFeed>>,
     /// Session-scoped instances stopped to make room under `[limits] session_servers`.
     evicted: AtomicU64,
     federation: RwLock<Federation>,
@@ -165,15 +170,24 @@ impl McpHost {
         let (shared, probes) = spawn_servers(&config, &oauth);
         let report = first_attempts(&config, &shared, &probes, progress).await;
         let mut probed = HashMap::new();
+        let mut probed_caps = HashMap::new();
         for (i, s) in probes {
             probed.insert(i, s.tools());
+            if let Some(caps) = s
+                .peer()
+                .and_then(|p| p.peer_info().map(|i| i.capabilities.clone()))
+            {
+                probed_caps.insert(i, caps);
+            }
             s.stop().await;
         }
         let host = Arc::new(McpHost {
             config,
             shared,
             probed,
+            probed_caps,
             sessions: Mutex::new(HashMap::new()),
+            session_feeds: Mutex::new(HashMap::new()),
             evicted: AtomicU64::new(0),
             federation: RwLock::new(Federation::default()),
             generation: tokio::sync::watch::channel(0).0,
@@ -337,6 +351,7 @@ impl McpHost {
                             oauth: self.oauth.get(&idx).cloned(),
                         },
                     );
+                    self.feed_session(&ctx.session_id, &sup);
                     let inst = map.entry(key).or_insert(SessionInstance {
                         sup,
                         used: Instant::now(),
@@ -584,6 +599,7 @@ impl ToolHost for McpHost {
     }
 
     fn session_closed<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, ()> {
+        lock(&self.session_feeds).remove(session_id);
         Box::pin(async move {
             let gone: Vec<Arc<Supervisor>> = {
                 let mut map = lock(&self.sessions);

@@ -1,7 +1,8 @@
 //! What `/mcp` passes through of the federated servers besides their tools: resources,
 //! resource templates, prompts, completions and resource subscriptions, read-only, from the
-//! shared servers that are up and declared them (a session-scoped server's instances start per
-//! session for its tool calls; theirs are not passed through).
+//! shared servers that are up and declared them and from this MCP session's own instances of
+//! the session-scoped ones (started for it when first needed, as for a tool call); and those
+//! instances' log messages (a shared server's belong to no one session: not relayed).
 //!
 //! Names round-trip to their server: a prompt is `<server>/<prompt>` (a server name has no
 //! `/`), a resource `turnstile://<server>/<uri>` (the server's own URI or URI template after the
@@ -29,28 +30,43 @@ use rmcp::model::{
     CompleteRequestParams, CompleteResult, PromptReference, Reference, ResourceTemplateReference,
     ResourceUpdatedNotificationParam, ServerCapabilities,
 };
+#[allow(deprecated)]
+use rmcp::model::{LoggingLevel, SetLevelRequestParams};
 use rmcp::service::{Peer, RequestContext, RoleClient};
 use rmcp::{ErrorData, RoleServer, ServiceError};
 use tokio::sync::broadcast::error::RecvError;
-use tokio_util::sync::CancellationToken;
 
 use super::ask::{self, Subject};
 use super::gate::Gate;
 use crate::config::Verdict;
 use crate::tools::mcp::policy::{self, Decision};
-use crate::tools::mcp::supervisor::CatalogEvent;
+use crate::tools::mcp::supervisor::{CatalogEvent, Supervisor};
 
 /// The resources one session subscribed to: (server, the server's URI) → the URI as the client
 /// gave it.
-pub type Subscribed = Arc<Mutex<HashMap<(String, String), String>>>;
+type Subscribed = Arc<Mutex<HashMap<(String, String), String>>>;
 
-/// A shared server that is up: its connection, `timeout_s` and declared capabilities.
+/// What one MCP session keeps of the servers' catalogs.
+#[derive(Default)]
+pub struct Kept {
+    subscribed: Subscribed,
+    /// The level its client set (`logging/setLevel`): messages below it are not relayed.
+    #[allow(deprecated)]
+    level: Arc<Mutex<Option<LoggingLevel>>>,
+    /// Set once its own instances' notifications are relayed to its client.
+    relaying: std::sync::OnceLock<()>,
+}
+
+/// A server that is up, shared or this session's own instance: its connection, `timeout_s`
+/// and declared capabilities.
 #[derive(Clone)]
 struct Child {
     server: String,
     peer: Peer<RoleClient>,
     timeout: Duration,
     caps: ServerCapabilities,
+    /// This session's own instance of a session-scoped server.
+    own: bool,
 }
 
 /// A request to a child, bounded by its `timeout_s`; the child's own JSON-RPC error passes
@@ -107,61 +123,146 @@ fn outcome<T>(r: &Result<T, ErrorData>) -> &'static str {
     }
 }
 
+/// Where relayed events come from: a shared server's instance, or the feed of this session's
+/// own instances.
+enum Source {
+    Shared(String, tokio::sync::broadcast::Receiver<CatalogEvent>),
+    Own(tokio::sync::broadcast::Receiver<(String, CatalogEvent)>),
+}
+
+impl Source {
+    /// The next event, with its server's name.
+    async fn recv(&mut self) -> Result<(String, CatalogEvent), RecvError> {
+        match self {
+            Source::Shared(server, events) => Ok((server.clone(), events.recv().await?)),
+            Source::Own(feed) => feed.recv().await,
+        }
+    }
+}
+
+/// `s` as a child, when it is up and passes `wanted`.
+fn child_of(
+    s: &Supervisor,
+    own: bool,
+    wanted: &impl Fn(&ServerCapabilities) -> bool,
+) -> Option<Child> {
+    let peer = s.peer()?;
+    let caps = peer.peer_info()?.capabilities.clone();
+    wanted(&caps).then(|| Child {
+        server: s.name.clone(),
+        peer,
+        timeout: s.timeout(),
+        caps,
+        own,
+    })
+}
+
 impl Gate {
-    /// The shared servers that are up and pass `wanted`, in config order.
-    fn children(&self, wanted: impl Fn(&ServerCapabilities) -> bool) -> Vec<Child> {
+    /// The servers that are up and pass `wanted`, in config order: the shared ones, then this
+    /// session's own instances of the session-scoped ones (started for it if need be, where
+    /// what they declared to their probe passes `wanted`), whose notifications are then
+    /// relayed to its client.
+    async fn children(
+        &self,
+        ctx: &RequestContext<RoleServer>,
+        wanted: impl Fn(&ServerCapabilities) -> bool,
+    ) -> Vec<Child> {
         let Some(mcp) = self.host.mcp_host() else {
             return Vec::new();
         };
-        mcp.shared_servers()
+        let mut out: Vec<Child> = mcp
+            .shared_servers()
             .iter()
-            .filter_map(|s| {
-                let peer = s.peer()?;
-                let caps = peer.peer_info()?.capabilities.clone();
-                wanted(&caps).then(|| Child {
-                    server: s.name.clone(),
-                    peer,
-                    timeout: s.timeout(),
-                    caps,
-                })
-            })
-            .collect()
+            .filter_map(|s| child_of(s, false, &wanted))
+            .collect();
+        self.relay_own(ctx);
+        let own = mcp.session_servers(&self.call_context(ctx), &wanted).await;
+        out.extend(own.iter().filter_map(|s| child_of(s, true, &wanted)));
+        out
     }
 
-    fn child(&self, server: &str, wanted: impl Fn(&ServerCapabilities) -> bool) -> Option<Child> {
-        self.children(wanted)
+    async fn child(
+        &self,
+        ctx: &RequestContext<RoleServer>,
+        server: &str,
+        wanted: impl Fn(&ServerCapabilities) -> bool,
+    ) -> Option<Child> {
+        self.children(ctx, wanted)
+            .await
             .into_iter()
             .find(|c| c.server == server)
     }
 
     /// What this session sees of the servers: resources, prompts, completions and subscriptions
-    /// where any server up declared them (tools always).
+    /// where any shared server up, or any session-scoped one when probed, declared them (tools
+    /// always); logging where a session-scoped one declared it (its instances' messages are
+    /// their session's; a shared server's are no one session's).
     pub(super) fn capabilities(&self) -> ServerCapabilities {
-        let kids = self.children(|_| true);
+        let (shared, session) = match self.host.mcp_host() {
+            Some(mcp) => (
+                mcp.shared_servers()
+                    .iter()
+                    .filter_map(|s| child_of(s, false, &|_: &ServerCapabilities| true))
+                    .map(|c| c.caps)
+                    .collect(),
+                mcp.session_capabilities(),
+            ),
+            None => (Vec::new(), Vec::new()),
+        };
+        let all: Vec<&ServerCapabilities> = shared.iter().chain(&session).collect();
         let mut caps = ServerCapabilities::builder()
             .enable_tools()
             .enable_tool_list_changed()
             .build();
-        if let Some(first) = kids.iter().find_map(|c| c.caps.resources.clone()) {
+        if let Some(first) = all.iter().find_map(|c| c.resources.clone()) {
             let mut r = first;
             r.list_changed = Some(true);
-            let subscribe = kids.iter().any(|c| {
-                c.caps
-                    .resources
+            let subscribe = all.iter().any(|c| {
+                c.resources
                     .as_ref()
                     .is_some_and(|r| r.subscribe == Some(true))
             });
             r.subscribe = subscribe.then_some(true);
             caps.resources = Some(r);
         }
-        if let Some(mut p) = kids.iter().find_map(|c| c.caps.prompts.clone()) {
+        if let Some(mut p) = all.iter().find_map(|c| c.prompts.clone()) {
             p.list_changed = Some(true);
             caps.prompts = Some(p);
         }
-        if kids.iter().any(|c| c.caps.completions.is_some()) {
+        if all.iter().any(|c| c.completions.is_some()) {
             caps.completions = Some(Default::default());
         }
+        if session.iter().any(|c| c.logging.is_some()) {
+            caps.logging = Some(Default::default());
+        }
         caps
+    }
+
+    /// `logging/setLevel`: this session's own instances are told (where they log), and their
+    /// messages below it are no longer relayed. A shared server's level is left as it is: it
+    /// is no one session's.
+    #[allow(deprecated)]
+    pub(super) async fn set_level(
+        &self,
+        request: SetLevelRequestParams,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        if self.capabilities().logging.is_none() {
+            return Err(ErrorData::method_not_found::<
+                rmcp::model::SetLevelRequestMethod,
+            >());
+        }
+        *crate::sync::lock(&self.kept.level) = Some(request.level);
+        let own: Vec<Child> = self
+            .children(ctx, |c| c.logging.is_some())
+            .await
+            .into_iter()
+            .filter(|c| c.own)
+            .collect();
+        for c in &own {
+            within(c, "logging/setLevel", c.peer.set_level(request.clone())).await?;
+        }
+        Ok(())
     }
 
     /// The verdict for `name`, or `None` when this session does not see it (denied, or not
@@ -211,10 +312,11 @@ impl Gate {
     pub(super) async fn complete(
         &self,
         mut request: CompleteRequestParams,
+        ctx: &RequestContext<RoleServer>,
     ) -> Result<CompleteResult, ErrorData> {
         let (child, reference) = match &request.r#ref {
             Reference::Prompt(p) => {
-                let (child, prompt) = self.prompt_child(&p.name).await?;
+                let (child, prompt) = self.prompt_child(&p.name, ctx).await?;
                 self.check(
                     &format!("Prompt {}", p.name),
                     &policy::prompt_name(&child.server, &prompt),
@@ -224,7 +326,7 @@ impl Gate {
                 (child, Reference::Prompt(r))
             }
             Reference::Resource(r) => {
-                let (child, raw) = self.resolve(&r.uri).await?;
+                let (child, raw) = self.resolve(&r.uri, ctx).await?;
                 self.check(
                     &format!("Resource {}", r.uri),
                     &policy::resource_name(&child.server, &raw),
@@ -246,52 +348,80 @@ impl Gate {
         within(&child, "completion/complete", child.peer.complete(request)).await
     }
 
-    /// Relay the servers' resource and prompt notifications to this session's client until
-    /// `ended`: list changes, and updates of the resources it subscribed to.
-    pub(super) fn relay_catalog(&self, peer: Peer<RoleServer>, ended: CancellationToken) {
+    /// Relay the shared servers' resource and prompt notifications to this session's client
+    /// until it ends (see [`relay`]).
+    pub(super) fn relay_catalog(&self, peer: Peer<RoleServer>) {
+        if let Some(mcp) = self.host.mcp_host() {
+            for sup in mcp.shared_servers() {
+                let source = Source::Shared(sup.name.clone(), sup.catalog_events());
+                self.spawn_relay(peer.clone(), source);
+            }
+        }
+    }
+
+    /// Once per session, at its first request: relay its own instances' notifications (those
+    /// running and those started later, for a tool call or a listing) to its client.
+    pub(super) fn relay_own(&self, ctx: &RequestContext<RoleServer>) {
         let Some(mcp) = self.host.mcp_host() else {
             return;
         };
-        for sup in mcp.shared_servers() {
-            let mut events = sup.catalog_events();
-            let server = sup.name.clone();
-            let subscribed = self.subscribed.clone();
-            let (peer, ended) = (peer.clone(), ended.clone());
-            tokio::spawn(async move {
-                loop {
-                    let event = tokio::select! {
-                        e = events.recv() => e,
-                        _ = ended.cancelled() => break,
-                    };
-                    let sent = match event {
-                        Err(RecvError::Closed) => break,
-                        Ok(CatalogEvent::ResourcesChanged) => {
-                            peer.notify_resource_list_changed().await
-                        }
-                        Ok(CatalogEvent::PromptsChanged) => peer.notify_prompt_list_changed().await,
-                        Ok(CatalogEvent::ResourceUpdated(raw)) => {
-                            let given = crate::sync::lock(&subscribed)
-                                .get(&(server.clone(), raw))
-                                .cloned();
-                            match given {
-                                Some(uri) => {
-                                    let param = ResourceUpdatedNotificationParam::new(uri);
-                                    peer.notify_resource_updated(param).await
-                                }
-                                None => Ok(()),
-                            }
-                        }
-                        // Missed some: whatever changed, the client re-lists.
-                        Err(RecvError::Lagged(_)) => {
-                            let _ = peer.notify_resource_list_changed().await;
-                            peer.notify_prompt_list_changed().await
-                        }
-                    };
-                    if sent.is_err() {
-                        break;
-                    }
-                }
-            });
+        if self.kept.relaying.set(()).is_err() {
+            return;
         }
+        let feed = mcp.session_catalog_events(&self.call_context(ctx).session_id);
+        self.spawn_relay(ctx.peer.clone(), Source::Own(feed));
+    }
+
+    /// Relay the events of `source` to this session's client until it ends (or the source
+    /// does): list changes, updates of the resources it subscribed to, and log messages (only
+    /// session-scoped instances send them) at or above the level it set.
+    fn spawn_relay(&self, peer: Peer<RoleServer>, mut source: Source) {
+        let subscribed = self.kept.subscribed.clone();
+        let level = self.kept.level.clone();
+        let ended = self.ended.clone();
+        tokio::spawn(async move {
+            loop {
+                let event = tokio::select! {
+                    e = source.recv() => e,
+                    _ = ended.cancelled() => break,
+                };
+                let sent = match event {
+                    Err(RecvError::Closed) => break,
+                    Ok((_, CatalogEvent::ResourcesChanged)) => {
+                        peer.notify_resource_list_changed().await
+                    }
+                    Ok((_, CatalogEvent::PromptsChanged)) => {
+                        peer.notify_prompt_list_changed().await
+                    }
+                    Ok((server, CatalogEvent::ResourceUpdated(raw))) => {
+                        let given = crate::sync::lock(&subscribed).get(&(server, raw)).cloned();
+                        match given {
+                            Some(uri) => {
+                                let param = ResourceUpdatedNotificationParam::new(uri);
+                                peer.notify_resource_updated(param).await
+                            }
+                            None => Ok(()),
+                        }
+                    }
+                    #[allow(deprecated)]
+                    Ok((_, CatalogEvent::Logged(message))) => {
+                        let floor = *crate::sync::lock(&level);
+                        if floor.is_some_and(|f| (message.level as u8) < (f as u8)) {
+                            Ok(())
+                        } else {
+                            peer.notify_logging_message(message).await
+                        }
+                    }
+                    // Missed some: whatever changed, the client re-lists.
+                    Err(RecvError::Lagged(_)) | Ok((_, CatalogEvent::Missed)) => {
+                        let _ = peer.notify_resource_list_changed().await;
+                        peer.notify_prompt_list_changed().await
+                    }
+                };
+                if sent.is_err() {
+                    break;
+                }
+            }
+        });
     }
 }

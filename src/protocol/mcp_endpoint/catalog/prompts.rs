@@ -31,8 +31,11 @@ fn prompts_of(
 }
 
 impl Gate {
-    pub(in crate::protocol::mcp_endpoint) async fn list_prompts(&self) -> ListPromptsResult {
-        let kids = self.children(|c| c.prompts.is_some());
+    pub(in crate::protocol::mcp_endpoint) async fn list_prompts(
+        &self,
+        ctx: &RequestContext<RoleServer>,
+    ) -> ListPromptsResult {
+        let kids = self.children(ctx, |c| c.prompts.is_some()).await;
         let lists = join_all(
             kids.iter()
                 .map(|c| within(c, "prompts/list", c.peer.list_all_prompts())),
@@ -65,10 +68,14 @@ impl Gate {
     /// The server a client's prompt name is for, and the prompt's own name there: a name
     /// shown as the server's own (`names = "own"`, which asks the servers for their prompts),
     /// else `<server>/<prompt>`.
-    pub(super) async fn prompt_child(&self, name: &str) -> Result<(Child, String), ErrorData> {
+    pub(super) async fn prompt_child(
+        &self,
+        name: &str,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Result<(Child, String), ErrorData> {
         let wanted = |c: &ServerCapabilities| c.prompts.is_some();
         if self.config.mcp_endpoint.names == EndpointNames::Own {
-            let kids = self.children(wanted);
+            let kids = self.children(ctx, wanted).await;
             let lists = join_all(
                 kids.iter()
                     .map(|c| within(c, "prompts/list", c.peer.list_all_prompts())),
@@ -86,10 +93,10 @@ impl Gate {
                 None,
             ));
         };
-        match self.child(server, wanted) {
+        match self.child(ctx, server, wanted).await {
             Some(c) => Ok((c, prompt.to_string())),
             None => Err(ErrorData::invalid_params(
-                format!("Prompt {name}: no MCP server {server:?} passes prompts through /mcp (not configured, not up, scope = \"session\", or it serves none)"),
+                format!("Prompt {name}: no MCP server {server:?} passes prompts through /mcp (not configured, not up, or it serves none)"),
                 None,
             )),
         }
@@ -101,7 +108,7 @@ impl Gate {
         ctx: &RequestContext<RoleServer>,
     ) -> Result<GetPromptResult, ErrorData> {
         let started = Instant::now();
-        let (child, prompt) = self.prompt_child(&request.name).await?;
+        let (child, prompt) = self.prompt_child(&request.name, ctx).await?;
         let name = policy::prompt_name(&child.server, &prompt);
         let what = format!("Prompt {}", request.name);
         let d = self.check(&what, &name).inspect_err(|_| {

@@ -26,8 +26,11 @@ enum Claim {
 }
 
 impl Gate {
-    pub(in crate::protocol::mcp_endpoint) async fn list_resources(&self) -> ListResourcesResult {
-        let kids = self.children(|c| c.resources.is_some());
+    pub(in crate::protocol::mcp_endpoint) async fn list_resources(
+        &self,
+        ctx: &RequestContext<RoleServer>,
+    ) -> ListResourcesResult {
+        let kids = self.children(ctx, |c| c.resources.is_some()).await;
         let lists = join_all(
             kids.iter()
                 .map(|c| within(c, "resources/list", c.peer.list_all_resources())),
@@ -61,8 +64,9 @@ impl Gate {
 
     pub(in crate::protocol::mcp_endpoint) async fn list_resource_templates(
         &self,
+        ctx: &RequestContext<RoleServer>,
     ) -> ListResourceTemplatesResult {
-        let kids = self.children(|c| c.resources.is_some());
+        let kids = self.children(ctx, |c| c.resources.is_some()).await;
         let lists = join_all(kids.iter().map(|c| {
             within(
                 c,
@@ -116,13 +120,17 @@ impl Gate {
     }
 
     /// The server a client's URI is for, and the URI as that server names it.
-    pub(super) async fn resolve(&self, uri: &str) -> Result<(Child, String), ErrorData> {
-        let kids = self.children(|c| c.resources.is_some());
+    pub(super) async fn resolve(
+        &self,
+        uri: &str,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Result<(Child, String), ErrorData> {
+        let kids = self.children(ctx, |c| c.resources.is_some()).await;
         if let Some((server, raw)) = parse_uri(uri) {
             return match kids.into_iter().find(|c| c.server == server) {
                 Some(c) => Ok((c, raw.to_string())),
                 None => Err(ErrorData::resource_not_found(
-                    format!("Resource {uri}: no MCP server {server:?} passes resources through /mcp (not configured, not up, scope = \"session\", or it serves none)"),
+                    format!("Resource {uri}: no MCP server {server:?} passes resources through /mcp (not configured, not up, or it serves none)"),
                     None,
                 )),
             };
@@ -156,7 +164,7 @@ impl Gate {
         ctx: &RequestContext<RoleServer>,
     ) -> Result<ReadResourceResult, ErrorData> {
         let started = Instant::now();
-        let (child, raw) = self.resolve(&uri).await?;
+        let (child, raw) = self.resolve(&uri, ctx).await?;
         let prefixed = raw != uri;
         let name = policy::resource_name(&child.server, &raw);
         let what = format!("Resource {uri}");
@@ -208,8 +216,9 @@ impl Gate {
     pub(in crate::protocol::mcp_endpoint) async fn subscribe(
         &self,
         uri: String,
+        ctx: &RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        let (child, raw) = self.resolve(&uri).await?;
+        let (child, raw) = self.resolve(&uri, ctx).await?;
         self.check(
             &format!("Resource {uri}"),
             &policy::resource_name(&child.server, &raw),
@@ -233,12 +242,12 @@ impl Gate {
             .peer
             .subscribe(SubscribeRequestParams::new(raw.clone()));
         within(&child, "resources/subscribe", subscribed).await?;
-        crate::sync::lock(&self.subscribed).insert((child.server, raw), uri);
+        crate::sync::lock(&self.kept.subscribed).insert((child.server, raw), uri);
         Ok(())
     }
 
     /// Only this session stops hearing of it: the server's subscription may serve others.
     pub(in crate::protocol::mcp_endpoint) fn unsubscribe(&self, uri: &str) {
-        crate::sync::lock(&self.subscribed).retain(|_, given| given != uri);
+        crate::sync::lock(&self.kept.subscribed).retain(|_, given| given != uri);
     }
 }

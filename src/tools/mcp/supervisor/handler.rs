@@ -171,6 +171,20 @@ impl ClientHandler for Handler {
         std::future::ready(())
     }
 
+    // Logging is deprecated by SEP-2577 (a later protocol); servers of the current ones use it.
+    #[allow(deprecated)]
+    fn on_logging_message(
+        &self,
+        params: rmcp::model::LoggingMessageNotificationParam,
+        _: NotificationContext<RoleClient>,
+    ) -> impl std::future::Future<Output = ()> + MaybeSendFuture + '_ {
+        // An instance with a root is one session's: its messages are that session's to see.
+        if self.root.is_some() {
+            let _ = self.events.send(super::CatalogEvent::Logged(params));
+        }
+        std::future::ready(())
+    }
+
     async fn create_elicitation(
         &self,
         request: ElicitRequestParams,

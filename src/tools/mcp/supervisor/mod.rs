@@ -27,7 +27,7 @@ mod launch;
 use crate::config::McpServerConfig;
 use crate::tools::relay::Relays;
 use crate::tools::ToolOutput;
-pub use catalog::CatalogEvent;
+pub use catalog::{CatalogEvent, SessionFeed};
 use handler::{Calls, Handler, Registered};
 
 /// A tool as its server lists it.
