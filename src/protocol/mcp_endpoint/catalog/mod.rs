@@ -359,8 +359,8 @@ impl Gate {
         }
     }
 
-    /// Once per session, at its first request: relay its own instances' notifications (those
-    /// running and those started later, for a tool call or a listing) to its client.
+    /// Once per session, at its first request (before any of its own instances can have
+    /// started, for a tool call or a listing): relay their notifications to its client.
     pub(super) fn relay_own(&self, ctx: &RequestContext<RoleServer>) {
         let Some(mcp) = self.host.mcp_host() else {
             return;

@@ -69,9 +69,9 @@ impl McpHost {
         all.into_iter().map(|(_, s)| s).collect()
     }
 
-    /// The catalog events of `session_id`'s own instances of session-scoped servers (those
-    /// running and those started later), each with its server's name, until the session
-    /// closes.
+    /// The catalog events of `session_id`'s own instances of session-scoped servers started
+    /// from now on, each with its server's name, until the session closes. (Only a session
+    /// someone listens to has a feed: an AAP session's instances feed none.)
     pub fn session_catalog_events(
         &self,
         session_id: &str,
@@ -83,13 +83,15 @@ impl McpHost {
     }
 
     /// Forward the events of `sup`, an instance just started for `session_id`, to that
-    /// session's feed (subscribed before the instance can have sent any), for as long as it
-    /// lives.
+    /// session's feed if it has one (subscribed before the instance can have sent any), for
+    /// as long as it lives.
     pub(in crate::tools::mcp) fn feed_session(&self, session_id: &str, sup: &Supervisor) {
-        let feed = crate::sync::lock(&self.session_feeds)
-            .entry(session_id.to_string())
-            .or_insert_with(|| broadcast::channel(64).0)
-            .clone();
+        let Some(feed) = crate::sync::lock(&self.session_feeds)
+            .get(session_id)
+            .cloned()
+        else {
+            return;
+        };
         let mut events = sup.catalog_events();
         let server = sup.name.clone();
         tokio::spawn(async move {
