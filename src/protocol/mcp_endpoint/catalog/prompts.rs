@@ -15,11 +15,13 @@ use super::{log, or_none, outcome, within, Child};
 use crate::config::EndpointNames;
 use crate::tools::mcp::policy;
 
-/// The children's prompts, each with its child (a failed listing counts as none).
-fn prompts_of(
-    kids: &[Child],
-    lists: Vec<Result<Vec<rmcp::model::Prompt>, ErrorData>>,
-) -> Vec<(&Child, rmcp::model::Prompt)> {
+/// Every prompt of `kids`, each with its child (a failed listing counts as none).
+async fn prompts_of(kids: &[Child]) -> Vec<(&Child, rmcp::model::Prompt)> {
+    let lists = join_all(
+        kids.iter()
+            .map(|c| within(c, "prompts/list", c.peer.list_all_prompts())),
+    )
+    .await;
     kids.iter()
         .zip(lists)
         .flat_map(|(c, l)| {
@@ -36,12 +38,7 @@ impl Gate {
         ctx: &RequestContext<RoleServer>,
     ) -> ListPromptsResult {
         let kids = self.children(ctx, |c| c.prompts.is_some()).await;
-        let lists = join_all(
-            kids.iter()
-                .map(|c| within(c, "prompts/list", c.peer.list_all_prompts())),
-        )
-        .await;
-        let listed = prompts_of(&kids, lists);
+        let listed = prompts_of(&kids).await;
         let names = self.shown_prompts(&listed);
         let mut out = Vec::new();
         for ((c, mut p), name) in listed.into_iter().zip(names) {
@@ -76,12 +73,7 @@ impl Gate {
         let wanted = |c: &ServerCapabilities| c.prompts.is_some();
         if self.config.mcp_endpoint.names == EndpointNames::Own {
             let kids = self.children(ctx, wanted).await;
-            let lists = join_all(
-                kids.iter()
-                    .map(|c| within(c, "prompts/list", c.peer.list_all_prompts())),
-            )
-            .await;
-            let listed = prompts_of(&kids, lists);
+            let listed = prompts_of(&kids).await;
             let names = self.shown_prompts(&listed);
             if let Some(((c, p), _)) = listed.iter().zip(&names).find(|(_, n)| *n == name) {
                 return Ok(((*c).clone(), p.name.clone()));
