@@ -463,3 +463,20 @@ async fn a_shared_servers_log_messages_reach_no_session() {
     assert_eq!(v["set_info"]["code"], -32601, "{v}");
     assert_eq!(v["called"], "Tool with logging executed successfully");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_calls_progress_and_log_messages_arrive_all_in_the_servers_order_before_its_result() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = config_with(dir.path(), SESSION_SCOPED, "");
+    let (_child, addr) = common::binary::serve(&path).await;
+    let v = client(&format!("http://{addr}/mcp"), "burst").await;
+    assert_eq!(v["result"], "burst done");
+    let progress: Vec<f64> = (0..50).map(f64::from).collect();
+    assert_eq!(
+        v["progress"],
+        json!(progress),
+        "every report, in order, before the result"
+    );
+    let logs: Vec<String> = (0..50).map(|i| format!("burst {i}")).collect();
+    assert_eq!(v["logs"], json!(logs), "every message, in order");
+}

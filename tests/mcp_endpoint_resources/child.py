@@ -14,7 +14,7 @@ test_embedded_resource, test_multiple_content_types, test_tool_with_logging,
 test_tool_with_progress, test_error_handling, test_sampling, test_elicitation,
 test_elicitation_sep1034_defaults, test_elicitation_sep1330_enums, test_reconnection,
 json_schema_2020_12_tool), as its everything-server defines them; `log_at` (one log message at a
-level); and `structured` (an output
+level); `burst` (progress reports and log messages back to back); and `structured` (an output
 schema, annotations, a title, structured content and a `_meta`, to see that they pass through).
 """
 
@@ -233,6 +233,8 @@ REFERENCE = [
                input_schema=NO_ARGS),
     types.Tool(name="json_schema_2020_12_tool", description="Tool with JSON Schema 2020-12 features",
                input_schema=SCHEMA_2020_12),
+    types.Tool(name="burst", description="Send COUNT progress reports and COUNT log messages back to back",
+               input_schema={"type": "object", "properties": {"count": {"type": "integer"}}, "required": ["count"]}),
     types.Tool(name="log_at", description="Send one log message at a level",
                input_schema={"type": "object", "properties": {"level": {"type": "string"}, "text": {"type": "string"}},
                              "required": ["level", "text"]}),
@@ -328,6 +330,13 @@ async def reference(ctx, name, args):
             return [text(f"{said}: action={r.action}, content={json.dumps(r.content or {})}")]
         except Exception as e:  # noqa: BLE001
             return [text(f"Elicitation not supported or error: {e}")]
+    if name == "burst":
+        token = (ctx.meta or {}).get("progress_token")
+        for i in range(args["count"]):
+            if token is not None:
+                await session.send_progress_notification(token, i, args["count"], related_request_id=ctx.request_id)
+            await session.send_log_message("info", f"burst {i}", related_request_id=ctx.request_id)
+        return [text("burst done")]
     if name == "log_at":
         await session.send_log_message(args["level"], args["text"], related_request_id=ctx.request_id)
         return [text("logged")]

@@ -19,6 +19,8 @@ Prints one JSON object per line on stdout: what the scenario saw. Scenarios:
   federated name; get a prompt and read a resource by their own and federated names.
 - logs: whether logging is declared; set the level to info, call test_tool_with_logging, the
   messages received; then at error, again.
+- burst: call burst (50 progress reports and 50 log messages back to back): the reports seen by
+  the time the result came, and the log messages.
 """
 
 import json
@@ -83,6 +85,8 @@ async def main(url, scenario):
                 init = await session.initialize()
                 if scenario == "logs":
                     await logs(session, init, logged, seen)
+                elif scenario == "burst":
+                    await burst(session, logged, seen)
                 else:
                     await SCENARIOS[scenario](session, init, events, updated)
 
@@ -204,6 +208,22 @@ async def logs(session, init, logged, seen):
     # The instance's messages reach the client in order: its info ones before this one.
     await session.call_tool("mcp__fx__log_at", {"level": "error", "text": "sentinel"})
     out(at_error=await until("sentinel"))
+
+
+async def burst(session, logged, seen):
+    count = 50
+    await session.set_logging_level("debug")
+    progress = []
+
+    async def on_progress(value, total, message):
+        progress.append(value)
+
+    r = await session.call_tool("mcp__fx__burst", {"count": count}, progress_callback=on_progress)
+    # Every report came before the result: the call's progress is complete when it returns.
+    out(result="".join(c.text for c in r.content), progress=progress)
+    with anyio.fail_after(10):
+        await seen.setdefault(f"burst {count - 1}", anyio.Event()).wait()
+    out(logs=[m["data"] for m in logged])
 
 
 SCENARIOS = {"read": read, "prompts": prompts, "accept": accept, "changed": changed,

@@ -29,6 +29,7 @@ pub(super) struct Handler {
     /// requests are answered within this budget.
     pub(super) sampling: Option<Budget>,
     pub(super) calls: Calls,
+    /// The calls whose progress is relayed (delivered by `ordered.rs`, in the server's order).
     pub(super) relays: Relays,
     /// Resource and prompt notifications, for `/mcp`.
     pub(super) events: super::catalog::Events,
@@ -171,20 +172,6 @@ impl ClientHandler for Handler {
         std::future::ready(())
     }
 
-    // Logging is deprecated by SEP-2577 (a later protocol); servers of the current ones use it.
-    #[allow(deprecated)]
-    fn on_logging_message(
-        &self,
-        params: rmcp::model::LoggingMessageNotificationParam,
-        _: NotificationContext<RoleClient>,
-    ) -> impl std::future::Future<Output = ()> + MaybeSendFuture + '_ {
-        // An instance with a root is one session's: its messages are that session's to see.
-        if self.root.is_some() {
-            let _ = self.events.send(super::CatalogEvent::Logged(params));
-        }
-        std::future::ready(())
-    }
-
     async fn create_elicitation(
         &self,
         request: ElicitRequestParams,
@@ -202,15 +189,6 @@ impl ClientHandler for Handler {
     ) -> Result<rmcp::model::CreateMessageResult, rmcp::ErrorData> {
         let budget = self.sampling.as_ref();
         sampling::answer(&self.server, budget, self.sampler(), request).await
-    }
-
-    fn on_progress(
-        &self,
-        params: rmcp::model::ProgressNotificationParam,
-        _: NotificationContext<RoleClient>,
-    ) -> impl std::future::Future<Output = ()> + MaybeSendFuture + '_ {
-        crate::tools::relay::deliver(&self.relays, params);
-        std::future::ready(())
     }
 
     // Roots are deprecated by SEP-2577 (a later protocol); servers of the current ones use them.

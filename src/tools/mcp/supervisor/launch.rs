@@ -12,6 +12,7 @@ use rmcp::service::{RoleClient, ServiceExt};
 use rmcp::transport::TokioChildProcess;
 use tokio::task::JoinHandle;
 
+use super::ordered::ordered;
 use super::{Handler, Placement, KEPT_ENV};
 use crate::config::{McpServerConfig, McpTransport, SandboxKind};
 use crate::tools::mcp::stderr::{self, StderrLog};
@@ -30,6 +31,9 @@ pub(super) async fn connect(
     stderr_log: &Arc<Mutex<StderrLog>>,
     drain: &mut Option<JoinHandle<()>>,
 ) -> Result<Service, String> {
+    // Progress and log messages are taken off the transport in the server's order.
+    let relays = handler.relays.clone();
+    let logs = handler.root.is_some().then(|| handler.events.clone());
     match &cfg.transport {
         McpTransport::Stdio { command, .. } => {
             let cmd = child_command(cfg, placement)?;
@@ -44,20 +48,14 @@ pub(super) async fn connect(
                 *drain = Some(tokio::spawn(stderr::drain(stderr, stderr_log.clone())));
             }
             handler
-                .serve(proc)
+                .serve(ordered(proc, relays, logs))
                 .await
                 .map_err(|e| format!("handshake failed: {e}"))
         }
         McpTransport::Http { url, headers } => {
             let headers = expand_headers(headers)?;
-            match handler
-                .serve(http_client::transport(
-                    url,
-                    headers,
-                    placement.oauth.clone(),
-                ))
-                .await
-            {
+            let transport = http_client::transport(url, headers, placement.oauth.clone());
+            match handler.serve(ordered(transport, relays, logs)).await {
                 Ok(service) => Ok(service),
                 Err(e) => Err(match &placement.oauth {
                     Some(o) => match o.needs_login().await {

@@ -24,6 +24,7 @@ use super::elicit::Asker;
 mod catalog;
 mod handler;
 mod launch;
+mod ordered;
 use crate::config::McpServerConfig;
 use crate::tools::relay::Relays;
 use crate::tools::ToolOutput;
