@@ -19,6 +19,10 @@
 //!   `connect`, for tests of hostile or confined servers (a flood of stderr, a line that is not
 //!   UTF-8, reads and connections a sandbox must refuse, the args as the server got them).
 //! - `--label TEXT` (repeatable): ignored; a value for a test to read back with `argv`.
+//! - `--naive-files`: serve the machine's files as resources the way a careless server does:
+//!   templates `file:///{+path}` and `u://{+a}/{+b}/{+c}.json`, and `resources/read` of a
+//!   `file:` URI in any case, with an empty or `localhost` host, percent-decoded whole, `..`
+//!   resolved, returns that file (for tests that the policy judges what the server reads).
 //!
 //! Tools: `echo`, `add`, `slow`, `fail`, `env`, `pid`, `image`, `add_tool`, `write_file`, `cwd`
 //! (see each tool's description). `add_tool` registers a tool at runtime and sends
@@ -41,8 +45,9 @@ use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    JsonObject, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
-    ServerCapabilities, ServerConfig, Tool,
+    JsonObject, ListResourceTemplatesResult, ListToolsResult, PaginatedRequestParams,
+    ProgressNotificationParam, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult,
+    ResourceContents, ResourceTemplate, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::schemars::JsonSchema;
 use rmcp::service::RequestContext;
@@ -193,6 +198,63 @@ struct ExampleServer {
     page_size: Option<usize>,
     /// `--log-calls`: where each call is recorded.
     log_calls: Option<Arc<std::path::PathBuf>>,
+    /// `--naive-files`: the machine's files as resources, read carelessly.
+    naive_files: bool,
+}
+
+/// The path a careless file server reads for `uri`: see `--naive-files`.
+fn naive_file_path(uri: &str) -> Option<String> {
+    fn decode(s: &str) -> String {
+        let b = s.as_bytes();
+        let mut out = Vec::with_capacity(b.len());
+        let mut i = 0;
+        while i < b.len() {
+            let hex = |j: usize| {
+                b.get(j)
+                    .and_then(|c| (*c as char).to_digit(16))
+                    .map(|d| d as u8)
+            };
+            match (b[i], hex(i + 1), hex(i + 2)) {
+                (b'%', Some(h), Some(l)) => {
+                    out.push(h * 16 + l);
+                    i += 3;
+                }
+                (c, _, _) => {
+                    out.push(c);
+                    i += 1;
+                }
+            }
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    }
+    let (scheme, rest) = uri.split_once(':')?;
+    if !scheme.eq_ignore_ascii_case("file") {
+        return None;
+    }
+    let rest = decode(rest);
+    let rest = rest.split(['?', '#']).next()?;
+    let path = match rest.strip_prefix("//") {
+        Some(r) => {
+            let end = r.find('/').unwrap_or(r.len());
+            let host = &r[..end];
+            if !host.is_empty() && !host.eq_ignore_ascii_case("localhost") {
+                return None;
+            }
+            &r[end..]
+        }
+        None => rest,
+    };
+    let mut parts: Vec<&str> = Vec::new();
+    for seg in path.split(['/', '\\']) {
+        match seg {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            s => parts.push(s),
+        }
+    }
+    Some(format!("/{}", parts.join("/")))
 }
 
 #[tool_router]
@@ -437,6 +499,7 @@ impl ExampleServer {
             dynamic: Arc::new(Mutex::new(dynamic)),
             page_size,
             log_calls: None,
+            naive_files: false,
         }
     }
 
@@ -461,14 +524,49 @@ impl ExampleServer {
 
 impl ServerHandler for ExampleServer {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(
-            ServerCapabilities::builder()
-                .enable_tools()
-                .enable_tool_list_changed()
-                .build(),
-        )
+        let mut capabilities = ServerCapabilities::builder()
+            .enable_tools()
+            .enable_tool_list_changed()
+            .build();
+        if self.naive_files {
+            capabilities.resources = Some(Default::default());
+        }
+        ServerConfig::new(capabilities)
         .with_server_info(Implementation::new("mcp_example", env!("CARGO_PKG_VERSION")))
         .with_instructions("A test server for turnstile: echo, add, slow, fail, env, pid, image, add_tool, write_file, cwd.")
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        if !self.naive_files {
+            return Ok(ListResourceTemplatesResult::default());
+        }
+        let template = ResourceTemplate::new;
+        Ok(ListResourceTemplatesResult::with_all_items(vec![
+            template("file:///{+path}", "files"),
+            template("u://{+a}/{+b}/{+c}.json", "nested"),
+        ]))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        let uri = request.uri;
+        let not_found = || ErrorData::resource_not_found(format!("no resource {uri}"), None);
+        if !self.naive_files {
+            return Err(not_found());
+        }
+        if uri.starts_with("u://") {
+            return Ok(ReadResourceResult::new(vec![ResourceContents::text("nested", uri)]).into());
+        }
+        let path = naive_file_path(&uri).ok_or_else(not_found)?;
+        let text = std::fs::read_to_string(&path).map_err(|_| not_found())?;
+        Ok(ReadResourceResult::new(vec![ResourceContents::text(text, uri)]).into())
     }
 
     /// Pages the tool list: the cursor is the decimal offset of the next tool.
@@ -552,11 +650,13 @@ struct Options {
     log_calls: Option<std::path::PathBuf>,
     /// `--test-tools`: also list the tools for hostile-server tests.
     test_tools: bool,
+    /// `--naive-files`.
+    naive_files: bool,
 }
 
 fn usage() -> ! {
     eprintln!(
-        "usage: mcp_example [--http ADDR] [--tools N] [--page-size N] [--extra-tool NAME]... [--log-calls PATH] [--test-tools] [--label TEXT]..."
+        "usage: mcp_example [--http ADDR] [--tools N] [--page-size N] [--extra-tool NAME]... [--log-calls PATH] [--test-tools] [--naive-files] [--label TEXT]..."
     );
     std::process::exit(2);
 }
@@ -569,6 +669,7 @@ fn parse_options() -> Options {
         named: Vec::new(),
         log_calls: None,
         test_tools: false,
+        naive_files: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -589,12 +690,13 @@ fn parse_options() -> Options {
             "--extra-tool" => options.named.push(value()),
             "--log-calls" => options.log_calls = Some(value().into()),
             "--test-tools" => options.test_tools = true,
+            "--naive-files" => options.naive_files = true,
             // Ignored: a value for tests to read back with the `argv` tool.
             "--label" => {
                 value();
             }
             "-h" | "--help" => {
-                eprintln!("usage: mcp_example [--http ADDR] [--tools N] [--page-size N] [--extra-tool NAME]... [--log-calls PATH] [--test-tools] [--label TEXT]...");
+                eprintln!("usage: mcp_example [--http ADDR] [--tools N] [--page-size N] [--extra-tool NAME]... [--log-calls PATH] [--test-tools] [--naive-files] [--label TEXT]...");
                 std::process::exit(0);
             }
             _ => usage(),
@@ -616,6 +718,7 @@ async fn main() -> std::process::ExitCode {
         options.test_tools,
     );
     server.log_calls = options.log_calls.map(Arc::new);
+    server.naive_files = options.naive_files;
     let result = match options.http {
         None => serve_stdio(server).await,
         Some(addr) => serve_http(server, addr).await,

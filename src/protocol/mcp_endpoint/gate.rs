@@ -30,7 +30,7 @@ use serde_json::{json, Value};
 
 use super::ask::{self, Subject};
 use super::content::{refused, to_result};
-use super::uri::shown;
+use super::uri::{plain_name, shown};
 use crate::config::{AgentConfig, Config, EndpointNames, Verdict};
 use crate::tools::relay::{Progress, PROGRESS};
 use crate::tools::{CallContext, Reply, ServerTool, ToolHost, ToolOutput};
@@ -74,7 +74,7 @@ fn shown_names(all: &[ServerTool], names: EndpointNames) -> Vec<String> {
         .iter()
         .map(|t| (t.tool.as_str(), t.spec.name.clone()))
         .collect();
-    shown(&pairs, names)
+    shown(&pairs, names, plain_name)
 }
 
 /// The tools an MCP client of `agent` sees, by the names it sees them by: its exposed ones

@@ -2,8 +2,9 @@
 //! server: `mcp__<server>__<tool>` (the federation's name), `<server>/<prompt>` and
 //! `turnstile://<server>/<uri>`. A server name has no `/` (config validation keeps it to
 //! letters, digits, `_` and `-`), so the first `/` after it ends it and the rest is the
-//! server's own name or URI, unchanged. With `[mcp_endpoint] names = "own"`, [`shown`] keeps a
-//! server's own name wherever it names one thing only.
+//! server's own name or URI (a URI in its canonical form, see
+//! [`crate::tools::mcp::resource_uri`]). With `[mcp_endpoint] names = "own"`, [`shown`] keeps
+//! a server's own name wherever it names one thing only and may be shown as it is.
 
 use crate::config::EndpointNames;
 
@@ -32,10 +33,25 @@ pub fn parse_prompt(name: &str) -> Option<(&str, &str)> {
     (!server.is_empty() && !prompt.is_empty()).then_some((server, prompt))
 }
 
+/// Whether a server's own tool or prompt name may be shown to a client as it is: what MCP
+/// allows a tool name (1 to 128 of `A-Z a-z 0-9 _ - .`), as federated names are kept to. So no
+/// client is shown a `/`, a control character or one that makes a name read backwards.
+pub fn plain_name(name: &str) -> bool {
+    (1..=128).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
 /// The name each item is shown by, given its own name and its federated one: the federated
-/// one, or with [`EndpointNames::Own`] its own where no other item has that own name and no
-/// other item is shown by it. So every shown name is one item's, and goes back to it.
-pub fn shown<S: AsRef<str>>(items: &[(S, String)], names: EndpointNames) -> Vec<String> {
+/// one, or with [`EndpointNames::Own`] its own where it is `fit` to be shown, no other item
+/// has that own name and no other item is shown by it. So every shown name is one item's, and
+/// goes back to it.
+pub fn shown<S: AsRef<str>>(
+    items: &[(S, String)],
+    names: EndpointNames,
+    fit: impl Fn(&str) -> bool,
+) -> Vec<String> {
     let federated = || items.iter().map(|(_, f)| f.clone()).collect();
     if names == EndpointNames::Federated {
         return federated();
@@ -50,81 +66,111 @@ pub fn shown<S: AsRef<str>>(items: &[(S, String)], names: EndpointNames) -> Vec<
         .iter()
         .map(|(own, fed)| match count(own.as_ref()) {
             // Its own name is its federated one (a built-in tool), or no other item's.
-            1 => own.as_ref().to_string(),
+            1 if fit(own.as_ref()) => own.as_ref().to_string(),
             _ => fed.clone(),
         })
         .collect()
 }
 
-/// One piece of an RFC 6570 template.
-#[derive(Debug, PartialEq)]
-enum Piece<'a> {
-    Literal(&'a str),
-    /// An expression: `{x}` matches one or more characters other than `/?#`, `{+x}` and `{#x}`
-    /// one or more of any, `{?x}`, `{&x}`, `{;x}` (query and parameters) any run, even empty.
-    Simple,
-    Reserved,
-    Query,
+/// What one step of a compiled template takes of a URI.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Class {
+    /// Any character.
+    Any,
+    /// Any character but `/`, `?` and `#` (a simple `{x}` expression's value).
+    Segment,
 }
 
-fn pieces(template: &str) -> Option<Vec<Piece<'_>>> {
-    let mut out = Vec::new();
+impl Class {
+    fn has(self, c: char) -> bool {
+        self == Class::Any || !matches!(c, '/' | '?' | '#')
+    }
+}
+
+/// A step of a template compiled to an automaton: a literal character, one character of a
+/// class, or any run of them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Step {
+    Char(char),
+    One(Class),
+    Star(Class),
+}
+
+/// An RFC 6570 template as steps: `{x}` one or more characters other than `/?#`, `{+x}` and
+/// `{#x}` one or more of any, `{?x}`, `{&x}`, `{;x}` (query and parameters) any run, even
+/// empty. `None` for a template with an unclosed expression.
+fn compile(template: &str) -> Option<Vec<Step>> {
+    let mut out = Vec::with_capacity(template.len());
     let mut rest = template;
     while let Some(open) = rest.find('{') {
-        if open > 0 {
-            out.push(Piece::Literal(&rest[..open]));
-        }
+        out.extend(rest[..open].chars().map(Step::Char));
         let close = rest[open..].find('}')? + open;
-        let expr = &rest[open + 1..close];
-        out.push(match expr.chars().next() {
-            Some('+') | Some('#') => Piece::Reserved,
-            Some('?') | Some('&') | Some(';') => Piece::Query,
-            _ => Piece::Simple,
-        });
+        match rest[open + 1..close].chars().next() {
+            Some('+') | Some('#') => out.extend([Step::One(Class::Any), Step::Star(Class::Any)]),
+            Some('?') | Some('&') | Some(';') => out.push(Step::Star(Class::Any)),
+            _ => out.extend([Step::One(Class::Segment), Step::Star(Class::Segment)]),
+        }
         rest = &rest[close + 1..];
     }
-    if !rest.is_empty() {
-        out.push(Piece::Literal(rest));
-    }
+    out.extend(rest.chars().map(Step::Char));
     Some(out)
 }
 
-fn matches(pieces: &[Piece<'_>], s: &str) -> bool {
-    let Some((first, rest)) = pieces.split_first() else {
-        return s.is_empty();
-    };
-    let (min, stops): (usize, &[char]) = match first {
-        Piece::Literal(l) => return s.strip_prefix(l).is_some_and(|t| matches(rest, t)),
-        Piece::Simple => (1, &['/', '?', '#']),
-        Piece::Reserved => (1, &[]),
-        Piece::Query => (0, &[]),
-    };
-    let ends = s
-        .char_indices()
-        .map(|(i, _)| i)
-        .skip(1)
-        .chain(std::iter::once(s.len()));
-    if min == 0 && matches(rest, s) {
-        return true;
-    }
-    for end in ends {
-        if s[..end].contains(stops) {
-            return false;
-        }
-        if matches(rest, &s[end..]) {
-            return true;
+/// Add to `states` those reached without taking a character (past a run that may be empty).
+fn close(steps: &[Step], states: &mut [bool]) {
+    for i in 0..steps.len() {
+        if states[i] && matches!(steps[i], Step::Star(_)) {
+            states[i + 1] = true;
         }
     }
-    false
 }
 
-/// Whether `uri` is one that the RFC 6570 `template` expands to (a bounded match: templates
-/// and URIs over 2 KiB never match).
-pub fn template_matches(template: &str, uri: &str) -> bool {
-    if template.len() > 2048 || uri.len() > 2048 {
-        return false;
+/// Whether `steps` take the whole of `s`: every reachable state at once, one character at a
+/// time (no backtracking), so the work is at most `s`'s length times the steps. `None` when
+/// that would pass `budget`, which is charged for the work done.
+fn run(steps: &[Step], s: &str, budget: &mut usize) -> Option<bool> {
+    let mut now = vec![false; steps.len() + 1];
+    let mut next = now.clone();
+    now[0] = true;
+    close(steps, &mut now);
+    for c in s.chars() {
+        *budget = budget.checked_sub(steps.len() + 1)?;
+        next.iter_mut().for_each(|x| *x = false);
+        for (i, step) in steps.iter().enumerate() {
+            if !now[i] {
+                continue;
+            }
+            match *step {
+                Step::Char(l) if l == c => next[i + 1] = true,
+                Step::One(class) if class.has(c) => next[i + 1] = true,
+                Step::Star(class) if class.has(c) => next[i] = true,
+                _ => {}
+            }
+        }
+        close(steps, &mut next);
+        std::mem::swap(&mut now, &mut next);
+        if !now.iter().any(|x| *x) {
+            return Some(false);
+        }
     }
-    pieces(template).is_some_and(|p| matches(&p, uri))
+    Some(now[steps.len()])
+}
+
+/// The work one request may spend matching a URI against templates (steps times characters):
+/// a few milliseconds at most.
+pub const TEMPLATE_BUDGET: usize = 4_000_000;
+
+/// Whether `uri` is one that the RFC 6570 `template` expands to, in time linear in the URI
+/// (templates and URIs over 2 KiB never match); `None` when the match would cost more than
+/// what is left of `budget` (see [`TEMPLATE_BUDGET`]).
+pub fn template_matches(template: &str, uri: &str, budget: &mut usize) -> Option<bool> {
+    if template.len() > 2048 || uri.len() > 2048 {
+        return Some(false);
+    }
+    match compile(template) {
+        Some(steps) => run(&steps, uri, budget),
+        None => Some(false),
+    }
 }
 
 #[cfg(test)]
@@ -158,9 +204,12 @@ mod tests {
             ("deliver_file", "deliver_file".to_string()),
             // Its own name is another one's federated name: neither may be shown by it.
             ("mcp__a__echo", "mcp__c__mcp__a__echo".to_string()),
+            // Names no client is shown as they are.
+            ("../../etc/passwd", "mcp__d_______etc_passwd".to_string()),
+            ("\u{fc}n\u{ef}\u{202e}code", "mcp__d___code".to_string()),
         ];
         assert_eq!(
-            shown(&items, EndpointNames::Federated),
+            shown(&items, EndpointNames::Federated, plain_name),
             vec![
                 "mcp__a__add",
                 "mcp__b__add",
@@ -170,31 +219,62 @@ mod tests {
             ]
         );
         assert_eq!(
-            shown(&items, EndpointNames::Own),
+            shown(&items, EndpointNames::Own, plain_name),
             vec![
                 "mcp__a__add",
                 "mcp__b__add",
                 "echo",
                 "deliver_file",
-                "mcp__c__mcp__a__echo"
+                "mcp__c__mcp__a__echo",
+                "mcp__d_______etc_passwd",
+                "mcp__d___code"
             ]
         );
+    }
+
+    fn matches(t: &str, u: &str) -> bool {
+        template_matches(t, u, &mut TEMPLATE_BUDGET.clone()).expect("within budget")
     }
 
     #[test]
     fn templates_match_what_they_expand_to() {
         let t = "test://template/{id}/data";
-        assert!(template_matches(t, "test://template/123/data"));
-        assert!(!template_matches(t, "test://template//data"));
-        assert!(!template_matches(t, "test://template/1/2/data"));
-        assert!(!template_matches(t, "test://template/123/data/x"));
-        assert!(template_matches("file:///{+path}", "file:///a/b/c.txt"));
-        assert!(!template_matches("file:///{path}", "file:///a/b"));
-        assert!(template_matches("db://t{?q,limit}", "db://t"));
-        assert!(template_matches("db://t{?q,limit}", "db://t?q=1&limit=2"));
-        assert!(template_matches("x://{a}-{b}", "x://1-2"));
-        assert!(!template_matches("x://{a", "x://1"));
-        assert!(template_matches("plain://x", "plain://x"));
-        assert!(!template_matches("plain://x", "plain://y"));
+        assert!(matches(t, "test://template/123/data"));
+        assert!(!matches(t, "test://template//data"));
+        assert!(!matches(t, "test://template/1/2/data"));
+        assert!(!matches(t, "test://template/123/data/x"));
+        assert!(matches("file:///{+path}", "file:///a/b/c.txt"));
+        assert!(!matches("file:///{path}", "file:///a/b"));
+        assert!(matches("db://t{?q,limit}", "db://t"));
+        assert!(matches("db://t{?q,limit}", "db://t?q=1&limit=2"));
+        assert!(matches("x://{a}-{b}", "x://1-2"));
+        assert!(!matches("x://{a", "x://1"));
+        assert!(matches("plain://x", "plain://x"));
+        assert!(!matches("plain://x", "plain://y"));
+    }
+
+    #[test]
+    fn a_template_that_would_backtrack_matches_in_linear_time() {
+        // A backtracking matcher tries every split of the slashes among the three
+        // expressions: hours of CPU for 800 slashes. One pass takes microseconds.
+        let t = "u://{+a}/{+b}/{+c}.json";
+        let uri = format!("u://{}x", "/".repeat(800));
+        let mut budget = TEMPLATE_BUDGET;
+        assert_eq!(template_matches(t, &uri, &mut budget), Some(false));
+        assert!(
+            budget > TEMPLATE_BUDGET - 20_000,
+            "work spent: {}",
+            TEMPLATE_BUDGET - budget
+        );
+        assert!(matches(t, "u://a/b/c.json"));
+        assert!(matches(t, &format!("u://{}c.json", "/".repeat(800))));
+    }
+
+    #[test]
+    fn matching_stops_when_the_budget_is_spent() {
+        let t = "u://{+a}{+b}{+c}{+d}";
+        let uri = format!("u://{}", "a".repeat(2000));
+        let mut budget = 1_000;
+        assert_eq!(template_matches(t, &uri, &mut budget), None);
     }
 }

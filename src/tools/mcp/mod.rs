@@ -15,6 +15,7 @@ pub mod http_client;
 pub mod naming;
 pub mod oauth;
 pub mod policy;
+pub mod resource_uri;
 pub mod sampling;
 pub mod sandbox;
 pub mod stderr;

@@ -3,8 +3,9 @@
 //! Within a list the first pattern in file order that matches is the deciding rule.
 //!
 //! The same globs judge what `/mcp` passes through of a server besides its tools: a resource by
-//! `mcp__<server>__<uri>` (the URI, or URI template, exactly as the server gives it), a prompt
-//! by `mcp__<server>__<prompt>` ([`resource_name`], [`prompt_name`]). So `mcp__fs__*` covers a
+//! `mcp__<server>__<uri>` (the URI, or URI template, in its canonical form: see
+//! [`super::resource_uri`]), a prompt by `mcp__<server>__<prompt>` ([`resource_name`],
+//! [`prompt_name`]). So `mcp__fs__*` covers a
 //! server's tools, resources and prompts alike, and `deny = ["mcp__fs__file:///etc/*"]` one
 //! folder of its resources. A prompt and a tool of the same name share a pattern.
 

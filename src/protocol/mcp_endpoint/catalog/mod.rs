@@ -326,7 +326,11 @@ impl Gate {
                 (child, Reference::Prompt(r))
             }
             Reference::Resource(r) => {
-                let (child, raw) = self.resolve(&r.uri, ctx).await?;
+                let resources::Resolved {
+                    child, uri: raw, ..
+                } = self
+                    .resolve(&r.uri, resources::Named::Template, ctx)
+                    .await?;
                 self.check(
                     &format!("Resource {}", r.uri),
                     &policy::resource_name(&child.server, &raw),
@@ -394,6 +398,8 @@ impl Gate {
                         peer.notify_prompt_list_changed().await
                     }
                     Ok((server, CatalogEvent::ResourceUpdated(raw))) => {
+                        // Subscriptions are kept by the canonical URI the server was sent.
+                        let raw = crate::tools::mcp::resource_uri::canonical(&raw).unwrap_or(raw);
                         let given = crate::sync::lock(&subscribed).get(&(server, raw)).cloned();
                         match given {
                             Some(uri) => {

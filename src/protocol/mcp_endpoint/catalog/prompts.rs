@@ -10,7 +10,7 @@ use rmcp::{ErrorData, RoleServer};
 
 use super::super::ask::Subject;
 use super::super::gate::Gate;
-use super::super::uri::{expose_prompt, parse_prompt, shown};
+use super::super::uri::{expose_prompt, parse_prompt, plain_name, shown};
 use super::{log, or_none, outcome, within, Child};
 use crate::config::EndpointNames;
 use crate::tools::mcp::policy;
@@ -59,7 +59,7 @@ impl Gate {
             .iter()
             .map(|(c, p)| (p.name.as_str(), expose_prompt(&c.server, &p.name)))
             .collect();
-        shown(&pairs, self.config.mcp_endpoint.names)
+        shown(&pairs, self.config.mcp_endpoint.names, plain_name)
     }
 
     /// The server a client's prompt name is for, and the prompt's own name there: a name
@@ -86,7 +86,19 @@ impl Gate {
             ));
         };
         match self.child(ctx, server, wanted).await {
-            Some(c) => Ok((c, prompt.to_string())),
+            // Only a prompt the server lists, by the name it lists: the policy judged that
+            // name, not another spelling the server might take for it.
+            Some(c) => match prompts_of(std::slice::from_ref(&c))
+                .await
+                .iter()
+                .any(|(_, p)| p.name == prompt)
+            {
+                true => Ok((c, prompt.to_string())),
+                false => Err(ErrorData::invalid_params(
+                    format!("Prompt {name}: MCP server {server:?} lists no prompt {prompt:?} (see prompts/list)"),
+                    None,
+                )),
+            },
             None => Err(ErrorData::invalid_params(
                 format!("Prompt {name}: no MCP server {server:?} passes prompts through /mcp (not configured, not up, or it serves none)"),
                 None,

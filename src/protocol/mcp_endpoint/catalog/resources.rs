@@ -13,9 +13,46 @@ use rmcp::{ErrorData, RoleServer};
 
 use super::super::ask::Subject;
 use super::super::gate::Gate;
-use super::super::uri::{expose_prompt, expose_uri, parse_uri, shown, template_matches};
+use super::super::uri::{
+    expose_prompt, expose_uri, parse_uri, shown, template_matches, TEMPLATE_BUDGET,
+};
 use super::{log, or_none, outcome, within, Child};
 use crate::tools::mcp::policy;
+use crate::tools::mcp::resource_uri::{canonical, canonical_template};
+
+/// What a client names: a resource's URI, or a URI template (a completion's `ref/resource`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Named {
+    Uri,
+    Template,
+}
+
+impl Named {
+    /// The canonical form of `uri` (see [`crate::tools::mcp::resource_uri`]); a URI without
+    /// one is refused saying why.
+    fn canonical(self, uri: &str) -> Result<String, ErrorData> {
+        let c = match self {
+            Named::Uri => canonical(uri),
+            Named::Template => canonical_template(uri),
+        };
+        c.map_err(|why| {
+            ErrorData::invalid_params(
+                format!(
+                    "Resource {uri}: {why}; see the README for how turnstile reads resource URIs"
+                ),
+                None,
+            )
+        })
+    }
+}
+
+/// A resource a client named: its server, the URI as the server is sent it (canonical), and
+/// whether the client named it through `turnstile://<server>/`.
+pub(super) struct Resolved {
+    pub(super) child: Child,
+    pub(super) uri: String,
+    pub(super) prefixed: bool,
+}
 
 /// How a server claims a URI, weakest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -43,6 +80,12 @@ impl Gate {
                 or_none(c, "listing resources", l)
                     .into_iter()
                     .map(move |r| (c, r))
+            })
+            // Listed by its canonical URI, what a read of it is judged by and sends; one
+            // without a canonical form could not be read: not listed.
+            .filter_map(|(c, mut r)| {
+                r.uri = canonical(&r.uri).ok()?;
+                Some((c, r))
             })
             .collect();
         let names = self.shown(listed.iter().map(|(c, r)| (c, r.uri.as_str())));
@@ -83,6 +126,10 @@ impl Gate {
                     .into_iter()
                     .map(move |t| (c, t))
             })
+            .filter_map(|(c, mut t)| {
+                t.uri_template = canonical_template(&t.uri_template).ok()?;
+                Some((c, t))
+            })
             .collect();
         let names = self.shown(listed.iter().map(|(c, t)| (c, t.uri_template.as_str())));
         let mut out = Vec::new();
@@ -101,41 +148,80 @@ impl Gate {
         ListResourceTemplatesResult::with_all_items(out)
     }
 
-    /// How `child` claims `uri`: it lists it, or has a template matching it, or neither.
-    async fn claims(&self, child: &Child, uri: &str) -> Claim {
+    /// How `child` claims the canonical `uri`: it lists it (or, for a template, lists that
+    /// template), or has a template matching it, or neither. Templates are matched off the
+    /// async workers, within [`TEMPLATE_BUDGET`] for the request.
+    async fn claims(&self, child: &Child, uri: &str, named: Named) -> Claim {
         let listed = within(child, "resources/list", child.peer.list_all_resources()).await;
-        if listed.is_ok_and(|l| l.iter().any(|r| r.uri == uri)) {
+        let same = |own: &str| canonical(own).is_ok_and(|c| c == uri);
+        if named == Named::Uri && listed.is_ok_and(|l| l.iter().any(|r| same(&r.uri))) {
             return Claim::Lists;
         }
-        let templates = within(
+        let templates = match within(
             child,
             "resources/templates/list",
             child.peer.list_all_resource_templates(),
         )
-        .await;
-        if templates.is_ok_and(|l| l.iter().any(|t| template_matches(&t.uri_template, uri))) {
-            return Claim::Template;
+        .await
+        {
+            Ok(l) => l,
+            Err(_) => return Claim::None,
+        };
+        if named == Named::Template {
+            let same = |t: &str| canonical_template(t).is_ok_and(|c| c == uri);
+            return match templates.iter().any(|t| same(&t.uri_template)) {
+                true => Claim::Lists,
+                false => Claim::None,
+            };
         }
-        Claim::None
+        let uri = uri.to_string();
+        let server = child.server.clone();
+        let matched = tokio::task::spawn_blocking(move || {
+            let mut budget = TEMPLATE_BUDGET;
+            for t in &templates {
+                match template_matches(&t.uri_template, &uri, &mut budget) {
+                    Some(true) => return true,
+                    Some(false) => {}
+                    None => {
+                        tracing::warn!(
+                            server,
+                            templates = templates.len(),
+                            "matching a URI against the server's resource templates passed its budget; the rest are taken as not matching"
+                        );
+                        return false;
+                    }
+                }
+            }
+            false
+        })
+        .await;
+        match matched {
+            Ok(true) => Claim::Template,
+            _ => Claim::None,
+        }
     }
 
-    /// The server a client's URI is for, and the URI as that server names it.
+    /// The server a client's URI (or template) is for, and the canonical URI it is sent.
     pub(super) async fn resolve(
         &self,
         uri: &str,
+        named: Named,
         ctx: &RequestContext<RoleServer>,
-    ) -> Result<(Child, String), ErrorData> {
-        let kids = self.children(ctx, |c| c.resources.is_some()).await;
+    ) -> Result<Resolved, ErrorData> {
         if let Some((server, raw)) = parse_uri(uri) {
+            let own = named.canonical(raw)?;
+            let kids = self.children(ctx, |c| c.resources.is_some()).await;
             return match kids.into_iter().find(|c| c.server == server) {
-                Some(c) => Ok((c, raw.to_string())),
+                Some(child) => Ok(Resolved { child, uri: own, prefixed: true }),
                 None => Err(ErrorData::resource_not_found(
                     format!("Resource {uri}: no MCP server {server:?} passes resources through /mcp (not configured, not up, or it serves none)"),
                     None,
                 )),
             };
         }
-        let claims = join_all(kids.iter().map(|c| self.claims(c, uri))).await;
+        let own = named.canonical(uri)?;
+        let kids = self.children(ctx, |c| c.resources.is_some()).await;
+        let claims = join_all(kids.iter().map(|c| self.claims(c, &own, named))).await;
         // The servers that list it; else those with a template for it; else the only one.
         let best = claims.iter().max().copied().unwrap_or(Claim::None);
         let only = kids.len() == 1;
@@ -146,7 +232,11 @@ impl Gate {
             .map(|(c, _)| c)
             .collect();
         match claiming.len() {
-            1 => Ok((claiming.remove(0), uri.to_string())),
+            1 => Ok(Resolved {
+                child: claiming.remove(0),
+                uri: own,
+                prefixed: false,
+            }),
             0 => Err(ErrorData::resource_not_found(
                 format!("Resource {uri}: no MCP server lists it; read a URI from resources/list (turnstile://<server>/<uri>)"),
                 None,
@@ -164,8 +254,11 @@ impl Gate {
         ctx: &RequestContext<RoleServer>,
     ) -> Result<ReadResourceResult, ErrorData> {
         let started = Instant::now();
-        let (child, raw) = self.resolve(&uri, ctx).await?;
-        let prefixed = raw != uri;
+        let Resolved {
+            child,
+            uri: raw,
+            prefixed,
+        } = self.resolve(&uri, Named::Uri, ctx).await?;
         let name = policy::resource_name(&child.server, &raw);
         let what = format!("Resource {uri}");
         let d = self.check(&what, &name).inspect_err(|_| {
@@ -210,7 +303,8 @@ impl Gate {
         let pairs: Vec<(&str, String)> = listed
             .map(|(c, uri)| (uri, expose_uri(&c.server, uri)))
             .collect();
-        shown(&pairs, self.config.mcp_endpoint.names)
+        // Canonical URIs show no control or bidirectional characters.
+        shown(&pairs, self.config.mcp_endpoint.names, |_| true)
     }
 
     pub(in crate::protocol::mcp_endpoint) async fn subscribe(
@@ -218,7 +312,9 @@ impl Gate {
         uri: String,
         ctx: &RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        let (child, raw) = self.resolve(&uri, ctx).await?;
+        let Resolved {
+            child, uri: raw, ..
+        } = self.resolve(&uri, Named::Uri, ctx).await?;
         self.check(
             &format!("Resource {uri}"),
             &policy::resource_name(&child.server, &raw),
