@@ -263,7 +263,7 @@ pub async fn start_with(
         None => tool_host(&config, Some(files.clone())).await?,
     };
     let streams = CancellationToken::new();
-    let mcp = McpEndpoint::new(&config, &tools, &keys, addr, &streams);
+    let mcp = McpEndpoint::new(&config, &tools, &streams);
     let engine = Engine::open(config, store, provider, tools, Some(files.clone())).await?;
     let listener = TcpListener::bind(addr)
         .await
@@ -281,11 +281,22 @@ pub async fn start_with(
                 .local_addr()
                 .map_err(|source| StartError::Listen { addr: at, source })?;
             tracing::info!(addr = %bound, "metrics on http://{bound}/metrics (no API key)");
-            let task = crate::api::metrics::serve(l, engine.clone(), shutdown.clone());
+            // No keys there: a keyless guard of its own address.
+            let guard = crate::http::browser::Guard::new(
+                engine.config().server.allowed_hosts.as_deref(),
+                bound,
+                false,
+            );
+            let task = crate::api::metrics::serve(l, engine.clone(), guard, shutdown.clone());
             (Some(bound), Some(tokio::spawn(task)))
         }
         None => (None, None),
     };
+    let browser = crate::http::browser::Guard::new(
+        engine.config().server.allowed_hosts.as_deref(),
+        addr,
+        !keys.is_empty(),
+    );
     let app = Arc::new(App {
         engine: engine.clone(),
         keys,
@@ -293,6 +304,7 @@ pub async fn start_with(
         streams: streams.clone(),
         files,
         mcp,
+        browser,
     });
     let server = tokio::spawn(crate::http::server::serve(
         listener,

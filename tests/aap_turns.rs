@@ -678,7 +678,7 @@ async fn a_client_that_stops_reading_its_stream_does_not_stall_the_turn() {
     let body =
         json!({"stream": "delta", "messages": [{"role": "user", "content": "go"}]}).to_string();
     let head = format!(
-        "POST /sessions/{sid}/turns HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        "POST /sessions/{sid}/turns HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
         body.len()
     );
     conn.write_all(format!("{head}{body}").as_bytes())

@@ -332,7 +332,7 @@ async fn console_pending_lists_the_callers_waiting_permissions_with_the_rule_tha
 /// body.
 async fn get(addr: SocketAddr, path: &str, extra: &str) -> (u16, Vec<(String, String)>, Vec<u8>) {
     let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let req = format!("GET {path} HTTP/1.1\r\nhost: t\r\nconnection: close\r\n{extra}\r\n");
+    let req = format!("GET {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n{extra}\r\n");
     conn.write_all(req.as_bytes()).await.unwrap();
     let mut raw = Vec::new();
     tokio::time::timeout(Duration::from_secs(10), conn.read_to_end(&mut raw))

@@ -233,7 +233,7 @@ impl Req {
 
     fn bytes(&self) -> Vec<u8> {
         let mut out = format!(
-            "{} {} HTTP/1.1\r\nhost: fuzz\r\nconnection: close\r\ncontent-length: {}\r\n",
+            "{} {} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\ncontent-length: {}\r\n",
             self.method,
             self.path,
             self.declared.unwrap_or(self.body.len())

@@ -71,7 +71,7 @@ impl Server {
     async fn call(&self, method: &str, path: &str, body: &str) -> (u16, Value) {
         let mut s = self.connect().await;
         let req = format!(
-            "{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\
+            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
              Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
         );
@@ -148,7 +148,9 @@ async fn a_slow_head_is_closed_unanswered_after_the_header_timeout() {
     let started = Instant::now();
     // One byte every 200 ms: the head would take seconds to complete.
     let drip = async {
-        for b in b"GET /healthz HTTP/1.1\r\nHost: t\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n" {
+        for b in
+            b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n"
+        {
             if wr.write_all(&[*b]).await.is_err() {
                 return;
             }
@@ -192,7 +194,7 @@ async fn a_slow_head_is_closed_unanswered_after_the_header_timeout() {
 async fn an_idle_keep_alive_connection_is_closed_after_the_idle_timeout_not_before() {
     let server = Server::start().await;
     let mut s = server.connect().await;
-    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
         .await
         .unwrap();
     let r = read_response(&mut s, Duration::from_secs(5)).await.unwrap();
@@ -213,7 +215,7 @@ async fn an_idle_keep_alive_connection_is_closed_after_the_idle_timeout_not_befo
     // head after it still gets only the header timeout.
     let mut s = server.connect().await;
     for _ in 0..2 {
-        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
             .await
             .unwrap();
         let r = read_response(&mut s, Duration::from_secs(5)).await.unwrap();
@@ -239,7 +241,7 @@ async fn an_event_stream_open_past_the_idle_timeout_is_not_cut() {
     let sid = created["sessionId"].as_str().unwrap().to_string();
     let mut s = server.connect().await;
     s.write_all(
-        format!("GET /sessions/{sid}/events/stream HTTP/1.1\r\nHost: t\r\n\r\n").as_bytes(),
+        format!("GET /sessions/{sid}/events/stream HTTP/1.1\r\nHost: localhost\r\n\r\n").as_bytes(),
     )
     .await
     .unwrap();
@@ -293,7 +295,7 @@ async fn an_event_stream_open_past_the_idle_timeout_is_not_cut() {
 /// `turnstile_<name>` in `GET /metrics`.
 async fn metric(server: &Server, name: &str) -> u64 {
     let mut s = server.connect().await;
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
         .await
         .unwrap();
     let r = read_response(&mut s, Duration::from_secs(5)).await.unwrap();
@@ -373,7 +375,7 @@ async fn a_declared_body_over_the_limit_is_413_at_once_naming_the_limit_and_key(
         let sent = Instant::now();
         s.write_all(
             format!(
-                "POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n\
+                "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
                  Content-Length: 10737418240\r\n\r\n"
             )
             .as_bytes(),
@@ -399,7 +401,7 @@ async fn a_body_that_stalls_is_cut_off() {
     let server = Server::start().await;
     let mut s = server.connect().await;
     s.write_all(
-        b"POST /sessions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n\
+        b"POST /sessions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
           Content-Length: 100\r\n\r\n{\"agent\"",
     )
     .await
@@ -427,7 +429,7 @@ async fn a_body_that_stalls_is_cut_off() {
     // An upload that stalls is cut off too.
     let mut s = server.connect().await;
     s.write_all(
-        b"POST /files?filename=a.txt HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\nsome bytes",
+        b"POST /files?filename=a.txt HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1000\r\n\r\nsome bytes",
     )
     .await
     .unwrap();

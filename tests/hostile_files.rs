@@ -105,7 +105,7 @@ async fn post_chunked(
     let conn = TcpStream::connect(addr).await.unwrap();
     let (mut rd, mut wr) = conn.into_split();
     let head = format!(
-        "POST {path} HTTP/1.1\r\nhost: t\r\ncontent-type: {content_type}\r\ntransfer-encoding: chunked\r\n\r\n"
+        "POST {path} HTTP/1.1\r\nhost: localhost\r\ncontent-type: {content_type}\r\ntransfer-encoding: chunked\r\n\r\n"
     );
     let writer = tokio::spawn(async move {
         wr.write_all(head.as_bytes()).await?;

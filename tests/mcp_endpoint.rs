@@ -119,7 +119,7 @@ async fn tools_are_listed_trusted_run_denied_refused_and_ask_needs_elicitation()
 async fn metrics_text(addr: std::net::SocketAddr) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
-    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
         .await
         .unwrap();
     let mut text = String::new();

@@ -147,7 +147,7 @@ async fn every_metric_counts_what_the_turns_did() {
     stream
         .write_all(
             format!(
-                "GET /sessions/{id}/events/stream HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {KEY}\r\n\r\n"
+                "GET /sessions/{id}/events/stream HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {KEY}\r\n\r\n"
             )
             .as_bytes(),
         )

@@ -44,7 +44,7 @@ where
 async fn get_raw(addr: std::net::SocketAddr, path: &str) -> (u16, Option<String>, Value) {
     let mut conn = TcpStream::connect(addr).await.unwrap();
     conn.write_all(
-        format!("GET {path} HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n").as_bytes(),
+        format!("GET {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n").as_bytes(),
     )
     .await
     .unwrap();

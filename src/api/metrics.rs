@@ -6,6 +6,7 @@ use std::time::Duration;
 use http::{Method, StatusCode};
 
 use crate::engine::Engine;
+use crate::http::browser::Guard;
 use crate::http::{text_response, ApiError, Request, Response};
 use crate::metrics::{render, CONTENT_TYPE};
 
@@ -16,7 +17,10 @@ pub fn response(engine: &Engine) -> Response {
 }
 
 /// The metrics port's one route.
-fn answer(engine: &Engine, req: &Request) -> Response {
+fn answer(engine: &Engine, guard: &Guard, req: &Request) -> Response {
+    if let Err(e) = guard.check(req, false) {
+        return e.into_response();
+    }
     match (req.method(), req.uri().path()) {
         (&Method::GET, "/metrics") => response(engine),
         (_, "/metrics") => ApiError::new(
@@ -37,6 +41,7 @@ fn answer(engine: &Engine, req: &Request) -> Response {
 pub async fn serve(
     listener: tokio::net::TcpListener,
     engine: Engine,
+    guard: Guard,
     shutdown: tokio_util::sync::CancellationToken,
 ) {
     loop {
@@ -52,9 +57,11 @@ pub async fn serve(
             _ = shutdown.cancelled() => break,
         };
         let _ = stream.set_nodelay(true);
-        let engine = engine.clone();
+        let (engine, guard) = (engine.clone(), guard.clone());
         let service = hyper::service::service_fn(move |req: Request| {
-            std::future::ready(Ok::<_, std::convert::Infallible>(answer(&engine, &req)))
+            std::future::ready(Ok::<_, std::convert::Infallible>(answer(
+                &engine, &guard, &req,
+            )))
         });
         let shutdown = shutdown.clone();
         tokio::spawn(async move {

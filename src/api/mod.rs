@@ -32,6 +32,12 @@ pub async fn handle(app: Arc<App>, req: Request) -> Response {
     );
     let result = async {
         let route = route?;
+        // Before anything else: what a web page could have sent is refused unread.
+        app.browser
+            .check(&req, matches!(route, Endpoint::Console(_)))?;
+        if !matches!(route, Endpoint::Upload) {
+            crate::http::browser::require_json(&req)?;
+        }
         let caller = Caller {
             owner: if route.is_public(app.public_meta, app.mcp.enabled()) {
                 None

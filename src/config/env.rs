@@ -63,6 +63,7 @@ const SERVER_KEYS: &[&str] = &[
     "idle_timeout_s",
     "max_connections",
     "metrics_listen",
+    "allowed_hosts",
 ];
 
 /// The variable that sets `[server] key`.
@@ -114,6 +115,17 @@ pub(super) fn apply_server_env(
             "sandboxes" => server.sandboxes = s(),
             "api_keys_env" => server.api_keys_env = s(),
             "metrics_listen" => server.metrics_listen = s(),
+            // Comma-separated.
+            "allowed_hosts" => {
+                server.allowed_hosts = Some(
+                    value
+                        .split(',')
+                        .map(str::trim)
+                        .filter(|h| !h.is_empty())
+                        .map(|h| Spanned::new(span.clone(), h.to_string()))
+                        .collect(),
+                )
+            }
             "public_meta" => server.public_meta = Some(boolean()?),
             "fsync" => server.fsync = Some(boolean()?),
             "max_body_bytes" => server.max_body_bytes = n(int()?),
@@ -159,6 +171,6 @@ mod tests {
     #[test]
     fn every_server_key_has_its_variable() {
         assert_eq!(server_var("max_body_bytes"), "TURNSTILE_MAX_BODY_BYTES");
-        assert_eq!(SERVER_KEYS.len(), 12);
+        assert_eq!(SERVER_KEYS.len(), 13);
     }
 }

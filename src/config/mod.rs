@@ -132,6 +132,10 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Serve `/metrics` (no key needed) on this address too. Default none.
     pub metrics_listen: Option<SocketAddr>,
+    /// Host names a request may name besides loopback ones (`*`: any); lower case, no port.
+    /// `None`: loopback names only on a keyless loopback server, any elsewhere (see
+    /// `http::browser`).
+    pub allowed_hosts: Option<Vec<String>>,
     /// The variable holding the key that encrypts stored OAuth tokens (read when used).
     pub secret_key_env: Option<String>,
 }

@@ -66,6 +66,9 @@ pub(super) struct RawServer {
     pub max_connections: Option<Spanned<i64>>,
     #[serde(default)]
     pub metrics_listen: Option<Spanned<String>>,
+    /// Host names served besides loopback ones (see `http::browser`).
+    #[serde(default)]
+    pub allowed_hosts: Option<Vec<Spanned<String>>>,
     /// The variable holding the key that encrypts stored OAuth tokens.
     #[serde(default)]
     pub secret_key_env: Option<Spanned<String>>,

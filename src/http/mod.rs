@@ -3,6 +3,7 @@
 
 pub mod auth;
 pub mod body;
+pub mod browser;
 pub mod conn;
 pub mod detached;
 pub mod error;

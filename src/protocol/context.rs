@@ -17,6 +17,8 @@ pub struct App {
     pub files: FileStore,
     /// `/mcp` (`[mcp_endpoint]`).
     pub mcp: crate::protocol::mcp_endpoint::Endpoint,
+    /// What a web page could make a browser send, refused (see [`crate::http::browser`]).
+    pub browser: crate::http::browser::Guard,
 }
 
 impl App {

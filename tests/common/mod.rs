@@ -110,7 +110,7 @@ impl TestServer {
             .await
             .expect("connect");
         let head = format!(
-            "POST {path} HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            "POST {path} HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
             body.len()
         );
         conn.write_all(format!("{head}{body}").as_bytes())

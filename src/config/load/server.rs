@@ -100,6 +100,14 @@ pub(super) fn server(
             1,
             i64::from(u32::MAX),
         )? as usize,
+        allowed_hosts: match &t.allowed_hosts {
+            None => None,
+            Some(list) => Some(
+                list.iter()
+                    .map(|h| host_name(cx, h))
+                    .collect::<Result<_, _>>()?,
+            ),
+        },
         metrics_listen: match &t.metrics_listen {
             None => None,
             Some(v) => Some(socket_addr(
@@ -110,6 +118,34 @@ pub(super) fn server(
             )?),
         },
     })
+}
+
+/// A host name of `[server] allowed_hosts`: a DNS name, an IPv4 address, `[IPv6]`, or `*`.
+fn host_name(cx: &Cx<'_>, v: &Spanned<String>) -> Result<String, ConfigError> {
+    let h = v.get_ref().trim().to_ascii_lowercase();
+    let dns = !h.is_empty()
+        && h.len() <= 253
+        && h.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        });
+    let v6 = h.starts_with('[')
+        && h.ends_with(']')
+        && h[1..h.len() - 1].parse::<std::net::Ipv6Addr>().is_ok();
+    if dns || v6 || h == "*" {
+        return Ok(h);
+    }
+    Err(cx.err(
+        v.span(),
+        "server.allowed_hosts",
+        format!(
+            "{:?} is not a host name: write a name without scheme or port, e.g. \"gw.example.com\", \"10.0.0.5\", \"[fd00::5]\", or \"*\" for any",
+            v.get_ref()
+        ),
+    ))
 }
 
 /// A socket address for `key`; the error shows `example` (already quoted).
@@ -152,6 +188,35 @@ mod tests {
     use std::net::{Ipv4Addr, SocketAddr};
     use std::path::Path;
     use std::time::Duration;
+
+    #[test]
+    fn allowed_hosts_are_host_names() {
+        let c = ok("[server]\nallowed_hosts = [\"GW.example.com\", \"10.0.0.5\", \"[fd00::5]\"]\n");
+        assert_eq!(
+            c.server.allowed_hosts.as_deref(),
+            Some(
+                &[
+                    "gw.example.com".to_string(),
+                    "10.0.0.5".into(),
+                    "[fd00::5]".into()
+                ][..]
+            )
+        );
+        assert_eq!(ok("").server.allowed_hosts, None);
+        let c = ok_env("", &[("TURNSTILE_ALLOWED_HOSTS", "a.example, b.example")]);
+        assert_eq!(
+            c.server.allowed_hosts.as_deref(),
+            Some(&["a.example".to_string(), "b.example".into()][..])
+        );
+        for bad_host in ["https://gw.example.com", "gw.example.com:443", "", "a b"] {
+            let e = bad(&format!(
+                "[server]\nallowed_hosts = [\n  {bad_host:?},\n]\n"
+            ));
+            assert_eq!(e.line, Some(3), "{e}");
+            assert_eq!(e.key.as_deref(), Some("server.allowed_hosts"));
+            assert!(e.message.contains("is not a host name"), "{e}");
+        }
+    }
 
     #[test]
     fn server_keys_come_from_turnstile_variables_over_the_file() {

@@ -68,17 +68,13 @@ pub struct Endpoint {
 
 impl Endpoint {
     /// The endpoint of `config` over `host`, its sessions ended when `shutdown` is cancelled.
-    /// Any `Host` header is accepted with API keys (which already stop DNS rebinding) or on a
-    /// non-loopback `listen` address; else only loopback names, rmcp's guard for a keyless
-    /// local server.
+    /// rmcp's own `Host` check is off: the API's browser guard ([`crate::http::browser`]) has
+    /// checked `Host`, `Origin` and the content type of every request before it comes here.
     pub fn new(
         config: &Arc<Config>,
         host: &Arc<dyn ToolHost>,
-        keys: &crate::http::auth::Keys,
-        listen: std::net::SocketAddr,
         shutdown: &tokio_util::sync::CancellationToken,
     ) -> Endpoint {
-        let any_host = !keys.is_empty() || !listen.ip().is_loopback();
         let ep = &config.mcp_endpoint;
         let agents = if ep.enabled {
             ep.agents
@@ -86,16 +82,12 @@ impl Endpoint {
                 .filter_map(|name| config.agents.iter().find(|a| &a.name == name))
                 .map(|agent| {
                     let sessions = Arc::new(LocalSessionManager::default());
-                    let mut http = StreamableHttpServerConfig::default()
+                    let http = StreamableHttpServerConfig::default()
                         .with_max_request_body_bytes(
                             usize::try_from(config.server.max_body_bytes).unwrap_or(usize::MAX),
                         )
-                        .with_cancellation_token(shutdown.child_token());
-                    if any_host {
-                        // A bearer key already stops DNS rebinding (a browser cannot add it);
-                        // a deployment behind any host name must work.
-                        http = http.disable_allowed_hosts();
-                    }
+                        .with_cancellation_token(shutdown.child_token())
+                        .disable_allowed_hosts();
                     let (config, agent_cfg, host) = (config.clone(), agent.clone(), host.clone());
                     let service = StreamableHttpService::new(
                         move || Ok(Gate::new(config.clone(), agent_cfg.clone(), host.clone())),

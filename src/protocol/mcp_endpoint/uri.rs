@@ -215,7 +215,9 @@ mod tests {
                 "mcp__b__add",
                 "mcp__a__echo",
                 "deliver_file",
-                "mcp__c__mcp__a__echo"
+                "mcp__c__mcp__a__echo",
+                "mcp__d_______etc_passwd",
+                "mcp__d___code"
             ]
         );
         assert_eq!(
