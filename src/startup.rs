@@ -249,7 +249,12 @@ pub async fn start_with(
         store.clone(),
         config.files.max_bytes,
     )
-    .map(|f| f.with_disk_quota(config.limits.disk_bytes_per_key))
+    .map(|f| {
+        f.with_quota(
+            config.limits.disk_bytes_per_key,
+            config.limits.files_per_key,
+        )
+    })
     .map_err(|e| {
         StartError::Config(format!(
             "cannot open the file store in {}: {e}",

@@ -630,25 +630,29 @@ async fn disk_bytes_per_key_bounds_uploads_and_deliveries_per_key() {
     std::env::set_var(var, "key-one,key-two");
     let cfg = config_text(
         &fake,
-        "[limits]\ndisk_bytes_per_key = 1000\n[policy]\ntrust = [\"deliver_file\"]\ndefault = \"ask\"\n",
+        "[limits]\ndisk_bytes_per_key = 10000\n[policy]\ntrust = [\"deliver_file\"]\ndefault = \"ask\"\n",
     );
     let server = TestServer::start(&with_keys(cfg, var)).await;
     let one = server.http.with_key("key-one");
     let two = server.http.with_key("key-two");
-    let first = upload(&one, "a.bin", &[1u8; 600]).await;
-    let (status, err) = upload_raw(&one, "b.bin", &[2u8; 401]).await;
+    let first = upload(&one, "a.bin", &[1u8; 5904]).await;
+    let (status, err) = upload_raw(&one, "b.bin", &[2u8; 4097]).await;
     assert_eq!(status, 413, "{err}");
     assert_eq!(err["error"]["type"], "disk_quota_exceeded", "{err}");
     let msg = message_of(&err);
     assert!(
-        msg.contains("[limits] disk_bytes_per_key") && msg.contains("1000"),
+        msg.contains("[limits] disk_bytes_per_key") && msg.contains("10000"),
         "{err}"
     );
     assert_eq!(stored(&server.data_dir()), (1, 0), "nothing kept of it");
     // Another key has its own.
-    upload(&two, "b.bin", &[2u8; 900]).await;
+    upload(&two, "b.bin", &[2u8; 9000]).await;
     // Up to the quota exactly.
-    upload(&one, "c.bin", &[3u8; 400]).await;
+    upload(&one, "c.bin", &[3u8; 4096]).await;
+    // Full: an empty file is refused too (each file counts at least 4,096 bytes).
+    let (status, err) = upload_raw(&one, "empty.bin", &[]).await;
+    assert_eq!(status, 413, "{err}");
+    assert_eq!(err["error"]["type"], "disk_quota_exceeded", "{err}");
 
     // deliver_file past it: an error result saying so.
     let (status, s) = one.post("/sessions", &json!({})).await;
@@ -678,7 +682,24 @@ async fn disk_bytes_per_key_bounds_uploads_and_deliveries_per_key() {
     // Deleting frees it.
     let (status, _) = one.call("DELETE", &format!("/files/{first}"), None).await;
     assert_eq!(status, 204);
-    upload(&one, "d.bin", &[5u8; 600]).await;
+    upload(&one, "d.bin", &[5u8; 5904]).await;
+}
+
+#[tokio::test]
+async fn files_per_key_bounds_how_many_files_a_key_stores() {
+    let fake = FakeOpenAi::start().await;
+    let cfg = config_text(&fake, "[limits]\nfiles_per_key = 2\n");
+    let server = TestServer::start(&cfg).await;
+    let http = &server.http;
+    let first = upload(http, "a.txt", b"").await;
+    upload(http, "b.txt", b"").await;
+    let (status, err) = upload_raw(http, "c.txt", b"").await;
+    assert_eq!(status, 413, "{err}");
+    assert_eq!(err["error"]["type"], "too_many_files", "{err}");
+    assert!(message_of(&err).contains("[limits] files_per_key"), "{err}");
+    let (status, _) = http.call("DELETE", &format!("/files/{first}"), None).await;
+    assert_eq!(status, 204);
+    upload(http, "c.txt", b"").await;
 }
 
 /// The first `agent.tool_result` of a session's log, polled for up to 30 s.

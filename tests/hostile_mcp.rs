@@ -667,6 +667,68 @@ async fn past_session_servers_with_every_one_in_a_call_the_call_is_refused_namin
     server.stop().await;
 }
 
+/// Start a turn of `sid` (as `http`'s key) whose one call, `slow`, stays in flight; returns
+/// once the call has reached its server, with the request's task (the turn goes on without it).
+async fn hold_a_call(http: &Http, fake: &FakeOpenAi, sid: &str) -> tokio::task::JoinHandle<()> {
+    let notify = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    fake.push(Reply::tool_calls(&[(
+        &format!("c_slow_{sid}"),
+        "mcp__ex__slow",
+        json!({"ms": 60_000, "notify": notify.local_addr().unwrap().to_string()}),
+    )]));
+    let (http, path) = (http.clone(), format!("/sessions/{sid}/turns"));
+    let task = tokio::spawn(async move {
+        http.post(
+            &path,
+            &json!({"messages": [{"role": "user", "content": "slow"}]}),
+        )
+        .await;
+    });
+    tokio::time::timeout(DEADLINE, notify.accept())
+        .await
+        .expect("the slow call started")
+        .unwrap();
+    task
+}
+
+#[tokio::test]
+async fn one_keys_sessions_cannot_take_every_session_server() {
+    let fake = FakeOpenAi::start().await;
+    let var = "TURNSTILE_HOSTILE_MCP_SHARE_KEYS";
+    std::env::set_var(var, "key-a,key-b");
+    let extra = format!(
+        "[limits]\nsession_servers = 3\nsession_servers_per_key = 2\n\n{}",
+        trusted(&[test_server("ex", &[], "scope = \"session\"")])
+    );
+    let text = config_text(&fake, &extra)
+        .replace("[server]", &format!("[server]\napi_keys_env = \"{var}\""));
+    let server = TestServer::start(&text).await;
+    let (a, b) = (server.http.with_key("key-a"), server.http.with_key("key-b"));
+    let a_sessions = [session(&a).await, session(&a).await, session(&a).await];
+    let b1 = session(&b).await;
+    // Key a's sessions hold two servers in calls: its share.
+    let held = [
+        hold_a_call(&a, &fake, &a_sessions[0]).await,
+        hold_a_call(&a, &fake, &a_sessions[1]).await,
+    ];
+    // Its third session's call is refused, naming the per-key limit...
+    let out = call_tool(&a, &fake, &a_sessions[2], "mcp__ex__pid", json!({})).await;
+    assert_eq!(
+        out,
+        "this API key's sessions have 2 session-scoped MCP servers running, each in a call \
+         (limit: [limits] session_servers_per_key in tools.toml); try again when one ends"
+    );
+    // ... and key b still gets a server: a's calls left room for it.
+    let out = call_tool(&b, &fake, &b1, "mcp__ex__pid", json!({})).await;
+    assert!(out.parse::<u32>().is_ok(), "key b's call ran: {out}");
+    for (sid, task) in a_sessions.iter().zip(held) {
+        let (status, _) = a.post(&format!("/sessions/{sid}/cancel"), &json!({})).await;
+        assert!(status < 300, "cancel: {status}");
+        task.await.unwrap();
+    }
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn workspace_in_args_is_absolute_under_a_relative_config_path() {
     let fake = FakeOpenAi::start().await;

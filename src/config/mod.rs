@@ -378,8 +378,15 @@ pub struct LimitsConfig {
     pub files_per_message: usize,
     /// Session-scoped MCP children server-wide; the idlest is stopped first, else 503. Default 128.
     pub session_servers: usize,
-    /// Bytes of stored files one key may own; over it 413. Default 10 GiB.
+    /// Session-scoped MCP children one API key's sessions may run at once (a keyless server has
+    /// one principal: only `session_servers` applies); past it that key's own idlest is stopped
+    /// first. Default 32.
+    pub session_servers_per_key: usize,
+    /// Bytes of stored files one key may own; over it 413. Default 10 GiB. Each file counts
+    /// at least [`crate::files::MIN_ACCOUNTED_BYTES`].
     pub disk_bytes_per_key: u64,
+    /// Stored files one key may own; over it 413. Default 100,000.
+    pub files_per_key: u64,
     /// A tool result larger than this reaches the model as its first part plus a note naming a
     /// workspace file holding the whole. Default 256 KiB.
     pub tool_result_bytes: usize,
@@ -394,7 +401,9 @@ impl Default for LimitsConfig {
             subscribers_per_session: 64,
             files_per_message: 32,
             session_servers: 128,
+            session_servers_per_key: 32,
             disk_bytes_per_key: 10 * 1024 * 1024 * 1024,
+            files_per_key: 100_000,
             tool_result_bytes: 256 * 1024,
         }
     }

@@ -260,7 +260,11 @@ pub(super) struct RawLimits {
     #[serde(default)]
     pub session_servers: Option<Spanned<i64>>,
     #[serde(default)]
+    pub session_servers_per_key: Option<Spanned<i64>>,
+    #[serde(default)]
     pub disk_bytes_per_key: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub files_per_key: Option<Spanned<i64>>,
     #[serde(default)]
     pub tool_result_bytes: Option<Spanned<i64>>,
 }

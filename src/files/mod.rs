@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use ring::digest::{Context, SHA256};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
-use crate::log::{FileRef, FileRow, Store};
+use crate::log::{FileRef, FileRow, FileUsage, Store};
 use crate::sync::lock;
 use crate::{clock, ids};
 
@@ -24,12 +24,24 @@ pub enum FileError {
     NotFound(String),
     #[error("the file is larger than the limit of {limit} bytes (limit: [files] max_bytes in tools.toml)")]
     TooLarge { limit: u64 },
-    #[error("this key's stored files would pass {limit} bytes (limit: [limits] disk_bytes_per_key in tools.toml); delete files it no longer needs with DELETE /files/{{id}}")]
+    #[error("this key's stored files would pass {limit} bytes, each file counted as at least {MIN_ACCOUNTED_BYTES} (limit: [limits] disk_bytes_per_key in tools.toml); delete files it no longer needs with DELETE /files/{{id}}")]
     QuotaExceeded { limit: u64 },
+    #[error("this key already has {limit} stored files (limit: [limits] files_per_key in tools.toml); delete files it no longer needs with DELETE /files/{{id}}")]
+    TooManyFiles { limit: u64 },
     #[error("file store error: {0}")]
     Io(#[from] std::io::Error),
     #[error(transparent)]
     Store(#[from] crate::log::StoreError),
+}
+
+/// The least a stored file counts against its owner's `[limits] disk_bytes_per_key`: an empty
+/// file still costs a record (and a file system block), so a key cannot store files without end
+/// by making them small.
+pub const MIN_ACCOUNTED_BYTES: u64 = 4096;
+
+/// What a file of `size` bytes counts against its owner's quota.
+fn accounted(size: u64) -> u64 {
+    size.max(MIN_ACCOUNTED_BYTES)
 }
 
 /// A stored file's bytes, being read.
@@ -43,13 +55,15 @@ pub struct FileStore {
     pub max_bytes: u64,
     /// Bytes of stored files one key may own (`[limits] disk_bytes_per_key`).
     pub disk_bytes_per_key: u64,
+    /// Stored files one key may own (`[limits] files_per_key`).
+    pub files_per_key: u64,
     shared: Arc<Shared>,
 }
 
 struct Shared {
-    /// Per owner: the bytes of its stored files plus those of its uploads under way. An owner's
-    /// entry is read from the store (a sum over its records) the first time it is needed.
-    usage: Mutex<HashMap<Option<String>, u64>>,
+    /// Per owner: its stored files and their accounted bytes, plus its uploads under way. An
+    /// owner's entry is read from the store (a sum over its records) the first time it is needed.
+    usage: Mutex<HashMap<Option<String>, FileUsage>>,
     /// Held while a blob is put in place or removed together with the commit of its record:
     /// records share blobs (same bytes, one blob), so a blob is removed only when no record is
     /// left that names it, and never while an upload of the same bytes is being recorded.
@@ -87,38 +101,64 @@ pub fn clean_name(name: &str) -> String {
     }
 }
 
-/// Bytes counted against an owner's quota while an upload is under way: given back when dropped,
-/// unless kept (the file was stored).
+/// A file and its bytes counted against an owner's quota while an upload is under way: given
+/// back when dropped, unless kept (the file was stored).
 struct Reservation<'a> {
     files: &'a FileStore,
     owner: Option<String>,
-    bytes: u64,
+    taken: FileUsage,
 }
 
-impl Reservation<'_> {
-    fn grow(&mut self, n: u64) -> Result<(), FileError> {
+impl<'a> Reservation<'a> {
+    /// One more file of the owner's, counted as [`MIN_ACCOUNTED_BYTES`] until it grows.
+    fn start(files: &'a FileStore, owner: Option<String>) -> Result<Self, FileError> {
+        let limit = files.files_per_key;
+        {
+            let mut usage = lock(&files.shared.usage);
+            let used = usage.entry(owner.clone()).or_default();
+            if used.files >= limit {
+                return Err(FileError::TooManyFiles { limit });
+            }
+            used.files += 1;
+        }
+        let mut r = Reservation {
+            files,
+            owner,
+            taken: FileUsage { files: 1, bytes: 0 },
+        };
+        r.grow_to(0)?;
+        Ok(r)
+    }
+
+    /// The file has `size` bytes so far.
+    fn grow_to(&mut self, size: u64) -> Result<(), FileError> {
+        let n = accounted(size).saturating_sub(self.taken.bytes);
+        if n == 0 {
+            return Ok(());
+        }
         let limit = self.files.disk_bytes_per_key;
         let mut usage = lock(&self.files.shared.usage);
         let used = usage.entry(self.owner.clone()).or_default();
-        if used.saturating_add(n) > limit {
+        if used.bytes.saturating_add(n) > limit {
             return Err(FileError::QuotaExceeded { limit });
         }
-        *used += n;
-        self.bytes += n;
+        used.bytes += n;
+        self.taken.bytes += n;
         Ok(())
     }
 
     fn keep(mut self) {
-        self.bytes = 0;
+        self.taken = FileUsage::default();
     }
 }
 
 impl Drop for Reservation<'_> {
     fn drop(&mut self) {
-        if self.bytes > 0 {
+        if self.taken != FileUsage::default() {
             let mut usage = lock(&self.files.shared.usage);
             if let Some(used) = usage.get_mut(&self.owner) {
-                *used = used.saturating_sub(self.bytes);
+                used.bytes = used.bytes.saturating_sub(self.taken.bytes);
+                used.files = used.files.saturating_sub(self.taken.files);
             }
         }
     }
@@ -166,6 +206,7 @@ impl FileStore {
             store,
             max_bytes,
             disk_bytes_per_key: u64::MAX,
+            files_per_key: u64::MAX,
             shared: Arc::new(Shared {
                 usage: Mutex::new(HashMap::new()),
                 blob_lock: tokio::sync::Mutex::new(()),
@@ -173,9 +214,11 @@ impl FileStore {
         })
     }
 
-    /// Limit the bytes of stored files per key (`[limits] disk_bytes_per_key`).
-    pub fn with_disk_quota(mut self, bytes: u64) -> FileStore {
+    /// Limit the bytes (each file counted as at least [`MIN_ACCOUNTED_BYTES`]) and the number
+    /// of stored files per key (`[limits] disk_bytes_per_key`, `files_per_key`).
+    pub fn with_quota(mut self, bytes: u64, files: u64) -> FileStore {
         self.disk_bytes_per_key = bytes;
+        self.files_per_key = files;
         self
     }
 
@@ -188,7 +231,10 @@ impl FileStore {
         if lock(&self.shared.usage).contains_key(owner) {
             return Ok(());
         }
-        let stored = self.store.file_bytes_of(owner.clone()).await?;
+        let stored = self
+            .store
+            .file_usage_of(owner.clone(), MIN_ACCOUNTED_BYTES)
+            .await?;
         // Another caller may have loaded it meanwhile, and counted more since: theirs stands.
         lock(&self.shared.usage)
             .entry(owner.clone())
@@ -196,11 +242,14 @@ impl FileStore {
         Ok(())
     }
 
-    /// Bytes of stored files (and uploads under way) of this owner.
-    pub async fn usage(&self, owner: Option<&str>) -> Result<u64, FileError> {
+    /// The stored files (and uploads under way) of this owner, and their accounted bytes.
+    pub async fn usage(&self, owner: Option<&str>) -> Result<FileUsage, FileError> {
         let owner = owner.map(str::to_string);
         self.load_usage(&owner).await?;
-        Ok(lock(&self.shared.usage).get(&owner).copied().unwrap_or(0))
+        Ok(lock(&self.shared.usage)
+            .get(&owner)
+            .copied()
+            .unwrap_or_default())
     }
 
     /// Store what `reader` yields (at most `max_bytes`, and within the owner's quota),
@@ -213,11 +262,7 @@ impl FileStore {
     ) -> Result<FileRef, FileError> {
         let filename = clean_name(filename);
         self.load_usage(&owner).await?;
-        let mut reserved = Reservation {
-            files: self,
-            owner: owner.clone(),
-            bytes: 0,
-        };
+        let mut reserved = Reservation::start(self, owner.clone())?;
         let tmp = self.blobs.join("tmp").join(ids::new("tmp"));
         let mut out = tokio::fs::File::create(&tmp).await?;
         let mut hash = Context::new(&SHA256);
@@ -236,7 +281,7 @@ impl FileStore {
                         limit: self.max_bytes,
                     });
                 }
-                reserved.grow(n as u64)?;
+                reserved.grow_to(size)?;
                 if head.len() < 8192 {
                     let take = (8192 - head.len()).min(n);
                     head.extend_from_slice(&buf[..take]);
@@ -370,7 +415,8 @@ impl FileStore {
             }
         }
         if let Some(used) = lock(&self.shared.usage).get_mut(&owner) {
-            *used = used.saturating_sub(row.size_bytes);
+            used.bytes = used.bytes.saturating_sub(accounted(row.size_bytes));
+            used.files = used.files.saturating_sub(1);
         }
         Ok(())
     }
@@ -606,7 +652,7 @@ mod tests {
         assert_eq!(bytes, b"same");
         files.delete(Some("k"), &b.id).await.unwrap();
         assert_eq!(blob_count(dir.path()), 0);
-        assert_eq!(files.usage(Some("k")).await.unwrap(), 0);
+        assert_eq!(files.usage(Some("k")).await.unwrap(), FileUsage::default());
     }
 
     #[tokio::test]
@@ -621,16 +667,19 @@ mod tests {
                 .unwrap();
         }
         // A new handle (a restart) reads what "k" has from the store.
-        let files = FileStore::open(dir.path(), store, 1000)
+        // Each file counts as at least MIN_ACCOUNTED_BYTES: 60 bytes take 4,096.
+        let m = MIN_ACCOUNTED_BYTES;
+        let files = FileStore::open(dir.path(), store, 2 * m)
             .unwrap()
-            .with_disk_quota(100);
-        assert_eq!(files.usage(Some("k")).await.unwrap(), 60);
+            .with_quota(2 * m + 100, 3);
+        let bytes = |u: FileUsage| u.bytes;
+        assert_eq!(bytes(files.usage(Some("k")).await.unwrap()), m);
         let err = files
-            .put(Some("k".into()), "b", &[2u8; 41][..])
+            .put(Some("k".into()), "b", &vec![2u8; m as usize + 101][..])
             .await
             .unwrap_err();
         assert!(
-            matches!(err, FileError::QuotaExceeded { limit: 100 }),
+            matches!(err, FileError::QuotaExceeded { limit } if limit == 2 * m + 100),
             "{err}"
         );
         assert!(
@@ -639,28 +688,55 @@ mod tests {
         );
         assert_eq!(
             files.usage(Some("k")).await.unwrap(),
-            60,
+            FileUsage { files: 1, bytes: m },
             "the refused upload is given back"
         );
         let other = files
-            .put(Some("j".into()), "b", &[2u8; 41][..])
+            .put(Some("j".into()), "b", &vec![2u8; m as usize + 101][..])
             .await
             .unwrap();
-        assert_eq!(other.size_bytes, 41, "another key has its own quota");
+        assert_eq!(other.size_bytes, m + 101, "another key has its own quota");
         let fits = files
-            .put(Some("k".into()), "c", &[3u8; 40][..])
+            .put(Some("k".into()), "c", &vec![3u8; m as usize + 100][..])
             .await
             .unwrap();
-        assert!(files
-            .put(Some("k".into()), "d", &[4u8; 1][..])
-            .await
-            .is_err());
+        // Full by bytes: even an empty file counts MIN_ACCOUNTED_BYTES.
+        assert!(matches!(
+            files.put(Some("k".into()), "d", &[][..]).await,
+            Err(FileError::QuotaExceeded { .. })
+        ));
         files.delete(Some("k"), &fits.id).await.unwrap();
-        files
-            .put(Some("k".into()), "d", &[4u8; 1][..])
-            .await
-            .unwrap();
-        assert_eq!(files.usage(Some("k")).await.unwrap(), 61);
+        files.put(Some("k".into()), "d", &[][..]).await.unwrap();
+        assert_eq!(
+            files.usage(Some("k")).await.unwrap(),
+            FileUsage {
+                files: 2,
+                bytes: 2 * m
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn a_key_stores_at_most_files_per_key_files_empty_ones_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), false).unwrap();
+        let files = FileStore::open(dir.path(), store.clone(), 1000)
+            .unwrap()
+            .with_quota(u64::MAX, 2);
+        let a = files.put(Some("k".into()), "a", &[][..]).await.unwrap();
+        files.put(Some("k".into()), "b", &[][..]).await.unwrap();
+        let err = files.put(Some("k".into()), "c", &[][..]).await.unwrap_err();
+        assert!(matches!(err, FileError::TooManyFiles { limit: 2 }), "{err}");
+        assert!(err.to_string().contains("[limits] files_per_key"), "{err}");
+        files.put(None, "c", &[][..]).await.unwrap();
+        files.delete(Some("k"), &a.id).await.unwrap();
+        files.put(Some("k".into()), "c", &[][..]).await.unwrap();
+        // A restart reads the count back from the store.
+        let again = FileStore::open(dir.path(), store, 1000)
+            .unwrap()
+            .with_quota(u64::MAX, 2);
+        assert_eq!(again.usage(Some("k")).await.unwrap().files, 2);
+        assert!(again.put(Some("k".into()), "d", &[][..]).await.is_err());
     }
 
     #[tokio::test]

@@ -135,6 +135,11 @@ impl From<FileError> for ApiError {
                 "disk_quota_exceeded",
                 e.to_string(),
             ),
+            FileError::TooManyFiles { .. } => ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_many_files",
+                e.to_string(),
+            ),
             FileError::Io(_) | FileError::Store(_) => {
                 tracing::error!(error = %e, "file store error");
                 ApiError::internal("the file store failed; see the server log")

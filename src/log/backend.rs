@@ -146,6 +146,13 @@ pub struct SessionRow {
     pub record: String,
 }
 
+/// What one owner's stored files take: how many, and their bytes as counted against a quota.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FileUsage {
+    pub files: u64,
+    pub bytes: u64,
+}
+
 /// A stored file's metadata (the bytes are a blob named by `sha256`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileRow {
@@ -293,11 +300,13 @@ pub(crate) trait StoreBackend: Clone + Send + Sync + 'static {
 
     /// A file's metadata.
     fn file(&self, id: &str) -> impl Future<Output = Result<Option<FileRow>, StoreError>> + Send;
-    /// Bytes of the stored files of this owner.
-    fn file_bytes_of(
+    /// How many files this owner has stored, and their bytes, each counted as at least
+    /// `min_bytes`.
+    fn file_usage_of(
         &self,
         owner: Option<String>,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+        min_bytes: u64,
+    ) -> impl Future<Output = Result<FileUsage, StoreError>> + Send;
     /// Whether a file record names the blob with this SHA-256.
     fn blob_in_use(&self, sha256: &str) -> impl Future<Output = Result<bool, StoreError>> + Send;
     /// The ids of the files a session's log references (user-message attachments, tool-result

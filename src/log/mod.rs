@@ -19,7 +19,7 @@ pub(crate) mod postgres;
 pub(crate) mod sqlite;
 pub mod store;
 
-pub use backend::{FileRow, SessionRow, StoreError};
+pub use backend::{FileRow, FileUsage, SessionRow, StoreError};
 pub use event::{Event, EventBody, FailReason, FileRef, StopReason};
 pub use postgres::deltas::{DeltaTap, DeltaWatch, RemoteDelta};
 pub use postgres::inbox::{InboxRow, Posted, Released};

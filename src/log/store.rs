@@ -14,7 +14,7 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::backend::{FileRow, SessionRow, StoreBackend, StoreError};
+use super::backend::{FileRow, FileUsage, SessionRow, StoreBackend, StoreError};
 use super::event::Event;
 use super::postgres::deltas::{DeltaTap, DeltaWatch};
 use super::postgres::inbox::{InboxRow, Posted, Released};
@@ -415,9 +415,14 @@ impl Store {
         on_backend!(self, b => b.file(id).await)
     }
 
-    /// Bytes of the stored files of this owner (`None`: files made without an API key).
-    pub async fn file_bytes_of(&self, owner: Option<String>) -> Result<u64, StoreError> {
-        on_backend!(self, b => b.file_bytes_of(owner).await)
+    /// How many files this owner has stored (`None`: files made without an API key), and
+    /// their bytes with each file counted as at least `min_bytes`.
+    pub async fn file_usage_of(
+        &self,
+        owner: Option<String>,
+        min_bytes: u64,
+    ) -> Result<FileUsage, StoreError> {
+        on_backend!(self, b => b.file_usage_of(owner, min_bytes).await)
     }
 
     /// Whether a file record names the blob with this SHA-256.

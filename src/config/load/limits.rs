@@ -48,6 +48,16 @@ pub(super) fn limits(
             "limits.session_servers",
             d.session_servers,
         )?,
+        session_servers_per_key: n(
+            t.session_servers_per_key.as_ref(),
+            "limits.session_servers_per_key",
+            d.session_servers_per_key,
+        )?,
+        files_per_key: n(
+            t.files_per_key.as_ref(),
+            "limits.files_per_key",
+            d.files_per_key as usize,
+        )? as u64,
         disk_bytes_per_key: cx
             .int(
                 t.disk_bytes_per_key.as_ref(),

@@ -40,7 +40,7 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 
-use super::backend::{FileRow, SessionRow, StoreBackend, StoreError};
+use super::backend::{FileRow, FileUsage, SessionRow, StoreBackend, StoreError};
 use super::event::Event;
 use super::group::GroupCommit;
 
@@ -354,8 +354,13 @@ impl StoreBackend for PgStore {
         self.run(move |p| read::file(p, id)).await
     }
 
-    async fn file_bytes_of(&self, owner: Option<String>) -> Result<u64, StoreError> {
-        self.run(move |p| read::file_bytes_of(p, owner)).await
+    async fn file_usage_of(
+        &self,
+        owner: Option<String>,
+        min_bytes: u64,
+    ) -> Result<FileUsage, StoreError> {
+        self.run(move |p| read::file_usage_of(p, owner, min_bytes))
+            .await
     }
 
     async fn blob_in_use(&self, sha256: &str) -> Result<bool, StoreError> {

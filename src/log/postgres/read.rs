@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use deadpool_postgres::Pool;
 
 use crate::log::backend::file_ids_in;
-use crate::log::{Event, FileRow, SessionRow, StoreError};
+use crate::log::{Event, FileRow, FileUsage, SessionRow, StoreError};
 
 /// A session's events with `seq > after_seq`, at most `limit`, in order.
 pub(super) async fn events(
@@ -169,16 +169,25 @@ pub(super) async fn file(pool: Pool, id: String) -> Result<Option<FileRow>, Stor
     }))
 }
 
-/// Bytes of the stored files of this owner.
-pub(super) async fn file_bytes_of(pool: Pool, owner: Option<String>) -> Result<u64, StoreError> {
+/// How many files this owner has stored, and their bytes, each counted as at least `min_bytes`.
+pub(super) async fn file_usage_of(
+    pool: Pool,
+    owner: Option<String>,
+    min_bytes: u64,
+) -> Result<FileUsage, StoreError> {
     let c = pool.get().await?;
     let stmt = c
         .prepare_cached(
-            "SELECT COALESCE(SUM(size_bytes), 0)::int8 FROM files
+            "SELECT COUNT(*)::int8, COALESCE(SUM(GREATEST(size_bytes, $2)), 0)::int8 FROM files
               WHERE owner IS NOT DISTINCT FROM $1",
         )
         .await?;
-    Ok(c.query_one(&stmt, &[&owner]).await?.get::<_, i64>(0).max(0) as u64)
+    let min = i64::try_from(min_bytes).unwrap_or(i64::MAX);
+    let row = c.query_one(&stmt, &[&owner, &min]).await?;
+    Ok(FileUsage {
+        files: row.get::<_, i64>(0).max(0) as u64,
+        bytes: row.get::<_, i64>(1).max(0) as u64,
+    })
 }
 
 /// Whether a file record names the blob with this SHA-256.

@@ -4,7 +4,7 @@ use std::collections::HashSet;
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-use crate::log::{FileRow, StoreError};
+use crate::log::{FileRow, FileUsage, StoreError};
 
 /// A file's metadata.
 pub(super) fn file(c: &Connection, id: &str) -> Result<Option<FileRow>, StoreError> {
@@ -28,13 +28,21 @@ pub(super) fn file(c: &Connection, id: &str) -> Result<Option<FileRow>, StoreErr
 }
 
 /// Bytes of the stored files of this owner (`None`: files made without an API key).
-pub(super) fn file_bytes_of(c: &Connection, owner: Option<&str>) -> Result<u64, StoreError> {
-    let sum: i64 = c.query_row(
-        "SELECT COALESCE(SUM(size_bytes), 0) FROM files WHERE owner IS ?1",
-        params![owner],
-        |r| r.get(0),
+pub(super) fn file_usage_of(
+    c: &Connection,
+    owner: Option<&str>,
+    min_bytes: u64,
+) -> Result<FileUsage, StoreError> {
+    let min = i64::try_from(min_bytes).unwrap_or(i64::MAX);
+    let (files, bytes): (i64, i64) = c.query_row(
+        "SELECT COUNT(*), COALESCE(SUM(MAX(size_bytes, ?2)), 0) FROM files WHERE owner IS ?1",
+        params![owner, min],
+        |r| Ok((r.get(0)?, r.get(1)?)),
     )?;
-    Ok(sum.max(0) as u64)
+    Ok(FileUsage {
+        files: files.max(0) as u64,
+        bytes: bytes.max(0) as u64,
+    })
 }
 
 /// Whether a file record names the blob with this SHA-256.

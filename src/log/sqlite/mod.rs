@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex};
 
 use rusqlite::Connection;
 
-use super::backend::{FileRow, SessionRow, StoreBackend, StoreError};
+use super::backend::{FileRow, FileUsage, SessionRow, StoreBackend, StoreError};
 use super::event::Event;
 use super::group::GroupCommit;
 use crate::sync::lock;
@@ -211,8 +211,12 @@ impl StoreBackend for SqliteStore {
         self.read(move |c| files::file(c, &id)).await
     }
 
-    async fn file_bytes_of(&self, owner: Option<String>) -> Result<u64, StoreError> {
-        self.read(move |c| files::file_bytes_of(c, owner.as_deref()))
+    async fn file_usage_of(
+        &self,
+        owner: Option<String>,
+        min_bytes: u64,
+    ) -> Result<FileUsage, StoreError> {
+        self.read(move |c| files::file_usage_of(c, owner.as_deref(), min_bytes))
             .await
     }
 

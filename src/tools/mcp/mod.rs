@@ -5,9 +5,10 @@
 //! instance per session, started at the session's first call with its workspace as cwd and
 //! `{workspace}` in their args, stopped when the session is deleted or idle; their tool list is
 //! taken at start-up from a probe instance in a scratch folder. At most `[limits]
-//! session_servers` run at once server-wide: past it the idlest (least recently called, no call
-//! in flight) is stopped to make room, and when every one is in a call the new call gets an
-//! error result naming the limit.
+//! session_servers` run at once server-wide, and at most `session_servers_per_key` for the
+//! sessions of one API key (so one key cannot take every slot from the others): past either the
+//! idlest (least recently called, no call in flight) of those counted is stopped to make room,
+//! and when every one is in a call the new call gets an error result naming the limit.
 
 pub mod content;
 pub mod elicit;
@@ -86,11 +87,13 @@ struct Federation {
     routes: HashMap<String, (usize, String)>,
 }
 
-/// A session-scoped instance: its supervisor, when it was last called, its calls in flight.
+/// A session-scoped instance: its supervisor, when it was last called, its calls in flight,
+/// and the API key owner of its session (whose share of `[limits] session_servers` it takes).
 struct SessionInstance {
     sup: Arc<Supervisor>,
     used: Instant,
     in_flight: Arc<AtomicUsize>,
+    owner: Option<String>,
 }
 
 impl SessionInstance {
@@ -103,6 +106,24 @@ impl SessionInstance {
 
     fn idle(&self) -> bool {
         self.in_flight.load(Ordering::SeqCst) == 0
+    }
+}
+
+/// Which limit a new session-scoped instance found full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Full {
+    /// `[limits] session_servers`: any idle instance may make room.
+    Server,
+    /// `[limits] session_servers_per_key`: only one of the same key's.
+    Key,
+}
+
+impl Full {
+    fn key(self) -> &'static str {
+        match self {
+            Full::Server => "[limits] session_servers",
+            Full::Key => "[limits] session_servers_per_key",
+        }
     }
 }
 
@@ -321,15 +342,23 @@ impl McpHost {
     }
 
     /// The session's instance of server `idx`, started if needed, with the call marked in
-    /// flight. Past `[limits] session_servers` the idlest instance (least recently called, no
-    /// call in flight) is stopped first; when every one is in a call, an error result.
+    /// flight. Past `[limits] session_servers_per_key` for the session's key, that key's idlest
+    /// instance (least recently called, no call in flight) is stopped first; past `[limits]
+    /// session_servers`, the idlest of all. When every one counted is in a call, an error
+    /// result naming the limit.
     async fn session_instance(
         &self,
         idx: usize,
         ctx: &CallContext,
     ) -> Result<(Arc<Supervisor>, InFlight), ToolOutput> {
         let key = (ctx.session_id.clone(), idx);
-        let limit = self.config.limits.session_servers;
+        let limits = &self.config.limits;
+        // A keyless server's sessions are all one principal's: only the server-wide limit.
+        let per_key = match ctx.owner {
+            Some(_) => limits.session_servers_per_key,
+            None => usize::MAX,
+        };
+        let mut full = Full::Server;
         // Each round stops one instance; others may take the room meanwhile, so a few rounds.
         for _ in 0..4 {
             let (victim_key, victim) = {
@@ -337,33 +366,18 @@ impl McpHost {
                 if let Some(inst) = map.get_mut(&key) {
                     return Ok(inst.begin());
                 }
-                if map.len() < limit {
-                    let workspace: PathBuf = ctx.workspace.clone();
-                    let _ = std::fs::create_dir_all(&workspace);
-                    let sup = Supervisor::start(
-                        self.config.mcp_servers[idx].clone(),
-                        Placement {
-                            cwd: Some(workspace.clone()),
-                            workspace: Some(workspace),
-                            private: vec![
-                                self.config.server.data_dir.clone(),
-                                self.config.server.sandboxes.clone(),
-                            ],
-                            oauth: self.oauth.get(&idx).cloned(),
-                        },
-                    );
-                    self.feed_session(&ctx.session_id, &sup);
-                    let inst = map.entry(key).or_insert(SessionInstance {
-                        sup,
-                        used: Instant::now(),
-                        in_flight: Arc::new(AtomicUsize::new(0)),
-                    });
-                    return Ok(inst.begin());
-                }
+                let mine = map.values().filter(|i| i.owner == ctx.owner).count();
+                full = if mine >= per_key {
+                    Full::Key
+                } else if map.len() >= limits.session_servers {
+                    Full::Server
+                } else {
+                    return Ok(self.start_instance(&mut map, key, idx, ctx));
+                };
                 let idlest = map
                     .iter()
-                    .filter(|(_, inst)| inst.idle())
-                    .min_by_key(|(_, inst)| inst.used)
+                    .filter(|(_, i)| i.idle() && (full == Full::Server || i.owner == ctx.owner))
+                    .min_by_key(|(_, i)| i.used)
                     .map(|(k, _)| k.clone());
                 match idlest.and_then(|k| map.remove(&k).map(|inst| (k, inst))) {
                     Some(found) => found,
@@ -373,8 +387,8 @@ impl McpHost {
             tracing::info!(
                 server = %self.config.mcp_servers[victim_key.1].name,
                 session = %victim_key.0,
-                limit,
-                "stopping the idlest session-scoped MCP server to make room ([limits] session_servers); it restarts at its next call"
+                limit = full.key(),
+                "stopping the idlest session-scoped MCP server to make room; it restarts at its next call"
             );
             victim.sup.stop().await;
             self.evicted.fetch_add(1, Ordering::Relaxed);
@@ -385,9 +399,48 @@ impl McpHost {
             .file_name()
             .map(|f| f.to_string_lossy().into_owned())
             .unwrap_or_else(|| "the config file".into());
-        Err(ToolOutput::error(format!(
-            "turnstile has {limit} session-scoped MCP servers running, each in a call (limit: [limits] session_servers in {file}); try again later"
-        )))
+        Err(ToolOutput::error(match full {
+            Full::Server => format!(
+                "turnstile has {} session-scoped MCP servers running, each in a call (limit: [limits] session_servers in {file}); try again later",
+                limits.session_servers
+            ),
+            Full::Key => format!(
+                "this API key's sessions have {per_key} session-scoped MCP servers running, each in a call (limit: [limits] session_servers_per_key in {file}); try again when one ends"
+            ),
+        }))
+    }
+
+    /// Start the session's instance of server `idx` (there is room for it) with a call in flight.
+    fn start_instance(
+        &self,
+        map: &mut SessionInstances,
+        key: (String, usize),
+        idx: usize,
+        ctx: &CallContext,
+    ) -> (Arc<Supervisor>, InFlight) {
+        let workspace: PathBuf = ctx.workspace.clone();
+        let _ = std::fs::create_dir_all(&workspace);
+        let sup = Supervisor::start(
+            self.config.mcp_servers[idx].clone(),
+            Placement {
+                cwd: Some(workspace.clone()),
+                workspace: Some(workspace),
+                private: vec![
+                    self.config.server.data_dir.clone(),
+                    self.config.server.sandboxes.clone(),
+                ],
+                oauth: self.oauth.get(&idx).cloned(),
+            },
+        );
+        self.feed_session(&ctx.session_id, &sup);
+        map.entry(key)
+            .or_insert(SessionInstance {
+                sup,
+                used: Instant::now(),
+                in_flight: Arc::new(AtomicUsize::new(0)),
+                owner: ctx.owner.clone(),
+            })
+            .begin()
     }
 
     async fn reap_idle(&self) {
