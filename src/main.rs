@@ -76,6 +76,9 @@ fn config_path(flag: Option<PathBuf>) -> PathBuf {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // What turnstile writes (the log, files, workspaces, tokens; SQLite's own files, which take
+    // no mode from us) is for its user alone: 0600 files, 0700 folders.
+    turnstile::files::private_by_default();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

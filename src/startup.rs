@@ -261,6 +261,9 @@ pub async fn start_with(
             config.server.data_dir.display()
         ))
     })?;
+    // Made by an older version, or by hand, perhaps with looser modes.
+    crate::files::make_private(&config.server.data_dir);
+    crate::files::make_private(&config.server.sandboxes);
     let public_meta = config.server.public_meta;
     let config = Arc::new(config);
     let tools: Arc<dyn ToolHost> = match tools {

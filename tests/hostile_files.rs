@@ -764,3 +764,69 @@ async fn downloads_are_nosniff_active_types_sandboxed_attachments_and_names_lose
     let (_, meta) = server.http.get(&format!("/files/{bidi}")).await;
     assert_eq!(meta["filename"], "invoicefdp.exe");
 }
+
+/// Every entry under `root` whose mode lets its group or others in.
+fn open_to_others(root: &Path) -> Vec<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let Ok(meta) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            out.push(format!("{} {mode:o}", p.display()));
+        }
+        if meta.is_dir() {
+            for e in std::fs::read_dir(&p).unwrap().flatten() {
+                stack.push(e.path());
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn what_turnstile_writes_is_its_users_alone() {
+    use std::os::unix::fs::PermissionsExt;
+    let fake = FakeOpenAi::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    // A data folder made before, open to everyone.
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(dir.path().join("tools.toml"), config_text(&fake, "")).unwrap();
+    let (_child, http) = common::binary::serve_in(dir.path()).await;
+    let file = upload(&http, "notes.txt", b"private notes").await;
+    let (status, s) = http.post("/sessions", &json!({})).await;
+    assert_eq!(status, 201, "{s}");
+    let sid = s["sessionId"].as_str().unwrap().to_string();
+    fake.push(Reply::text("read them"));
+    let (status, v) = http
+        .post(
+            &format!("/sessions/{sid}/messages"),
+            &json!({"content": "here", "files": [file]}),
+        )
+        .await;
+    assert_eq!(status, 202, "{v}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, hist) = http.get(&format!("/sessions/{sid}/events/history")).await;
+        if hist.to_string().contains("turn.completed") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the turn did not end: {hist}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let workspace = dir.path().join("sandboxes").join(&sid);
+    assert!(
+        workspace.join("notes.txt").is_file(),
+        "the attachment is in the workspace"
+    );
+    let open: Vec<String> = [data, dir.path().join("sandboxes")]
+        .iter()
+        .flat_map(|root| open_to_others(root))
+        .collect();
+    assert!(open.is_empty(), "open to others: {open:#?}");
+}

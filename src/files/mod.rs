@@ -34,6 +34,33 @@ pub enum FileError {
     Store(#[from] crate::log::StoreError),
 }
 
+/// From now on, files and folders this process (and any child it starts) creates are its user's
+/// alone: 0600 and 0700 (a umask of 077). Called first thing by the binary.
+pub fn private_by_default() {
+    // SAFETY: umask only swaps the process's file mode mask; it cannot fail.
+    unsafe {
+        libc::umask(0o077);
+    }
+}
+
+/// Make `dir` (made before, perhaps by an older version, with looser modes) its user's alone.
+pub fn make_private(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(meta) = std::fs::metadata(dir) {
+        let mode = meta.permissions().mode() & 0o777;
+        if meta.is_dir() && mode & 0o077 != 0 {
+            match std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)) {
+                Ok(()) => {
+                    tracing::info!(dir = %dir.display(), old = format!("{mode:o}"), "made the folder its user's alone (0700)")
+                }
+                Err(e) => {
+                    tracing::warn!(dir = %dir.display(), error = %e, "cannot make the folder its user's alone (0700)")
+                }
+            }
+        }
+    }
+}
+
 /// The least a stored file counts against its owner's `[limits] disk_bytes_per_key`: an empty
 /// file still costs a record (and a file system block), so a key cannot store files without end
 /// by making them small.

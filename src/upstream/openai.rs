@@ -857,6 +857,42 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn secrets_an_error_body_echoes_are_redacted_from_what_is_logged() {
+        let fake = FakeOpenAi::start().await;
+        let key = "sk-this-key-must-not-be-logged";
+        let org = "org-private-header-value";
+        let provider = OpenAi::new(fake.base_url(), Some(key.into()), Duration::from_secs(10))
+            .with_headers(vec![(
+                http::HeaderName::from_static("openai-organization"),
+                http::HeaderValue::from_static("org-private-header-value"),
+            )]);
+        let echo = format!("Incorrect API key provided: {key} (Bearer {key}) for {org}");
+        fake.push(Reply::status(401, json!({"error": {"message": echo}})));
+        let err = provider
+            .complete(&ask("hi"), &mut Rec::default())
+            .await
+            .unwrap_err();
+        // The log line is the error's message and detail.
+        let logged = format!("{err} {}", err.detail.clone().unwrap_or_default());
+        assert!(
+            logged.contains("Incorrect API key provided: [redacted]"),
+            "{logged}"
+        );
+        assert!(!logged.contains(key) && !logged.contains(org), "{logged}");
+        // A broken stream's error event is redacted too.
+        fake.push(Reply::raw(&format!(
+            "data: {}\n\n",
+            json!({"error": {"message": format!("bad key {key}")}})
+        )));
+        let err = provider
+            .complete(&ask("hi"), &mut Rec::default())
+            .await
+            .unwrap_err();
+        let logged = format!("{err} {:?}", err.detail);
+        assert!(!logged.contains(key), "{logged}");
+    }
+
+    #[tokio::test]
     async fn http_429_carries_retry_after() {
         let fake = FakeOpenAi::start().await;
         let (out, _) = run(

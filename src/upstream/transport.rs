@@ -202,7 +202,13 @@ pub(crate) struct Endpoint {
     pool: std::sync::Arc<Pool>,
     /// `[upstream] headers`, expanded: on every request, over any of the same name.
     extra: Vec<(HeaderName, HeaderValue)>,
+    /// What must never reach the log: the key and the extra headers' values (an upstream's
+    /// error body may echo what it was sent).
+    secrets: Vec<String>,
 }
+
+/// Secrets shorter than this are not redacted (they would blank common words).
+const MIN_SECRET_LEN: usize = 6;
 
 impl Endpoint {
     /// Calls go to `{base_url}{path}`. A non-empty `api_key` is sent in `key_header` as
@@ -220,6 +226,11 @@ impl Endpoint {
             config_error("the upstream base URL is not a URL: see [upstream] base_url")
                 .with_detail(format!("{base_url:?}: {e}"))
         });
+        let secrets = api_key
+            .iter()
+            .filter(|k| k.len() >= MIN_SECRET_LEN)
+            .cloned()
+            .collect();
         let key = match api_key.filter(|k| !k.is_empty()) {
             None => Ok(None),
             Some(key) => HeaderValue::from_str(&format!("{key_prefix}{key}"))
@@ -236,13 +247,41 @@ impl Endpoint {
             timeout,
             pool: Pool::new(),
             extra: Vec::new(),
+            secrets,
         }
     }
 
     /// Sends these headers on every request too (`[upstream] headers`), replacing any of the
-    /// same name.
+    /// same name. Their values are redacted from errors as the key is.
     pub(crate) fn set_headers(&mut self, headers: Vec<(HeaderName, HeaderValue)>) {
+        for (_, v) in &headers {
+            if let Ok(v) = v.to_str() {
+                // A value and its last word (`Bearer <token>`: the token alone may be echoed).
+                for s in [v, v.rsplit(' ').next().unwrap_or(v)] {
+                    if s.len() >= MIN_SECRET_LEN && !self.secrets.iter().any(|k| k == s) {
+                        self.secrets.push(s.to_string());
+                    }
+                }
+            }
+        }
         self.extra = headers;
+    }
+
+    /// `e` with every secret this endpoint sends replaced by `[redacted]`, in its message and
+    /// its detail (both are logged).
+    fn redact(&self, mut e: UpstreamError) -> UpstreamError {
+        let scrub = |s: &mut String| {
+            for secret in &self.secrets {
+                if s.contains(secret.as_str()) {
+                    *s = s.replace(secret.as_str(), "[redacted]");
+                }
+            }
+        };
+        scrub(&mut e.message);
+        if let Some(d) = e.detail.as_mut() {
+            scrub(d);
+        }
+        e
     }
 
     /// The base URL calls go to.
@@ -277,7 +316,7 @@ impl Endpoint {
                 }
                 Ok(output)
             }
-            Ok(Err(e)) => Err(e),
+            Ok(Err(e)) => Err(self.redact(e)),
             Err(_) => Err(UpstreamError::new(
                 UpstreamErrorKind::Timeout,
                 format!(
