@@ -10,6 +10,7 @@
 //! error result naming the limit.
 
 pub mod content;
+pub mod describe;
 pub mod elicit;
 pub mod http_client;
 pub mod naming;
@@ -19,6 +20,8 @@ pub mod sampling;
 pub mod sandbox;
 pub mod stderr;
 pub mod supervisor;
+
+pub use describe::describe_error;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

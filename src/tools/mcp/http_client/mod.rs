@@ -81,6 +81,9 @@ pub enum HyperMcpError {
     /// The message could not be encoded.
     #[error("encoding the message failed: {0}")]
     Encode(#[from] serde_json::Error),
+    /// A status no other error stands for, with (for the log) the start of the body.
+    #[error("HTTP {status}: {body}")]
+    Status { status: StatusCode, body: String },
 }
 
 /// An MCP streamable-HTTP client over hyper (http and https), with TCP_NODELAY and a connection pool.

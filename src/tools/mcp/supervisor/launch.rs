@@ -15,6 +15,7 @@ use tokio::task::JoinHandle;
 use super::ordered::ordered;
 use super::{Handler, Placement, KEPT_ENV};
 use crate::config::{McpServerConfig, McpTransport, SandboxKind};
+use crate::tools::mcp::describe::describe_init_error;
 use crate::tools::mcp::stderr::{self, StderrLog};
 use crate::tools::mcp::{http_client, sandbox};
 
@@ -34,6 +35,7 @@ pub(super) async fn connect(
     // Progress and log messages are taken off the transport in the server's order.
     let relays = handler.relays.clone();
     let logs = handler.root.is_some().then(|| handler.events.clone());
+    let who = format!("MCP server {}", cfg.name);
     match &cfg.transport {
         McpTransport::Stdio { command, .. } => {
             let cmd = child_command(cfg, placement)?;
@@ -50,20 +52,29 @@ pub(super) async fn connect(
             handler
                 .serve(ordered(proc, relays, logs))
                 .await
-                .map_err(|e| format!("handshake failed: {e}"))
+                .map_err(|e| {
+                    tracing::debug!(server = %cfg.name, error = %e, "MCP handshake failed");
+                    format!("handshake failed: {}", describe_init_error(&who, &e))
+                })
         }
         McpTransport::Http { url, headers } => {
             let headers = expand_headers(headers)?;
             let transport = http_client::transport(url, headers, placement.oauth.clone());
             match handler.serve(ordered(transport, relays, logs)).await {
                 Ok(service) => Ok(service),
-                Err(e) => Err(match &placement.oauth {
-                    Some(o) => match o.needs_login().await {
+                Err(e) => {
+                    tracing::debug!(server = %cfg.name, error = %e, "MCP handshake failed");
+                    let login = match &placement.oauth {
+                        Some(o) => o.needs_login().await,
+                        None => None,
+                    };
+                    Err(match login {
                         Some(why) => format!("needs a login: {why}"),
-                        None => format!("cannot connect to {url}: {e}"),
-                    },
-                    None => format!("cannot connect to {url}: {e}"),
-                }),
+                        None => {
+                            format!("cannot connect to {url}: {}", describe_init_error(&who, &e))
+                        }
+                    })
+                }
             }
         }
     }
