@@ -1,13 +1,16 @@
-//! MCP servers whose answers break the wire's rules: a remote server (behind a gateway)
-//! answering HTTP 500. The call ends at once, well before its `timeout_s`, with a result that
+//! MCP servers whose answers break the wire's rules: an answer over the 16 MiB an MCP message
+//! may have (over stdio), a log message that large, and a remote server (behind a gateway)
+//! answering HTTP 500. Each call ends at once, well before its `timeout_s`, with a result that
 //! says in words what failed (no Rust type names), and the server goes on serving the next call.
 //!
-//! The servers are real: the example rmcp server (`examples/mcp_example.rs`) over HTTP; the
-//! gateway is a small HTTP proxy in front of it that answers 500 to one tool.
+//! The servers are real: the example rmcp server (`examples/mcp_example.rs`, its `big` test
+//! tool) as a stdio child of the real binary (whose log is checked) and over HTTP; the gateway
+//! is a small HTTP proxy in front of it that answers 500 to one tool.
 
 mod common;
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -25,6 +28,8 @@ use turnstile::testkit::fake_openai::{FakeOpenAi, Reply};
 const TIMEOUT_S: u64 = 120;
 /// A call that ends at once ends well within this.
 const AT_ONCE: Duration = Duration::from_secs(TIMEOUT_S / 2);
+/// An answer's text over the limit (17 MiB).
+const BIG: u64 = 17 << 20;
 
 /// The tool result of one call of `tool` in a turn of `sid`, as the model got it, and how long
 /// the turn took.
@@ -73,6 +78,98 @@ fn in_words(result: &str) {
         !result.contains("::") && !result.contains('<'),
         "Rust type syntax in a tool result: {result}"
     );
+}
+
+/// Wait until `dir/log.txt` (the binary's WARN and ERROR lines) has a line with all `needles`.
+async fn logged(dir: &Path, needles: &[&str]) -> String {
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let log = std::fs::read_to_string(dir.join("log.txt")).unwrap_or_default();
+        if let Some(line) = log.lines().find(|l| needles.iter().all(|n| l.contains(n))) {
+            return line.to_string();
+        }
+        assert!(
+            Instant::now() < end,
+            "no log line with {needles:?} in:\n{log}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_stdio_answer_over_16_mib_ends_its_call_at_once_with_the_reason() {
+    let fake = FakeOpenAi::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let extra = format!(
+        "[mcp_servers.ex]\ncommand = {:?}\nargs = [\"--test-tools\"]\ntimeout_s = {TIMEOUT_S}\n\n[policy]\ntrust = [\"mcp__*\"]\n",
+        example_server_path().display().to_string()
+    );
+    std::fs::write(dir.path().join("tools.toml"), config_text(&fake, &extra)).unwrap();
+    let (mut child, http) = common::binary::serve_in(dir.path()).await;
+    let sid = session(&http).await;
+    let (pid, _) = call_tool(&http, &fake, &sid, "mcp__ex__pid", json!({})).await;
+
+    let (result, took) = call_tool(&http, &fake, &sid, "mcp__ex__big", json!({"bytes": BIG})).await;
+    assert!(
+        took < AT_ONCE,
+        "the call took {took:?} (timeout_s {TIMEOUT_S})"
+    );
+    in_words(&result);
+    assert!(
+        result.starts_with("the answer of MCP server ex was 17")
+            && result.ends_with("MiB, over the 16 MiB an MCP message may have"),
+        "{result}"
+    );
+    let line = logged(dir.path(), &["WARN", "ex", "over the size", "size_bytes="]).await;
+    assert!(line.contains("its call ended with the reason"), "{line}");
+
+    // A log message that large answers no call: dropped, logged with the server and its size,
+    // and the call it came with is answered.
+    let (result, took) = call_tool(
+        &http,
+        &fake,
+        &sid,
+        "mcp__ex__big",
+        json!({"bytes": BIG, "log": true}),
+    )
+    .await;
+    assert_eq!(result, format!("logged {BIG} bytes"));
+    assert!(took < AT_ONCE, "{took:?}");
+    logged(
+        dir.path(),
+        &["WARN", "ex", "a notification over the size", "size_bytes="],
+    )
+    .await;
+
+    // The same child serves the next calls: no restart, nothing out of step.
+    let (echo, _) = call_tool(
+        &http,
+        &fake,
+        &sid,
+        "mcp__ex__echo",
+        json!({"text": "after"}),
+    )
+    .await;
+    assert_eq!(echo, "after");
+    let (again, _) = call_tool(&http, &fake, &sid, "mcp__ex__pid", json!({})).await;
+    assert_eq!(again, pid);
+    let (fits, _) = call_tool(
+        &http,
+        &fake,
+        &sid,
+        "mcp__ex__big",
+        json!({"bytes": 15 << 20}),
+    )
+    .await;
+    // Under the limit it arrives whole: the model gets its first part, the workspace all of it.
+    assert!(fits.starts_with("bbbb"), "{}", &fits[..200.min(fits.len())]);
+    let kept = dir.path().join("sandboxes").join(&sid).join("tool_results");
+    let whole = std::fs::read_dir(&kept)
+        .unwrap()
+        .flatten()
+        .any(|f| f.metadata().unwrap().len() == 15 << 20);
+    assert!(whole, "no 15 MiB result in {}", kept.display());
+    child.kill().await.unwrap();
 }
 
 /// The example server over streamable HTTP; its URL.

@@ -13,13 +13,21 @@ use rmcp::transport::streamable_http_client::StreamableHttpError;
 use rmcp::ServiceError;
 
 use super::http_client::HyperMcpError;
+use super::too_large;
 
 /// What went wrong with a request to `who` ("MCP server shop", "the MCP client"), as one
 /// sentence without Rust type names.
 pub fn describe_error(who: &str, e: &ServiceError) -> String {
     match e {
         ServiceError::McpError(d) => {
-            if d.message.trim().is_empty() {
+            let ours = d
+                .data
+                .as_ref()
+                .and_then(|d| d.get("reason"))
+                .is_some_and(|r| r == too_large::REASON);
+            if ours {
+                d.message.to_string()
+            } else if d.message.trim().is_empty() {
                 format!("{who} answered with JSON-RPC error {}", d.code.0)
             } else {
                 format!("{who} answered with an error: {}", d.message)
@@ -245,6 +253,11 @@ mod tests {
         assert_eq!(
             describe_error(who, &e),
             "MCP server shop answered with an error: no such tool"
+        );
+        let e = ServiceError::McpError(too_large::error_data(who, Some(20 << 20)));
+        assert_eq!(
+            describe_error(who, &e),
+            "the answer of MCP server shop was 20 MiB, over the 16 MiB an MCP message may have"
         );
         assert_eq!(
             describe_error(who, &ServiceError::TransportClosed),

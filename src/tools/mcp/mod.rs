@@ -20,6 +20,7 @@ pub mod sampling;
 pub mod sandbox;
 pub mod stderr;
 pub mod supervisor;
+mod too_large;
 
 pub use describe::describe_error;
 

@@ -4,16 +4,14 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rmcp::service::{RoleClient, ServiceExt};
-use rmcp::transport::TokioChildProcess;
 use tokio::task::JoinHandle;
 
 use super::ordered::ordered;
-use super::{Handler, Placement, KEPT_ENV};
+use super::{stdio, Handler, Placement, KEPT_ENV};
 use crate::config::{McpServerConfig, McpTransport, SandboxKind};
 use crate::tools::mcp::describe::describe_init_error;
 use crate::tools::mcp::stderr::{self, StderrLog};
@@ -39,16 +37,12 @@ pub(super) async fn connect(
     match &cfg.transport {
         McpTransport::Stdio { command, .. } => {
             let cmd = child_command(cfg, placement)?;
-            let (proc, stderr) = TokioChildProcess::builder(cmd)
-                .stderr(Stdio::piped())
-                .spawn()
+            let (proc, stderr) = stdio::spawn(cmd, &cfg.name)
                 .map_err(|e| format!("cannot start {command:?}: {e}"))?;
             if let Some(pid) = proc.id() {
                 pgid.store(pid as i32, Ordering::SeqCst);
             }
-            if let Some(stderr) = stderr {
-                *drain = Some(tokio::spawn(stderr::drain(stderr, stderr_log.clone())));
-            }
+            *drain = Some(tokio::spawn(stderr::drain(stderr, stderr_log.clone())));
             handler
                 .serve(ordered(proc, relays, logs))
                 .await
