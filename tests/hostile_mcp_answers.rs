@@ -1,7 +1,8 @@
 //! MCP servers whose answers break the wire's rules: an answer over the 16 MiB an MCP message
-//! may have (over stdio), a log message that large, and a remote server (behind a gateway)
-//! answering HTTP 500. Each call ends at once, well before its `timeout_s`, with a result that
-//! says in words what failed (no Rust type names), and the server goes on serving the next call.
+//! may have (over stdio and over streamable HTTP), a log message that large, and a remote server
+//! (behind a gateway) answering HTTP 500. Each call ends at once, well before its `timeout_s`,
+//! with a result that says in words what failed (no Rust type names), and the server goes on
+//! serving the next call.
 //!
 //! The servers are real: the example rmcp server (`examples/mcp_example.rs`, its `big` test
 //! tool) as a stdio child of the real binary (whose log is checked) and over HTTP; the gateway
@@ -196,6 +197,52 @@ async fn http_example() -> (tokio::process::Child, String) {
 
 fn remote(name: &str, url: &str) -> String {
     format!("[mcp_servers.{name}]\nurl = {url:?}\ntimeout_s = {TIMEOUT_S}\n")
+}
+
+#[tokio::test]
+async fn a_streamable_http_answer_over_16_mib_ends_its_call_at_once_with_the_reason() {
+    let (_child, url) = http_example().await;
+    let fake = FakeOpenAi::start().await;
+    let extra = format!("{}\n[policy]\ntrust = [\"mcp__*\"]\n", remote("far", &url));
+    let server = TestServer::start(&config_text(&fake, &extra)).await;
+    let sid = session(&server.http).await;
+    let (result, took) = call_tool(
+        &server.http,
+        &fake,
+        &sid,
+        "mcp__far__big",
+        json!({"bytes": BIG}),
+    )
+    .await;
+    assert!(
+        took < AT_ONCE,
+        "the call took {took:?} (timeout_s {TIMEOUT_S})"
+    );
+    in_words(&result);
+    assert!(
+        result.starts_with("the answer of MCP server far was 17")
+            && result.ends_with("over the 16 MiB an MCP message may have"),
+        "{result}"
+    );
+    let (result, _) = call_tool(
+        &server.http,
+        &fake,
+        &sid,
+        "mcp__far__big",
+        json!({"bytes": BIG, "log": true}),
+    )
+    .await;
+    assert_eq!(result, format!("logged {BIG} bytes"));
+    let (echo, _) = call_tool(
+        &server.http,
+        &fake,
+        &sid,
+        "mcp__far__echo",
+        json!({"text": "after"}),
+    )
+    .await;
+    assert_eq!(echo, "after");
+    server.stop().await;
 }
 
 /// A gateway in front of `upstream`: passes every request through, but answers a `tools/call`

@@ -123,9 +123,7 @@ fn http(who: &str, e: &HttpError) -> String {
         StreamableHttpError::Client(HyperMcpError::Encode(_)) => {
             format!("the request to {who} could not be encoded")
         }
-        StreamableHttpError::ResponseBodyTooLarge { max_size } => {
-            format!("the answer of {who} was over the {max_size} bytes an answer may have")
-        }
+        StreamableHttpError::ResponseBodyTooLarge { .. } => too_large::reason(who, None),
         StreamableHttpError::AuthRequired(_) => {
             format!("{who} refused the credentials (HTTP 401)")
         }

@@ -53,7 +53,8 @@ pub(super) async fn connect(
         }
         McpTransport::Http { url, headers } => {
             let headers = expand_headers(headers)?;
-            let transport = http_client::transport(url, headers, placement.oauth.clone());
+            let transport =
+                http_client::server_transport(&cfg.name, url, headers, placement.oauth.clone());
             match handler.serve(ordered(transport, relays, logs)).await {
                 Ok(service) => Ok(service),
                 Err(e) => {
