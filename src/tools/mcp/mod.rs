@@ -348,10 +348,7 @@ impl McpHost {
                         Placement {
                             cwd: Some(workspace.clone()),
                             workspace: Some(workspace),
-                            private: vec![
-                                self.config.server.data_dir.clone(),
-                                self.config.server.sandboxes.clone(),
-                            ],
+                            private: sandbox::own_state(&self.config),
                             oauth: self.oauth.get(&idx).cloned(),
                         },
                     );
@@ -493,10 +490,7 @@ fn spawn_servers(
     config: &Config,
     oauth: &HashMap<usize, Arc<oauth::OAuth>>,
 ) -> (HashMap<usize, Arc<Supervisor>>, Probes) {
-    let private = vec![
-        config.server.data_dir.clone(),
-        config.server.sandboxes.clone(),
-    ];
+    let private = sandbox::own_state(config);
     let mut shared = HashMap::new();
     let mut probes = Vec::new();
     for (i, cfg) in config.mcp_servers.iter().enumerate() {

@@ -178,6 +178,9 @@ fn confine(
         network: cfg.network,
     };
     let plan = sandbox::plan(&request);
+    for (folder, why) in &plan.refused {
+        tracing::warn!(server = %cfg.name, folder = %folder.display(), "Landlock: a folder named in the server's args or cwd is not allowed: {why}");
+    }
     tracing::debug!(server = %cfg.name, rules = ?plan.rules, network = cfg.network, "Landlock rules");
     sandbox::confine(cmd, sandbox::ruleset(&plan)?);
     Ok(())

@@ -158,8 +158,8 @@ fn rfc3339(t: std::time::SystemTime) -> Option<String> {
 pub struct Placement {
     pub cwd: Option<PathBuf>,
     pub workspace: Option<PathBuf>,
-    /// Folders a confined child must never reach (`data_dir`, `sandboxes`): see
-    /// [`super::sandbox`].
+    /// What a confined child must never reach, turnstile's own state
+    /// ([`super::sandbox::own_state`]).
     pub private: Vec<PathBuf>,
     /// An HTTP server's OAuth (shared by its instances).
     pub oauth: Option<Arc<super::oauth::OAuth>>,
