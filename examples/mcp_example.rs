@@ -15,9 +15,10 @@
 //! - `--extra-tool NAME` (repeatable): one more tool with exactly that name.
 //! - `--log-calls PATH`: append one line per `tools/call` to PATH (`<tool> <arguments JSON>`),
 //!   before the call runs, so that a test can count the calls that reached the server.
-//! - `--test-tools`: also list `stderr_flood`, `stderr_write`, `read_file`, `argv` and
-//!   `connect`, for tests of hostile or confined servers (a flood of stderr, a line that is not
-//!   UTF-8, reads and connections a sandbox must refuse, the args as the server got them).
+//! - `--test-tools`: also list `stderr_flood`, `stderr_write`, `read_file`, `argv`, `connect`
+//!   and `big`, for tests of hostile or confined servers (a flood of stderr, a line that is not
+//!   UTF-8, reads and connections a sandbox must refuse, the args as the server got them, a
+//!   message over the size an MCP message may have).
 //! - `--label TEXT` (repeatable): ignored; a value for a test to read back with `argv`.
 //! - `--naive-files`: serve the machine's files as resources the way a careless server does:
 //!   templates `file:///{+path}` and `u://{+a}/{+b}/{+c}.json`, and `resources/read` of a
@@ -153,6 +154,17 @@ struct ReadFileArgs {
 struct ConnectArgs {
     /// `host:port` to open a TCP connection to.
     addr: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+struct BigArgs {
+    /// How many bytes of text the answer carries.
+    bytes: u64,
+    /// Send a log message (`notifications/message`) of that size first, then answer
+    /// "logged N bytes".
+    #[serde(default)]
+    log: bool,
 }
 
 /// The output schema of `add`.
@@ -447,6 +459,27 @@ impl ExampleServer {
             Ok(bytes) => text_result(String::from_utf8_lossy(&bytes)),
             Err(error) => error_result(format!("cannot read {}: {error}", args.path)),
         }
+    }
+
+    #[tool(
+        description = "Answer with a text of `bytes` bytes (`b` repeated). With `log`, first send a log message of that size, then answer \"logged N bytes\"."
+    )]
+    #[allow(deprecated)] // logging: deprecated by SEP-2577, still what servers send
+    async fn big(
+        &self,
+        Parameters(args): Parameters<BigArgs>,
+        context: RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let text = "b".repeat(args.bytes as usize);
+        if args.log {
+            let message = rmcp::model::LoggingMessageNotificationParam::new(
+                rmcp::model::LoggingLevel::Info,
+                json!(text),
+            );
+            let _ = context.peer.notify_logging_message(message).await;
+            return text_result(format!("logged {} bytes", args.bytes));
+        }
+        text_result(text)
     }
 
     #[tool(description = "Return the server process's arguments as a JSON array of strings.")]

@@ -576,6 +576,98 @@ async fn a_landlocked_server_connects_over_tcp_only_with_network_true() {
     server.stop().await;
 }
 
+/// A confined server whose args name the folder holding turnstile's config and data (through
+/// a symlink), and another instance's folder (through `..`), reads the other files there but
+/// none of turnstile's state: not the config or `turnstile.env` beside it, not the event log,
+/// not the other instance's data folder or config.
+#[tokio::test]
+async fn a_landlocked_server_whose_args_name_turnstiles_folders_cannot_read_its_state() {
+    let fake = FakeOpenAi::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().canonicalize().unwrap();
+    std::fs::write(home.join("notes.txt"), "notes beside the config").unwrap();
+    std::fs::write(home.join("turnstile.env"), "OPENAI_API_KEY=sk-secret").unwrap();
+    let others = tempfile::tempdir().unwrap();
+    let other = others.path().canonicalize().unwrap().join("b");
+    std::fs::create_dir_all(other.join("data")).unwrap();
+    std::fs::create_dir_all(other.join("pub")).unwrap();
+    std::fs::write(other.join("data/turnstile.db"), "b's event log").unwrap();
+    std::fs::write(other.join("tools.toml"), "# b's config").unwrap();
+    std::fs::write(other.join("pub/readme.txt"), "b's readme").unwrap();
+    let links = tempfile::tempdir().unwrap();
+    let link = links.path().join("home");
+    std::os::unix::fs::symlink(&home, &link).unwrap();
+    let named = [
+        "--label".to_string(),
+        link.display().to_string(),
+        "--label".to_string(),
+        format!("{}/pub/..", other.display()),
+    ];
+    let named: Vec<&str> = named.iter().map(String::as_str).collect();
+    let extra = trusted(&[
+        test_server("box", &named, "sandbox = \"landlock\""),
+        test_server("open", &[], ""),
+    ]);
+    if !turnstile::tools::mcp::sandbox::available() {
+        landlock_is_refused(&config_text(&fake, &extra)).await;
+        return;
+    }
+    let server = TestServer::start_in(dir, &config_text(&fake, &extra)).await;
+    let sid = session(&server.http).await;
+    let read = |path: PathBuf| json!({"path": path.display().to_string()});
+    for (readable, content) in [
+        (home.join("notes.txt"), "notes beside the config"),
+        (other.join("pub/readme.txt"), "b's readme"),
+    ] {
+        let out = call_tool(
+            &server.http,
+            &fake,
+            &sid,
+            "mcp__box__read_file",
+            read(readable),
+        )
+        .await;
+        assert_eq!(out, content);
+    }
+    let db = server.data_dir().join("turnstile.db");
+    assert!(db.is_file());
+    for secret in [
+        home.join("tools.toml"),
+        home.join("turnstile.env"),
+        db,
+        other.join("data/turnstile.db"),
+        other.join("tools.toml"),
+    ] {
+        let out = call_tool(
+            &server.http,
+            &fake,
+            &sid,
+            "mcp__box__read_file",
+            read(secret.clone()),
+        )
+        .await;
+        assert!(
+            out.contains("Permission denied"),
+            "{} was readable: {out}",
+            secret.display()
+        );
+        // Unconfined, the same path is readable: the sandbox is what refused it.
+        let out = call_tool(
+            &server.http,
+            &fake,
+            &sid,
+            "mcp__open__read_file",
+            read(secret),
+        )
+        .await;
+        assert!(
+            !out.contains("Permission denied") && !out.starts_with("cannot read"),
+            "{out}"
+        );
+    }
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn past_session_servers_the_idlest_is_stopped_and_restarts_on_demand() {
     let fake = FakeOpenAi::start().await;

@@ -59,7 +59,11 @@ pub(super) async fn ask(
     let request = ServerRequest::ElicitRequest(ElicitRequest::new(params));
     let result = match tokio::time::timeout(ttl, ctx.peer.send_request(request)).await {
         Err(_) => return Some(format!("{denied}: approval expired")),
-        Ok(Err(e)) => return Some(format!("{denied}: the elicitation failed ({e})")),
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "the elicitation failed");
+            let why = crate::tools::mcp::describe_error("the MCP client", &e);
+            return Some(format!("{denied}: the elicitation failed ({why})"));
+        }
         Ok(Ok(ClientResult::ElicitResult(r))) => r,
         Ok(Ok(_)) => {
             return Some(format!(

@@ -54,7 +54,11 @@ impl Elicitor for ClientElicitor {
                         ttl.as_secs()
                     ))
                 }
-                Ok(Err(e)) => return Err(format!("the elicitation failed: {e}")),
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "the elicitation failed");
+                    let why = crate::tools::mcp::describe_error("the MCP client", &e);
+                    return Err(format!("the elicitation failed: {why}"));
+                }
                 Ok(Ok(ClientResult::ElicitResult(r))) => r,
                 Ok(Ok(_)) => return Err("the client's answer was not an elicitation result".into()),
             };
@@ -102,7 +106,11 @@ impl Sampler for ClientSampler {
                         self.ttl.as_secs()
                     ))
                 }
-                Ok(Err(e)) => return Err(format!("sampling failed: the client answered {e}")),
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "sampling failed");
+                    let why = crate::tools::mcp::describe_error("the MCP client", &e);
+                    return Err(format!("sampling failed: {why}"));
+                }
                 Ok(Ok(ClientResult::CreateMessageResult(r))) => r,
                 Ok(Ok(_)) => {
                     return Err("sampling failed: the client's answer was not a message".into())

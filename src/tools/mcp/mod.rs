@@ -11,6 +11,7 @@
 //! and when every one is in a call the new call gets an error result naming the limit.
 
 pub mod content;
+pub mod describe;
 pub mod elicit;
 pub mod http_client;
 pub mod naming;
@@ -21,6 +22,9 @@ pub mod sampling;
 pub mod sandbox;
 pub mod stderr;
 pub mod supervisor;
+mod too_large;
+
+pub use describe::describe_error;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -425,10 +429,7 @@ impl McpHost {
             Placement {
                 cwd: Some(workspace.clone()),
                 workspace: Some(workspace),
-                private: vec![
-                    self.config.server.data_dir.clone(),
-                    self.config.server.sandboxes.clone(),
-                ],
+                private: sandbox::own_state(&self.config),
                 oauth: self.oauth.get(&idx).cloned(),
             },
         );
@@ -543,10 +544,7 @@ fn spawn_servers(
     config: &Config,
     oauth: &HashMap<usize, Arc<oauth::OAuth>>,
 ) -> (HashMap<usize, Arc<Supervisor>>, Probes) {
-    let private = vec![
-        config.server.data_dir.clone(),
-        config.server.sandboxes.clone(),
-    ];
+    let private = sandbox::own_state(config);
     let mut shared = HashMap::new();
     let mut probes = Vec::new();
     for (i, cfg) in config.mcp_servers.iter().enumerate() {

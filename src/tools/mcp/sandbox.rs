@@ -13,12 +13,30 @@
 //! - `/dev/null`, `/dev/zero`, `/dev/full` (read and write), `/dev/urandom`, `/dev/random`;
 //! - nothing else: not `/tmp`, not `/proc`, not `/home`.
 //!
-//! **Private folders** (`data_dir` and `sandboxes`) are never reachable: a folder above would
-//! contain one (HOME holding the repository, `/opt` holding `data_dir`) is not allowed whole;
-//! its entries are allowed one by one instead, recursively, leaving out the private ones. A
-//! folder inside a private one is left out, except the instance's own workspace, which
-//! turnstile places there (`sandboxes/<session>/`). Every path is resolved (symlinks followed)
-//! before it is compared, because Landlock applies a rule to the resolved folder.
+//! **Turnstile's own state is never reachable**, and no rule is ever widened to a folder that
+//! holds some of it. Its own state ([`own_state`] and [`plan`]):
+//! - `data_dir` (the event log `turnstile.db*`, stored files, OAuth tokens under `oauth/`)
+//!   and `sandboxes` (every session's workspace);
+//! - the config file, and beside it, in its folder, turnstile's other files: names that begin
+//!   with `turnstile` (`turnstile.env`, `turnstile.db`), `tools*.toml`, `.env` and `*.env`;
+//! - the files the config names for OAuth (`private_key_file`, `identity_assertion_file`), and
+//!   what lies beside them as beside the config;
+//! - another instance's state, found by looking through each folder allowed because of the
+//!   server's args or its `cwd` (the folders an operator names) before allowing it: a folder
+//!   holding a file named `turnstile.db*` or an `instance` file naming one (a data folder), a
+//!   folder holding a session's workspace (`sess_…`: a sandboxes folder), and a `tools.toml`
+//!   with what lies beside it. Such a folder with more than [`MAX_CHECKED`] entries (all of
+//!   its server's together) cannot be vouched for: it is not allowed at all, and the start-up
+//!   log says so. The system folders and the command's install folder are not looked
+//!   through; the known paths above are cut out of them.
+//!
+//! A folder that would contain some state (HOME holding the repository, `/etc` holding the
+//! config) is not allowed whole: its entries are allowed one by one instead, recursively,
+//! leaving out the private ones. A path inside the private ones is left out, except the
+//! instance's own workspace, which turnstile places there (`sandboxes/<session>/`). Every path
+//! is resolved (symlinks followed, `..` taken away) before it is compared, because Landlock
+//! applies a rule to the resolved folder; the search does not follow symlinks, since a link
+//! leads out of the allowed folder and Landlock then refuses what lies at its end.
 //!
 //! Network: where the kernel has Landlock ABI 4 or later, TCP `connect` and `bind` are refused
 //! unless the server's `network = true`; with `network = false` abstract Unix sockets outside
@@ -48,6 +66,102 @@ const DEVICES_RW: &[&str] = &["/dev/null", "/dev/zero", "/dev/full"];
 const DEVICES_READ: &[&str] = &["/dev/urandom", "/dev/random"];
 /// At most this many entries of one folder are allowed one by one when it holds a private one.
 const MAX_SPLIT_ENTRIES: usize = 4096;
+/// At most this many entries of the folders a server's args and `cwd` name are looked through
+/// for turnstile's state, all of them together; a folder that has more is not allowed.
+pub const MAX_CHECKED: usize = 20_000;
+
+/// Where turnstile keeps its own state, as `config` says: `data_dir`, `sandboxes`, the config
+/// file and the files it names for OAuth (the private paths of every [`Request`]).
+pub fn own_state(config: &crate::config::Config) -> Vec<PathBuf> {
+    let mut out = vec![
+        config.server.data_dir.clone(),
+        config.server.sandboxes.clone(),
+        config.path.clone(),
+    ];
+    for s in &config.mcp_servers {
+        if let Some(o) = &s.oauth {
+            out.extend(o.private_key_file.clone());
+            out.extend(o.idp.as_ref().and_then(|i| i.assertion_file.clone()));
+        }
+    }
+    out
+}
+
+/// Whether a file beside the config (or in another instance's config folder) is turnstile's.
+fn is_turnstile_file(name: &[u8]) -> bool {
+    name.starts_with(b"turnstile")
+        || (name.starts_with(b"tools") && name.ends_with(b".toml"))
+        || name == b".env"
+        || name.ends_with(b".env")
+}
+
+/// The turnstile files in folder `dir` (resolved).
+fn beside(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten().take(MAX_SPLIT_ENTRIES) {
+        if is_turnstile_file(entry.file_name().as_encoded_bytes()) {
+            out.push(dir.join(entry.file_name()));
+        }
+    }
+}
+
+/// Whether `path` is a data folder's `instance` file (a PostgreSQL-backed instance's name).
+fn is_instance_file(path: &Path) -> bool {
+    let mut head = [0u8; 64];
+    let n = std::fs::File::open(path)
+        .and_then(|mut f| std::io::Read::read(&mut f, &mut head))
+        .unwrap_or(0);
+    std::str::from_utf8(&head[..n]).is_ok_and(|s| crate::ids::is_valid("inst", s.trim()))
+}
+
+/// Turnstile state beneath `root` (resolved, not itself private), added to `found`: see the
+/// module's doc. `Err` when `budget` entries were not enough to look through it all.
+fn find_state(
+    root: &Path,
+    private: &[PathBuf],
+    budget: &mut usize,
+    found: &mut Vec<PathBuf>,
+) -> Result<(), ()> {
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        if private
+            .iter()
+            .chain(found.iter())
+            .any(|p| dir.starts_with(p))
+        {
+            continue;
+        }
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            *budget = budget.checked_sub(1).ok_or(())?;
+            let name = entry.file_name();
+            let name = name.as_encoded_bytes();
+            let Ok(kind) = entry.file_type() else {
+                continue;
+            };
+            if kind.is_dir() {
+                if std::str::from_utf8(name).is_ok_and(|n| crate::ids::is_valid("sess", n)) {
+                    // A session's workspace: its folder is a sandboxes folder.
+                    found.push(dir.clone());
+                    break;
+                }
+                stack.push(entry.path());
+            } else if name.starts_with(b"turnstile.db")
+                || (name == b"instance" && is_instance_file(&entry.path()))
+            {
+                found.push(dir.clone());
+                break;
+            } else if name == b"tools.toml" {
+                beside(&dir, found);
+            }
+        }
+    }
+    Ok(())
+}
 
 /// Whether this kernel enforces Landlock (checked once).
 pub fn available() -> bool {
@@ -100,7 +214,7 @@ pub struct Request {
     pub workspace: Option<PathBuf>,
     /// Other read-write folders (a configured `cwd`), subject to the private rule.
     pub read_write: Vec<PathBuf>,
-    /// Never reachable: `data_dir`, `sandboxes`.
+    /// Never reachable: turnstile's own state ([`own_state`]).
     pub private: Vec<PathBuf>,
     /// TCP allowed.
     pub network: bool,
@@ -120,6 +234,8 @@ pub enum Rights {
 pub struct Plan {
     pub rules: Vec<(PathBuf, Rights)>,
     pub network: bool,
+    /// Folders named in the args or as `cwd` that were not allowed, with why (for the log).
+    pub refused: Vec<(PathBuf, String)>,
 }
 
 impl Plan {
@@ -143,7 +259,57 @@ fn resolve(p: &Path) -> Option<PathBuf> {
 
 /// Resolve a request into rules (reads the file system: symlinks, folder entries).
 pub fn plan(req: &Request) -> Plan {
-    let private: Vec<PathBuf> = req.private.iter().filter_map(|p| resolve(p)).collect();
+    let mut private: Vec<PathBuf> = req.private.iter().filter_map(|p| resolve(p)).collect();
+    for file in private.clone() {
+        if file.is_file() {
+            if let Some(dir) = file.parent() {
+                beside(dir, &mut private);
+            }
+        }
+    }
+    // The folders an operator names: looked through for state before they are allowed.
+    let named: Vec<(PathBuf, Rights)> = req
+        .read_write
+        .iter()
+        .map(|p| (p.clone(), Rights::ReadWrite))
+        .chain(req.args.iter().filter_map(|a| {
+            let p = Path::new(a);
+            if !p.is_absolute() || !p.exists() {
+                return None;
+            }
+            let dir = if p.is_dir() { p } else { p.parent()? };
+            Some((dir.to_path_buf(), Rights::Read))
+        }))
+        .collect();
+    let mut refused = Vec::new();
+    let mut budget = MAX_CHECKED;
+    let mut found = Vec::new();
+    let mut checked = Vec::new();
+    for (dir, rights) in named {
+        let Ok(dir) = dir.canonicalize() else {
+            continue;
+        };
+        if private.iter().any(|p| dir.starts_with(p)) {
+            continue;
+        }
+        if checked
+            .iter()
+            .any(|(d, _): &(PathBuf, Rights)| dir.starts_with(d))
+        {
+            checked.push((dir, rights));
+            continue;
+        }
+        match find_state(&dir, &private, &mut budget, &mut found) {
+            Ok(()) => checked.push((dir, rights)),
+            Err(()) => refused.push((
+                dir,
+                format!(
+                    "it has more entries than turnstile looks through for its own state ({MAX_CHECKED}); name a narrower folder"
+                ),
+            )),
+        }
+    }
+    private.extend(found);
     let mut rules = Vec::new();
     if let Some(ws) = req.workspace.as_ref().and_then(|w| resolve(w)) {
         // Its own workspace may lie inside a private folder (turnstile puts it there); it
@@ -156,8 +322,8 @@ pub fn plan(req: &Request) -> Plan {
         Builder::new(&inner).add(&ws, Rights::ReadWrite, &mut rules);
     }
     let mut b = Builder::new(&private);
-    for p in &req.read_write {
-        b.add(p, Rights::ReadWrite, &mut rules);
+    for (p, rights) in &checked {
+        b.add(p, *rights, &mut rules);
     }
     for p in SYSTEM_READ {
         b.add(Path::new(p), Rights::Read, &mut rules);
@@ -166,16 +332,6 @@ pub fn plan(req: &Request) -> Plan {
     b.add(Path::new("/etc/resolv.conf"), Rights::Read, &mut rules);
     for p in command_prefixes(&req.command, req.path_var.as_deref(), req.home.as_deref()) {
         b.add(&p, Rights::Read, &mut rules);
-    }
-    for a in &req.args {
-        let p = Path::new(a);
-        if p.is_absolute() && p.exists() {
-            if p.is_dir() {
-                b.add(p, Rights::Read, &mut rules);
-            } else if let Some(dir) = p.parent() {
-                b.add(dir, Rights::Read, &mut rules);
-            }
-        }
     }
     if let Some(home) = &req.home {
         b.add(&home.join(".local/lib"), Rights::Read, &mut rules);
@@ -192,6 +348,7 @@ pub fn plan(req: &Request) -> Plan {
     Plan {
         rules,
         network: req.network,
+        refused,
     }
 }
 
@@ -413,6 +570,118 @@ mod tests {
         assert_eq!(got, [t.path().join("opt/node")]);
         assert!(command_prefixes("tool", Some(&path_var), Some(&home)).is_empty());
         assert!(command_prefixes("missing", Some(&path_var), Some(&home)).is_empty());
+    }
+
+    /// A folder named in the args that holds the config (with the data folder) or another
+    /// instance's state, reached through a symlink or `..`: what is turnstile's stays out of
+    /// reach, the rest is readable.
+    #[test]
+    fn state_beside_or_below_a_named_folder_stays_out() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().canonicalize().unwrap();
+        // This instance: root/tools.toml, root/turnstile.env, root/data, root/sandboxes.
+        let data = root.join("data");
+        let sandboxes = root.join("sandboxes");
+        touch(&data.join("turnstile.db"));
+        touch(&sandboxes.join("sess_x/f"));
+        for f in [
+            "tools.toml",
+            "tools.prod.toml",
+            "turnstile.env",
+            ".env",
+            "notes.txt",
+            "server.py",
+        ] {
+            touch(&root.join(f));
+        }
+        // Another instance, its data folder named `state`, its workspaces `ws`; a PostgreSQL
+        // instance whose data folder holds only its name.
+        let other = root.join("srv/other");
+        touch(&other.join("state/turnstile.db-wal"));
+        touch(&other.join("ws/sess_0123456789abcdef01234567/secret.txt"));
+        touch(&other.join("tools.toml"));
+        touch(&other.join("site/index.html"));
+        let pg = root.join("srv/pg");
+        std::fs::create_dir_all(&pg).unwrap();
+        std::fs::write(pg.join("instance"), "inst_0123456789abcdef01234567\n").unwrap();
+        touch(&pg.join("files/ab/blob"));
+        touch(&root.join("srv/readme.txt"));
+        std::os::unix::fs::symlink(&root, root.join("srv/up")).unwrap();
+        let req = Request {
+            command: "/bin/sh".into(),
+            args: vec![
+                // The config's folder through a symlink, and through `..`.
+                root.join("srv/up").display().to_string(),
+                format!("{}/srv/..", root.display()),
+                root.join("srv").display().to_string(),
+            ],
+            private: vec![data.clone(), sandboxes.clone(), root.join("tools.toml")],
+            ..Request::default()
+        };
+        let plan = plan(&req);
+        assert!(plan.refused.is_empty(), "{plan:?}");
+        for readable in [
+            root.join("notes.txt"),
+            root.join("server.py"),
+            root.join("srv/readme.txt"),
+            other.join("site/index.html"),
+        ] {
+            assert!(
+                plan.allows(&readable, Rights::Read),
+                "{readable:?} in {plan:?}"
+            );
+        }
+        for denied in [
+            root.join("tools.toml"),
+            root.join("tools.prod.toml"),
+            root.join("turnstile.env"),
+            root.join(".env"),
+            data.join("turnstile.db"),
+            sandboxes.join("sess_x/f"),
+            other.join("state/turnstile.db-wal"),
+            other.join("ws/sess_0123456789abcdef01234567/secret.txt"),
+            other.join("tools.toml"),
+            pg.join("instance"),
+            pg.join("files/ab/blob"),
+            root.clone(),
+        ] {
+            assert!(
+                !plan.allows(&denied, Rights::Read),
+                "{denied:?} in {plan:?}"
+            );
+        }
+    }
+
+    /// A named folder too large to look through whole is not allowed at all.
+    #[test]
+    fn a_folder_too_large_to_look_through_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().canonicalize().unwrap();
+        let mut budget = 10;
+        let mut found = Vec::new();
+        for i in 0..5 {
+            touch(&root.join(format!("a/{i}")));
+        }
+        assert_eq!(find_state(&root, &[], &mut budget, &mut found), Ok(()));
+        for i in 0..10 {
+            touch(&root.join(format!("b/{i}")));
+        }
+        assert_eq!(find_state(&root, &[], &mut budget, &mut found), Err(()));
+        assert!(found.is_empty());
+        // Through plan: MAX_CHECKED entries and one more.
+        let big = root.join("big");
+        std::fs::create_dir_all(&big).unwrap();
+        for i in 0..=MAX_CHECKED {
+            std::fs::File::create(big.join(i.to_string())).unwrap();
+        }
+        let req = Request {
+            command: "/bin/sh".into(),
+            args: vec![big.join("0").display().to_string()],
+            ..Request::default()
+        };
+        let plan = plan(&req);
+        assert_eq!(plan.refused.len(), 1, "{:?}", plan.refused);
+        assert!(!plan.allows(&big.join("0"), Rights::Read));
     }
 
     /// A private folder named in the args or as a read-write folder stays private.

@@ -79,10 +79,15 @@ async fn within<T>(
     match tokio::time::timeout(child.timeout, request).await {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(ServiceError::McpError(e))) => Err(e),
-        Ok(Err(e)) => Err(ErrorData::internal_error(
-            format!("MCP server {} failed {what}: {e}", child.server),
-            None,
-        )),
+        Ok(Err(e)) => {
+            tracing::warn!(server = %child.server, error = %e, "{what} failed");
+            let why =
+                crate::tools::mcp::describe_error(&format!("MCP server {}", child.server), &e);
+            Err(ErrorData::internal_error(
+                format!("{what} failed: {why}"),
+                None,
+            ))
+        }
         Err(_) => Err(ErrorData::internal_error(
             format!(
                 "MCP server {} did not answer {what} within {} s (its timeout_s)",

@@ -12,7 +12,7 @@ use rmcp::transport::streamable_http_client::{
     StreamableHttpResponseLimits,
 };
 
-use super::{Error, SESSION_ID};
+use super::{Error, HyperMcpError, SESSION_ID};
 
 /// Whether a `Content-Type` names `mime`, ignoring case and parameters such as `charset`.
 pub(super) fn media_type_is(value: &HeaderValue, mime: &str) -> bool {
@@ -116,10 +116,10 @@ pub(super) async fn post_failure(
     if let Some(error) = status_failure {
         return Err(error);
     }
-    Err(Error::UnexpectedServerResponse(Cow::Owned(format!(
-        "HTTP {status}: {}",
-        preview(&body, limits.max_error_response_size)
-    ))))
+    Err(Error::Client(HyperMcpError::Status {
+        status,
+        body: preview(&body, limits.max_error_response_size),
+    }))
 }
 
 /// A sessionless `server/discover` refused with a 4xx (other than 401/403) means a server

@@ -16,7 +16,10 @@
 //! * map statuses to rmcp's errors: 401/403 with a challenge, 404 on a session (expired),
 //!   429/5xx (status with `Retry-After`), other failures with a bounded body prefix;
 //! * bound what is buffered: a JSON body, an error body, one SSE event
-//!   ([`StreamableHttpResponseLimits`]).
+//!   ([`StreamableHttpResponseLimits`]). A JSON answer to a request, or an SSE event, over the
+//!   size an MCP message may have is not an error of the connection (which would leave the call
+//!   waiting, or fail it with rmcp's words): it becomes a JSON-RPC error answer to the request,
+//!   whose message says so (see [`super::too_large`]).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -81,6 +84,9 @@ pub enum HyperMcpError {
     /// The message could not be encoded.
     #[error("encoding the message failed: {0}")]
     Encode(#[from] serde_json::Error),
+    /// A status no other error stands for, with (for the log) the start of the body.
+    #[error("HTTP {status}: {body}")]
+    Status { status: StatusCode, body: String },
 }
 
 /// An MCP streamable-HTTP client over hyper (http and https), with TCP_NODELAY and a connection pool.
@@ -89,6 +95,8 @@ pub struct HyperMcpClient {
     client: HttpsClient,
     /// The server's OAuth: each request's bearer token, and what a challenge means.
     oauth: Option<Arc<OAuth>>,
+    /// The server's name, for the log and for what an answer too large is replaced with.
+    server: Arc<str>,
 }
 
 impl Default for HyperMcpClient {
@@ -103,6 +111,7 @@ impl HyperMcpClient {
         HyperMcpClient {
             client: https_client(Some(CONNECT_TIMEOUT)),
             oauth: None,
+            server: Arc::from("remote"),
         }
     }
 
@@ -294,7 +303,8 @@ impl StreamableHttpClient for HyperMcpClient {
             return post_failure(response, &message, had_session, is_json, limits).await;
         }
         if is_sse {
-            let stream = sse_events(response.into_body(), limits.max_sse_event_size);
+            let max = limits.max_sse_event_size;
+            let stream = sse_events(response.into_body(), max, self.server.clone());
             return Ok(StreamableHttpPostResponse::Sse(stream, new_session));
         }
         if content_length == Some(0) && awaits_no_response {
@@ -307,7 +317,26 @@ impl StreamableHttpClient for HyperMcpClient {
             let ct = content_type.map(|ct| String::from_utf8_lossy(ct.as_bytes()).into_owned());
             return Err(Error::UnexpectedContentType(ct));
         }
-        let body = read_bounded(response.into_body(), limits.max_json_response_size).await?;
+        let max = limits.max_json_response_size;
+        let too_large = |size: Option<u64>| {
+            let ClientJsonRpcMessage::Request(request) = &message else {
+                tracing::warn!(server = %self.server, size_bytes = size, "an MCP server's answer to a notification was over the size an MCP message may have: dropped");
+                return Ok(StreamableHttpPostResponse::Accepted);
+            };
+            tracing::warn!(server = %self.server, size_bytes = size, max_bytes = max, "an MCP server's answer was over the size an MCP message may have: its call ended with the reason");
+            let who = format!("MCP server {}", self.server);
+            let error = super::too_large::error_data(&who, size);
+            let reply = ServerJsonRpcMessage::error(error, Some(request.id.clone()));
+            Ok(StreamableHttpPostResponse::Json(reply, new_session.clone()))
+        };
+        if content_length.is_some_and(|n| n > max as u64) {
+            return too_large(content_length);
+        }
+        let body = match read_bounded(response.into_body(), max).await {
+            Ok(body) => body,
+            Err(Error::ResponseBodyTooLarge { .. }) => return too_large(None),
+            Err(e) => return Err(e),
+        };
         match serde_json::from_slice::<ServerJsonRpcMessage>(&body) {
             Ok(reply) => Ok(StreamableHttpPostResponse::Json(reply, new_session)),
             Err(_) if awaits_no_response => Ok(StreamableHttpPostResponse::Accepted),
@@ -404,7 +433,11 @@ impl StreamableHttpClient for HyperMcpClient {
         // rmcp's clients also let a JSON content type through here (and parse it as SSE).
         match response.headers().get(CONTENT_TYPE) {
             Some(ct) if media_type_is(ct, EVENT_STREAM) || media_type_is(ct, JSON) => {
-                Ok(sse_events(response.into_body(), max_sse_event_size))
+                Ok(sse_events(
+                    response.into_body(),
+                    max_sse_event_size,
+                    self.server.clone(),
+                ))
             }
             ct => {
                 Err(Error::UnexpectedContentType(ct.map(|ct| {
@@ -424,8 +457,23 @@ pub fn transport(
     headers: HashMap<HeaderName, HeaderValue>,
     oauth: Option<Arc<OAuth>>,
 ) -> StreamableHttpClientTransport<HyperMcpClient> {
+    server_transport("remote", url, headers, oauth)
+}
+
+/// [`transport`] to the server named `server` in `[mcp_servers]` (the name its log lines and
+/// error answers give).
+pub fn server_transport(
+    server: &str,
+    url: &str,
+    headers: HashMap<HeaderName, HeaderValue>,
+    oauth: Option<Arc<OAuth>>,
+) -> StreamableHttpClientTransport<HyperMcpClient> {
     let config = StreamableHttpClientTransportConfig::with_uri(url).custom_headers(headers);
-    StreamableHttpClientTransport::with_client(HyperMcpClient::with_oauth(oauth), config)
+    let client = HyperMcpClient {
+        server: Arc::from(server),
+        ..HyperMcpClient::with_oauth(oauth)
+    };
+    StreamableHttpClientTransport::with_client(client, config)
 }
 
 #[cfg(test)]
@@ -544,8 +592,19 @@ mod tests {
                 reply(200, Some("text/event-stream; charset=utf-8"), sse)
             }
             "tools/call" => {
-                let args = rpc["params"]["arguments"].to_string();
-                let text = json!({"content": [{"type": "text", "text": args}]});
+                let args = &rpc["params"]["arguments"];
+                if let Some(n) = args["big"].as_u64() {
+                    // An answer of n bytes of text, chunked (no Content-Length) if asked.
+                    let text =
+                        json!({"content": [{"type": "text", "text": "b".repeat(n as usize)}]});
+                    let mut r = reply(200, Some(JSON), result(text).to_string())?;
+                    if args["chunked"] == true {
+                        r.headers_mut()
+                            .insert("transfer-encoding", HeaderValue::from_static("chunked"));
+                    }
+                    return Ok(r);
+                }
+                let text = json!({"content": [{"type": "text", "text": args.to_string()}]});
                 reply(200, Some(JSON), result(text).to_string())
             }
             _ => reply(202, None, String::new()),
@@ -637,6 +696,37 @@ mod tests {
         assert!(error.contains("HTTP 500"), "{error}");
     }
 
+    /// A JSON answer over the limit ends its call at once with the reason, with its size when
+    /// the server gave it; the connection goes on serving.
+    #[tokio::test]
+    async fn a_json_answer_over_the_limit_becomes_its_error() {
+        let fake = Fake::start(false).await;
+        let client =
+            ().serve(server_transport("shop", &fake.url, HashMap::new(), None))
+                .await
+                .expect("handshake");
+        let call = |args: Value| {
+            let params = CallToolRequestParams::new("echo")
+                .with_arguments(args.as_object().cloned().unwrap());
+            client.call_tool(params)
+        };
+        for (chunked, size) in [(false, "was 17 MiB, over"), (true, "was over the 16 MiB")] {
+            let args = json!({"big": 17 << 20, "chunked": chunked});
+            let error = tokio::time::timeout(Duration::from_secs(20), call(args))
+                .await
+                .expect("the call ends at once")
+                .expect_err("an answer over the limit is an error");
+            let words = crate::tools::mcp::describe_error("MCP server shop", &error);
+            assert!(
+                words.starts_with("the answer of MCP server shop was ") && words.contains(size),
+                "{words}"
+            );
+        }
+        let fits = call(json!({"big": 1 << 20})).await.expect("1 MiB fits");
+        assert_eq!(fits.content[0].as_text().unwrap().text.len(), 1 << 20);
+        client.cancel().await.expect("close");
+    }
+
     #[tokio::test]
     async fn reserved_custom_headers_are_refused() {
         let headers = HashMap::from([(ACCEPT, HeaderValue::from_static("text/plain"))]);
@@ -646,7 +736,7 @@ mod tests {
     }
 
     fn parse(chunks: &[&[u8]], max: usize) -> Result<Vec<Sse>, String> {
-        let mut parser = SseParser::new(max);
+        let mut parser = SseParser::new(max, Arc::from("shop"));
         for chunk in chunks {
             parser.feed(chunk).map_err(|e| e.to_string())?;
         }
@@ -677,8 +767,10 @@ mod tests {
     #[test]
     fn sse_event_size_is_bounded() {
         assert_eq!(parse(&[b"data: 12345\n\n"], 12).unwrap().len(), 1);
-        let error = parse(&[b"data: 12345\ndata: 6\n\n"], 12).unwrap_err();
-        assert!(error.contains("maximum size of 12"), "{error}");
+        // Over the limit, and no response: dropped; the events after it are read.
+        let events = parse(&[b"data: 12345\ndata: 6\n\ndata: 7\n\n"], 12).unwrap();
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].data.as_deref(), Some("7"));
         // The limit is per event, and comments do not count.
         assert_eq!(
             parse(&[b": 0123456789\ndata: 1\n\ndata: 2\n\n"], 12)
@@ -686,6 +778,41 @@ mod tests {
                 .len(),
             2
         );
+    }
+
+    /// A response over the limit becomes the JSON-RPC error ending its call, whichever end of
+    /// it holds the id and however it is cut into chunks and lines; a request or notification
+    /// is dropped, its event id kept.
+    #[test]
+    fn an_sse_response_over_the_limit_becomes_its_error() {
+        let text = "t".repeat(5000);
+        let first = format!("id: 9\ndata: {{\"jsonrpc\":\"2.0\",\"id\":3,\"result\":{{\"content\":[{{\"text\":\"{text}\"}}]}}}}\n\n");
+        let last = format!("data: {{\"result\":{{\"content\":[{{\"text\":\"{text}\"}}]}},\ndata: \"jsonrpc\":\"2.0\",\r\ndata:\"id\":\"a\\\"b\"}}\n\n");
+        let note = format!("id: 10\ndata: {{\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{{\"data\":\"{text}\"}}}}\n\ndata: after\n\n");
+        for (input, id, event_id) in [(first, json!(3), Some("9")), (last, json!("a\"b"), None)] {
+            for chunk in [1, 7, 4096] {
+                let chunks: Vec<&[u8]> = input.as_bytes().chunks(chunk).collect();
+                let events = parse(&chunks, 1024).unwrap();
+                assert_eq!(events.len(), 1, "{events:?}");
+                assert_eq!(events[0].id.as_deref(), event_id);
+                let answer: Value =
+                    serde_json::from_str(events[0].data.as_deref().unwrap()).unwrap();
+                assert_eq!(answer["id"], id);
+                let message = answer["error"]["message"].as_str().unwrap();
+                assert!(
+                    message.starts_with("the answer of MCP server shop was over")
+                        || message.contains("MiB, over the 16 MiB"),
+                    "{message}"
+                );
+            }
+        }
+        let events = parse(&[note.as_bytes()], 1024).unwrap();
+        assert_eq!(events.len(), 2, "{events:?}");
+        assert_eq!(
+            (events[0].id.as_deref(), events[0].data.as_deref()),
+            (Some("10"), None)
+        );
+        assert_eq!(events[1].data.as_deref(), Some("after"));
     }
 
     #[test]

@@ -4,17 +4,16 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rmcp::service::{RoleClient, ServiceExt};
-use rmcp::transport::TokioChildProcess;
 use tokio::task::JoinHandle;
 
 use super::ordered::ordered;
-use super::{Handler, Placement, KEPT_ENV};
+use super::{stdio, Handler, Placement, KEPT_ENV};
 use crate::config::{McpServerConfig, McpTransport, SandboxKind};
+use crate::tools::mcp::describe::describe_init_error;
 use crate::tools::mcp::stderr::{self, StderrLog};
 use crate::tools::mcp::{http_client, sandbox};
 
@@ -34,36 +33,43 @@ pub(super) async fn connect(
     // Progress and log messages are taken off the transport in the server's order.
     let relays = handler.relays.clone();
     let logs = handler.root.is_some().then(|| handler.events.clone());
+    let who = format!("MCP server {}", cfg.name);
     match &cfg.transport {
         McpTransport::Stdio { command, .. } => {
             let cmd = child_command(cfg, placement)?;
-            let (proc, stderr) = TokioChildProcess::builder(cmd)
-                .stderr(Stdio::piped())
-                .spawn()
+            let (proc, stderr) = stdio::spawn(cmd, &cfg.name)
                 .map_err(|e| format!("cannot start {command:?}: {e}"))?;
             if let Some(pid) = proc.id() {
                 pgid.store(pid as i32, Ordering::SeqCst);
             }
-            if let Some(stderr) = stderr {
-                *drain = Some(tokio::spawn(stderr::drain(stderr, stderr_log.clone())));
-            }
+            *drain = Some(tokio::spawn(stderr::drain(stderr, stderr_log.clone())));
             handler
                 .serve(ordered(proc, relays, logs))
                 .await
-                .map_err(|e| format!("handshake failed: {e}"))
+                .map_err(|e| {
+                    tracing::debug!(server = %cfg.name, error = %e, "MCP handshake failed");
+                    format!("handshake failed: {}", describe_init_error(&who, &e))
+                })
         }
         McpTransport::Http { url, headers } => {
             let headers = expand_headers(headers)?;
-            let transport = http_client::transport(url, headers, placement.oauth.clone());
+            let transport =
+                http_client::server_transport(&cfg.name, url, headers, placement.oauth.clone());
             match handler.serve(ordered(transport, relays, logs)).await {
                 Ok(service) => Ok(service),
-                Err(e) => Err(match &placement.oauth {
-                    Some(o) => match o.needs_login().await {
+                Err(e) => {
+                    tracing::debug!(server = %cfg.name, error = %e, "MCP handshake failed");
+                    let login = match &placement.oauth {
+                        Some(o) => o.needs_login().await,
+                        None => None,
+                    };
+                    Err(match login {
                         Some(why) => format!("needs a login: {why}"),
-                        None => format!("cannot connect to {url}: {e}"),
-                    },
-                    None => format!("cannot connect to {url}: {e}"),
-                }),
+                        None => {
+                            format!("cannot connect to {url}: {}", describe_init_error(&who, &e))
+                        }
+                    })
+                }
             }
         }
     }
@@ -172,6 +178,9 @@ fn confine(
         network: cfg.network,
     };
     let plan = sandbox::plan(&request);
+    for (folder, why) in &plan.refused {
+        tracing::warn!(server = %cfg.name, folder = %folder.display(), "Landlock: a folder named in the server's args or cwd is not allowed: {why}");
+    }
     tracing::debug!(server = %cfg.name, rules = ?plan.rules, network = cfg.network, "Landlock rules");
     sandbox::confine(cmd, sandbox::ruleset(&plan)?);
     Ok(())

@@ -24,7 +24,9 @@ use super::elicit::Asker;
 mod catalog;
 mod handler;
 mod launch;
+mod line_limit;
 mod ordered;
+mod stdio;
 use crate::config::McpServerConfig;
 use crate::tools::relay::Relays;
 use crate::tools::ToolOutput;
@@ -156,8 +158,8 @@ fn rfc3339(t: std::time::SystemTime) -> Option<String> {
 pub struct Placement {
     pub cwd: Option<PathBuf>,
     pub workspace: Option<PathBuf>,
-    /// Folders a confined child must never reach (`data_dir`, `sandboxes`): see
-    /// [`super::sandbox`].
+    /// What a confined child must never reach, turnstile's own state
+    /// ([`super::sandbox::own_state`]).
     pub private: Vec<PathBuf>,
     /// An HTTP server's OAuth (shared by its instances).
     pub oauth: Option<Arc<super::oauth::OAuth>>,
@@ -346,13 +348,15 @@ impl Supervisor {
         {
             Ok(Ok(result)) => Ok(result),
             Ok(Err(e)) => {
+                // The details (rmcp's words, Rust types and all) are for the log only.
+                tracing::warn!(server = %self.name, tool, error = %e, "an MCP tool call failed");
                 let login = match &self.oauth {
                     Some(o) => o.needs_login().await,
                     None => None,
                 };
                 Err(ToolOutput::error(match login {
                     Some(why) => format!("MCP server {} needs a login: {why}", self.name),
-                    None => format!("MCP server {} failed the call: {e}", self.name),
+                    None => super::describe_error(&format!("MCP server {}", self.name), &e),
                 }))
             }
             // Spec 003: a call cut short gets "Cancelled."; why goes to the log, not the model.
@@ -516,7 +520,7 @@ impl Run {
         mut roots_asked: watch::Receiver<bool>,
     ) {
         let peer = service.peer().clone();
-        match tokio::time::timeout(self.cfg.startup_timeout, list(&peer)).await {
+        match tokio::time::timeout(self.cfg.startup_timeout, list(&self.cfg.name, &peer)).await {
             Ok(Ok(listed)) => {
                 if self.placement.workspace.is_some() {
                     // A server that uses roots asks for them as soon as it is initialized:
@@ -559,7 +563,7 @@ impl Run {
     }
 
     async fn relist(&self, peer: &Peer<RoleClient>) {
-        match list(peer).await {
+        match list(&self.cfg.name, peer).await {
             Ok(listed) => {
                 tracing::info!(server = %self.cfg.name, tools = listed.len(), "MCP server changed its tools");
                 self.tools.send_replace(Arc::new(listed));
@@ -571,8 +575,11 @@ impl Run {
     }
 }
 
-async fn list(peer: &Peer<RoleClient>) -> Result<Vec<McpTool>, String> {
-    let tools = peer.list_all_tools().await.map_err(|e| e.to_string())?;
+async fn list(server: &str, peer: &Peer<RoleClient>) -> Result<Vec<McpTool>, String> {
+    let tools = peer.list_all_tools().await.map_err(|e| {
+        tracing::debug!(server, error = %e, "tools/list failed");
+        super::describe_error(&format!("MCP server {server}"), &e)
+    })?;
     Ok(tools
         .into_iter()
         .map(|t| McpTool {

@@ -42,6 +42,12 @@ where
 impl<T: Transport<RoleClient>> Transport<RoleClient> for Ordered<T> {
     type Error = T::Error;
 
+    /// What rmcp's errors call the transport (by default its Rust type, which is no one's
+    /// business; see [`crate::tools::mcp::describe`]).
+    fn name() -> std::borrow::Cow<'static, str> {
+        std::borrow::Cow::Borrowed("MCP connection")
+    }
+
     fn send(
         &mut self,
         item: TxJsonRpcMessage<RoleClient>,
