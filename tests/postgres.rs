@@ -374,7 +374,8 @@ async fn a_commit_notifies_each_session_with_its_last_seq_only_once_committed() 
 async fn files_upload_and_download_and_the_quota_counts_from_the_store_across_a_restart() {
     let pg = PgCluster::start();
     let fake = FakeOpenAi::start().await;
-    let cfg = pg_config(&pg, &fake, "[limits]\ndisk_bytes_per_key = 10\n");
+    // Each file counts as at least 4,096 bytes: room for one file of 8 bytes, not two.
+    let cfg = pg_config(&pg, &fake, "[limits]\ndisk_bytes_per_key = 8000\n");
     let server = TestServer::start(&cfg).await;
     let upload = |server: &TestServer, body: &'static [u8]| {
         let http = server.http.clone();
