@@ -30,6 +30,7 @@ use serde_json::{json, Value};
 
 use super::ask::{self, Subject};
 use super::content::{refused, to_result};
+use super::sessions::{Busy, Sessions};
 use super::uri::shown;
 use crate::config::{AgentConfig, Config, EndpointNames, Verdict};
 use crate::tools::relay::{Progress, PROGRESS};
@@ -51,10 +52,17 @@ pub struct Gate {
     /// Cancelled when the session's server is dropped (its relays end with it).
     pub ended: tokio_util::sync::CancellationToken,
     _ending: tokio_util::sync::DropGuard,
+    /// Its agent's sessions: whether this one is in use.
+    sessions: Arc<Sessions>,
 }
 
 impl Gate {
-    pub fn new(config: Arc<Config>, agent: AgentConfig, host: Arc<dyn ToolHost>) -> Gate {
+    pub fn new(
+        config: Arc<Config>,
+        agent: AgentConfig,
+        host: Arc<dyn ToolHost>,
+        sessions: Arc<Sessions>,
+    ) -> Gate {
         let ended = tokio_util::sync::CancellationToken::new();
         Gate {
             config,
@@ -63,8 +71,25 @@ impl Gate {
             kept: Default::default(),
             _ending: ended.clone().drop_guard(),
             ended,
+            sessions,
         }
     }
+
+    /// Keeps the session in use while a handler runs (a call whose client went away does not
+    /// end with its session for being idle). `None` for the `initialize` that opens it.
+    fn in_use(&self, extensions: &rmcp::model::Extensions) -> Option<Busy> {
+        self.sessions.hold(session_id(extensions)?)
+    }
+}
+
+/// The `Mcp-Session-Id` a request or notification came with.
+fn session_id(extensions: &rmcp::model::Extensions) -> Option<&str> {
+    extensions
+        .get::<http::request::Parts>()?
+        .headers
+        .get("mcp-session-id")?
+        .to_str()
+        .ok()
 }
 
 /// The name an MCP client sees each of `all` by (see [`shown`]), computed over every tool of
@@ -320,8 +345,9 @@ impl ServerHandler for Gate {
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
+        let _busy = self.in_use(&context.extensions);
         let tools = listed(&self.agent, &*self.host, self.config.mcp_endpoint.names);
         Ok(ListToolsResult::with_all_items(
             tools.iter().map(|(name, t)| as_mcp(name, t)).collect(),
@@ -333,6 +359,7 @@ impl ServerHandler for Gate {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        let _busy = self.in_use(&context.extensions);
         // rmcp moves each request's handler future (the largest of these methods' futures)
         // into a spawned task: boxed, the call's state is not copied along every request.
         Box::pin(self.run_call(request, context)).await
@@ -343,6 +370,7 @@ impl ServerHandler for Gate {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
+        let _busy = self.in_use(&context.extensions);
         Ok(Box::pin(Gate::list_resources(self, &context)).await)
     }
 
@@ -351,6 +379,7 @@ impl ServerHandler for Gate {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        let _busy = self.in_use(&context.extensions);
         Ok(Box::pin(Gate::list_resource_templates(self, &context)).await)
     }
 
@@ -359,6 +388,7 @@ impl ServerHandler for Gate {
         request: ReadResourceRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
+        let _busy = self.in_use(&context.extensions);
         Ok(Box::pin(Gate::read_resource(self, request.uri, &context))
             .await?
             .into())
@@ -369,6 +399,7 @@ impl ServerHandler for Gate {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, ErrorData> {
+        let _busy = self.in_use(&context.extensions);
         Ok(Box::pin(Gate::list_prompts(self, &context)).await)
     }
 
@@ -377,6 +408,7 @@ impl ServerHandler for Gate {
         request: GetPromptRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<GetPromptResponse, ErrorData> {
+        let _busy = self.in_use(&context.extensions);
         Ok(Box::pin(Gate::get_prompt(self, request, &context))
             .await?
             .into())
@@ -387,6 +419,7 @@ impl ServerHandler for Gate {
         request: CompleteRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CompleteResult, ErrorData> {
+        let _busy = self.in_use(&context.extensions);
         Box::pin(Gate::complete(self, request, &context)).await
     }
 
@@ -395,6 +428,7 @@ impl ServerHandler for Gate {
         request: SubscribeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
+        let _busy = self.in_use(&context.extensions);
         Box::pin(Gate::subscribe(self, request.uri, &context)).await
     }
 
@@ -404,6 +438,7 @@ impl ServerHandler for Gate {
         request: SetLevelRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
+        let _busy = self.in_use(&context.extensions);
         Box::pin(Gate::set_level(self, request, &context)).await
     }
 
