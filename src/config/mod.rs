@@ -83,6 +83,9 @@ pub struct McpEndpointConfig {
     /// `session_idle_s` (300): a session with no request, no open stream and no running call
     /// for this long ends (its workspace and session-scoped servers go).
     pub session_idle: Duration,
+    /// `session_park_s` (30): such a session is parked after this long (its in-memory state
+    /// dropped, restored on its next request).
+    pub session_park: Duration,
 }
 
 impl Default for McpEndpointConfig {
@@ -92,6 +95,7 @@ impl Default for McpEndpointConfig {
             agents: Vec::new(),
             names: EndpointNames::default(),
             session_idle: Duration::from_secs(300),
+            session_park: Duration::from_secs(30),
         }
     }
 }

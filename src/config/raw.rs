@@ -282,6 +282,8 @@ pub(super) struct RawMcpEndpoint {
     pub names: Option<Spanned<String>>,
     #[serde(default)]
     pub session_idle_s: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub session_park_s: Option<Spanned<i64>>,
 }
 
 /// `[store]`

@@ -74,6 +74,11 @@ pub(super) fn mcp_endpoint(
             "mcp_endpoint.session_idle_s",
             defaults.session_idle.as_secs() as i64,
         )?,
+        session_park: cx.secs(
+            t.session_park_s.as_ref(),
+            "mcp_endpoint.session_park_s",
+            defaults.session_park.as_secs() as i64,
+        )?,
     })
 }
 
@@ -113,12 +118,14 @@ mod tests {
     }
 
     #[test]
-    fn sessions_end_after_5_minutes_idle_by_default() {
+    fn sessions_end_after_5_minutes_idle_and_park_after_30_s_by_default() {
         use std::time::Duration;
         let c = ok("[agents.a]\n");
         assert_eq!(c.mcp_endpoint.session_idle, Duration::from_secs(300));
-        let c = ok("[agents.a]\n[mcp_endpoint]\nsession_idle_s = 2\n");
+        assert_eq!(c.mcp_endpoint.session_park, Duration::from_secs(30));
+        let c = ok("[agents.a]\n[mcp_endpoint]\nsession_idle_s = 2\nsession_park_s = 1\n");
         assert_eq!(c.mcp_endpoint.session_idle, Duration::from_secs(2));
+        assert_eq!(c.mcp_endpoint.session_park, Duration::from_secs(1));
         let e = bad("[agents.a]\n[mcp_endpoint]\nsession_idle_s = 0\n");
         assert_eq!(
             (e.line, e.key.as_deref()),

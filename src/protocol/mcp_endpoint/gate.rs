@@ -25,6 +25,7 @@ use rmcp::model::{
     SubscribeRequestParams, Tool, UnsubscribeRequestParams,
 };
 use rmcp::service::{NotificationContext, RequestContext};
+use rmcp::transport::streamable_http_server::SessionRestoreMarker;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::{json, Value};
 
@@ -42,24 +43,24 @@ pub struct McpCaller {
     pub owner: Option<String>,
 }
 
-/// The server of one MCP session.
+/// The server of one MCP session (while it is in memory: see [`Sessions`]).
 pub struct Gate {
     pub config: Arc<Config>,
-    pub agent: AgentConfig,
+    pub agent: Arc<AgentConfig>,
     pub host: Arc<dyn ToolHost>,
     /// What it keeps of the servers' catalogs (subscriptions, its log level, relays).
     pub kept: super::catalog::Kept,
     /// Cancelled when the session's server is dropped (its relays end with it).
     pub ended: tokio_util::sync::CancellationToken,
     _ending: tokio_util::sync::DropGuard,
-    /// Its agent's sessions: whether this one is in use.
+    /// Its agent's sessions: whether this one is in use, and what it holds.
     sessions: Arc<Sessions>,
 }
 
 impl Gate {
     pub fn new(
         config: Arc<Config>,
-        agent: AgentConfig,
+        agent: Arc<AgentConfig>,
         host: Arc<dyn ToolHost>,
         sessions: Arc<Sessions>,
     ) -> Gate {
@@ -75,8 +76,8 @@ impl Gate {
         }
     }
 
-    /// Keeps the session in use while a handler runs (a call whose client went away does not
-    /// end with its session for being idle). `None` for the `initialize` that opens it.
+    /// Keeps the session in use while a handler runs (it is not parked under a call whose
+    /// client went away). `None` for the `initialize` that opens it.
     fn in_use(&self, extensions: &rmcp::model::Extensions) -> Option<Busy> {
         self.sessions.hold(session_id(extensions)?)
     }
@@ -118,12 +119,17 @@ pub fn listed(
         .collect()
 }
 
-/// What a client's tool list depends on: each listed tool's name and definition.
-fn signature(agent: &AgentConfig, host: &dyn ToolHost, names: EndpointNames) -> Vec<Tool> {
-    listed(agent, host, names)
+/// What a client's tool list depends on (each listed tool's name and definition), as a
+/// digest: a session keeps 8 bytes of it, not a copy of every definition.
+fn signature(agent: &AgentConfig, host: &dyn ToolHost, names: EndpointNames) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let tools: Vec<Tool> = listed(agent, host, names)
         .iter()
         .map(|(name, t)| as_mcp(name, t))
-        .collect()
+        .collect();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    serde_json::to_vec(&tools).unwrap_or_default().hash(&mut h);
+    h.finish()
 }
 
 /// A tool as an MCP client sees it, named `name`: an MCP server's definition as the server
@@ -429,7 +435,12 @@ impl ServerHandler for Gate {
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
         let _busy = self.in_use(&context.extensions);
-        Box::pin(Gate::subscribe(self, request.uri, &context)).await
+        Box::pin(Gate::subscribe(self, request.uri, &context)).await?;
+        // Its subscriptions live in this server: the session must not be parked.
+        if let Some(id) = session_id(&context.extensions) {
+            self.sessions.pin(id);
+        }
+        Ok(())
     }
 
     #[allow(deprecated)]
@@ -439,7 +450,12 @@ impl ServerHandler for Gate {
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
         let _busy = self.in_use(&context.extensions);
-        Box::pin(Gate::set_level(self, request, &context)).await
+        Box::pin(Gate::set_level(self, request, &context)).await?;
+        // As is the level it set.
+        if let Some(id) = session_id(&context.extensions) {
+            self.sessions.pin(id);
+        }
+        Ok(())
     }
 
     async fn unsubscribe(
@@ -461,6 +477,26 @@ impl ServerHandler for Gate {
         let mut last = signature(&agent, &*host, names);
         let ended = self.ended.clone();
         self.relay_catalog(peer.clone());
+        if let Some(id) = session_id(&context.extensions) {
+            // A parked session restored: what changed while no one relayed it is told now
+            // (the tool list only if it did; the servers' resources and prompts may have).
+            let before = self.sessions.shown(id, last);
+            let restored = context.extensions.get::<SessionRestoreMarker>().is_some();
+            if restored {
+                if before.is_some_and(|b| b != last) {
+                    let _ = peer.notify_tool_list_changed().await;
+                }
+                let caps = self.capabilities();
+                if caps.resources.is_some() {
+                    let _ = peer.notify_resource_list_changed().await;
+                }
+                if caps.prompts.is_some() {
+                    let _ = peer.notify_prompt_list_changed().await;
+                }
+            }
+        }
+        let sessions = self.sessions.clone();
+        let sid = session_id(&context.extensions).map(str::to_string);
         tokio::spawn(async move {
             loop {
                 tokio::select! {
@@ -475,6 +511,9 @@ impl ServerHandler for Gate {
                     continue;
                 }
                 last = now;
+                if let Some(id) = &sid {
+                    sessions.shown(id, now);
+                }
                 if peer.notify_tool_list_changed().await.is_err() {
                     break;
                 }

@@ -7,7 +7,7 @@
 //! any other, as for AAP sessions), bodies bounded by `[server] max_body_bytes`. `/mcp` serves
 //! the first agent of `[mcp_endpoint] agents`, `/mcp/<agent>` each listed one. See [`gate`] for
 //! what a session offers, [`catalog`] for the servers' resources and prompts, and [`sessions`]
-//! for when a session ends.
+//! for what a session costs while idle and when it ends.
 
 mod ask;
 pub mod catalog;
@@ -26,7 +26,7 @@ use crate::config::Config;
 use crate::http::{ApiError, Request, Response};
 use crate::tools::ToolHost;
 use gate::{Gate, McpCaller};
-use sessions::{Busy, Sessions};
+use sessions::{Busy, Refused, Sessions};
 
 /// The AAP-side session id an MCP session stands for (its workspace folder, its session-scoped
 /// MCP servers): `mcp-<Mcp-Session-Id>`.
@@ -91,6 +91,7 @@ impl Endpoint {
                     let sessions = Arc::new(Sessions::new(
                         host.clone(),
                         config.server.sandboxes.clone(),
+                        ep.session_park,
                         ep.session_idle,
                     ));
                     tokio::spawn(sessions.clone().reap(shutdown.child_token()));
@@ -99,12 +100,15 @@ impl Endpoint {
                             usize::try_from(config.server.max_body_bytes).unwrap_or(usize::MAX),
                         )
                         .with_cancellation_token(shutdown.child_token());
+                    // A parked session is restored from its record (see `sessions`).
+                    http.session_store = Some(sessions.clone());
                     if any_host {
                         // A bearer key already stops DNS rebinding (a browser cannot add it);
                         // a deployment behind any host name must work.
                         http = http.disable_allowed_hosts();
                     }
-                    let (config, agent_cfg, host) = (config.clone(), agent.clone(), host.clone());
+                    let (config, agent_cfg, host) =
+                        (config.clone(), Arc::new(agent.clone()), host.clone());
                     let gates = sessions.clone();
                     let service = StreamableHttpService::new(
                         move || {
@@ -175,10 +179,18 @@ impl Endpoint {
         // The session is in use until the response's body has been sent (or dropped).
         let mut busy: Option<Busy> = None;
         if let Some(sid) = &sid {
-            busy = Some(ep.sessions.enter(sid, &owner).ok_or_else(|| {
-                ApiError::not_found(format!(
+            busy = Some(ep.sessions.enter(sid, &owner).await.map_err(|why| match why {
+                Refused::Unknown => ApiError::not_found(format!(
                     "no MCP session {sid}; start one with an initialize request (without Mcp-Session-Id)"
-                ))
+                )),
+                Refused::Parking => ApiError {
+                    retry_after: Some(1),
+                    ..ApiError::new(
+                        http::StatusCode::SERVICE_UNAVAILABLE,
+                        "session_busy",
+                        format!("MCP session {sid} is being parked; try again"),
+                    )
+                },
             })?);
         } else if req.method() == http::Method::POST {
             self.check_quota(&owner)?;
