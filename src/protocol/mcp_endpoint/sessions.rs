@@ -2,8 +2,7 @@
 //!
 //! rmcp runs a session as two tasks (its worker and its service loop) over seven tokio
 //! channels, each of which allocates a block of 32 slots when it is made, whatever its
-//! capacity: ~90 KiB of heap per session before our [`Gate`](super::gate::Gate) adds its own
-//! (~150 KiB of RSS in all).
+//! capacity: ~90 KiB of heap per session before our [`Gate`](super::gate::Gate) adds its own.
 //! A session nobody uses keeps none of it. After `[mcp_endpoint] session_park_s` with no
 //! request, no open stream and no call running, a session is *parked*: its rmcp worker stops
 //! and only its record stays (owner, the client's `initialize` parameters: well under 1 KiB).
@@ -107,6 +106,8 @@ pub struct Sessions {
     sandboxes: PathBuf,
     park_after: Duration,
     idle_after: Duration,
+    /// When to give freed memory back to the OS (after sessions stopped).
+    trim_at: Mutex<Option<Instant>>,
 }
 
 impl Sessions {
@@ -130,6 +131,7 @@ impl Sessions {
             sandboxes,
             park_after,
             idle_after,
+            trim_at: Mutex::new(None),
         }
     }
 
@@ -259,6 +261,10 @@ impl Sessions {
                     records.insert(Box::from(&**id), r);
                 }
             }
+            // A map keeps its capacity: give it back once most of it is empty.
+            if records.capacity() > 64 && records.len() < records.capacity() / 4 {
+                records.shrink_to_fit();
+            }
         }
         for id in &park {
             // Its worker stops; rmcp then calls `close_session`, which sees it parking.
@@ -272,6 +278,24 @@ impl Sessions {
             let (host, sandboxes, id) = (self.host.clone(), self.sandboxes.clone(), id.clone());
             tokio::spawn(async move { clean_up(&*host, &sandboxes, &id).await });
         }
+        if !park.is_empty() || !end.is_empty() {
+            self.trim_later();
+        }
+        let due = {
+            let mut at = crate::sync::lock(&self.trim_at);
+            match *at {
+                Some(t) if t <= Instant::now() => at.take().is_some(),
+                _ => false,
+            }
+        };
+        if due {
+            crate::memory::trim();
+        }
+    }
+
+    /// Give freed memory back once the stopped sessions' tasks have let go of it.
+    fn trim_later(&self) {
+        *crate::sync::lock(&self.trim_at) = Some(Instant::now() + Duration::from_secs(2));
     }
 
     /// rmcp has closed session `id` (`DELETE`, its worker stopped): a parking session is now
@@ -300,6 +324,7 @@ impl Sessions {
         if ended {
             clean_up(&*self.host, &self.sandboxes, id).await;
         }
+        self.trim_later();
     }
 }
 
@@ -308,7 +333,12 @@ impl Sessions {
 async fn clean_up(host: &dyn ToolHost, sandboxes: &Path, id: &str) {
     let key = super::session_key(id);
     host.session_closed(&key).await;
-    let _ = tokio::fs::remove_dir_all(sandboxes.join(&key)).await;
+    let workspace = sandboxes.join(&key);
+    // Most sessions never had one: no thread of the blocking pool (which would keep the
+    // memory it touched for a while) is woken for them.
+    if std::fs::symlink_metadata(&workspace).is_ok() {
+        let _ = tokio::fs::remove_dir_all(workspace).await;
+    }
 }
 
 /// Remove the workspaces of MCP sessions (`mcp-*`) left in `sandboxes` by an earlier run: no
