@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! cargo build --release --bin turnstile --example mcp_sessions --example mcp_example
-//! target/release/examples/mcp_sessions target/release/turnstile 3000
+//! target/release/examples/mcp_sessions target/release/turnstile 3000   # live, then deleted
+//! target/release/examples/mcp_sessions target/release/turnstile 3000 'session_park_s = 1'
 //! ```
 //!
 //! It serves `/mcp` over the example MCP server (a shared child, `mcp_example` beside this
@@ -12,8 +13,13 @@
 //! them all (`DELETE /mcp` with their `Mcp-Session-Id`). After each step it waits until the
 //! server's RSS has not moved for 3 s (at most 30 s), and prints the figures, with the highest
 //! RSS seen while the sessions were open (sampled every 10 ms). A third argument is added to
-//! the `[mcp_endpoint]` table. With `MCP_SESSIONS_CALL=1` each session also calls
-//! `mcp__ex__echo` once before going idle.
+//! the `[mcp_endpoint]` table: with `session_park_s = 1` the figure is that of parked sessions
+//! (the default parks them after 30 s, after the figure is taken). With `MCP_SESSIONS_CALL=1`
+//! each session also calls `mcp__ex__echo` once before going idle.
+//!
+//! Release build, 3,000 sessions, on 2 shared cores: live 88 KiB each, 1.3 % of the growth left
+//! after deleting them; parked 1.6 KiB each (with a call each too). Before parking and giving
+//! memory back: 149 KiB each (168 with a call), 100 % left.
 
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
