@@ -16,8 +16,9 @@
 //!
 //! The library's public face is what the binary, the tests and the bench use: `startup` (run a
 //! server in-process), `config`, the `engine` and its `log`, `tools`, `upstream`, `files`,
-//! `message`, `clock`, `ids`, `telemetry` and, behind the `testkit` feature, the fake upstreams.
-//! The serving layers (`api`, `http`, `protocol`) and `metrics`, `net` are private to the crate.
+//! `message`, `clock`, `ids`, `telemetry`, `memory` (the binary's say in giving memory back)
+//! and, behind the `testkit` feature, the fake upstreams. The serving layers (`api`, `http`,
+//! `protocol`) and `metrics`, `net` are private to the crate.
 
 pub(crate) mod api;
 pub mod clock;
@@ -27,6 +28,7 @@ pub mod files;
 pub(crate) mod http;
 pub mod ids;
 pub mod log;
+pub mod memory;
 pub mod message;
 pub(crate) mod metrics;
 pub(crate) mod net;

@@ -12,9 +12,25 @@ use turnstile::startup::{self, StartOptions};
 /// mimalloc rather than glibc's malloc: a turn makes many small, short-lived allocations
 /// (events, JSON, headers) across two or more worker threads. Measured with the bench on 2
 /// cores: ~10 µs less added latency and CPU per turn, 7–16 % more turns/s; an idle event stream
-/// holds ~25 KiB instead of ~16 KiB. The bench declares the same allocator.
+/// holds ~25 KiB instead of ~16 KiB (with transparent huge pages; it asks for none since, see
+/// `Cargo.toml`). The bench declares the same allocator.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+extern "C" {
+    /// mimalloc's own (in the `libmimalloc-sys` archive the `mimalloc` crate links): collect
+    /// the calling thread's free pages and purge what the process no longer uses.
+    fn mi_collect(force: bool);
+}
+
+/// mimalloc keeps freed pages for reuse and purges them when an allocating thread gets round
+/// to it, which an idle server never does: stopped `/mcp` sessions (~100 KiB each) stayed in
+/// RSS until more work came. Each runtime thread calls this when idle after the library asked
+/// (see `turnstile::memory`).
+fn trim() {
+    // SAFETY: `mi_collect` takes no pointer and is safe to call from any thread at any time.
+    unsafe { mi_collect(true) }
+}
 
 #[derive(Parser)]
 #[command(
@@ -75,12 +91,14 @@ fn config_path(flag: Option<PathBuf>) -> PathBuf {
 }
 
 fn main() -> ExitCode {
+    turnstile::memory::set_trim(trim);
     let cli = Cli::parse();
     // What turnstile writes (the log, files, workspaces, tokens; SQLite's own files, which take
     // no mode from us) is for its user alone: 0600 files, 0700 folders.
     turnstile::files::private_by_default();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .on_thread_park(turnstile::memory::on_idle)
         .build()
     {
         Ok(rt) => rt,

@@ -92,6 +92,11 @@ struct ToolCallLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ServerLabels {
     server: String,
 }
@@ -119,6 +124,7 @@ struct Metrics {
     mcp_sampling: Family<SamplingLabels, Counter>,
     mcp_sampling_input_tokens: Family<ServerLabels, Counter>,
     mcp_sampling_output_tokens: Family<ServerLabels, Counter>,
+    mcp_endpoint_sessions: Family<StateLabels, Gauge>,
     store_commit_seconds: Histogram,
     pending_approvals: Gauge,
     sessions: Gauge,
@@ -159,6 +165,7 @@ impl Metrics {
             mcp_sampling: Family::default(),
             mcp_sampling_input_tokens: Family::default(),
             mcp_sampling_output_tokens: Family::default(),
+            mcp_endpoint_sessions: Family::default(),
             store_commit_seconds: hist(COMMIT_BUCKETS),
             pending_approvals: Gauge::default(),
             sessions: Gauge::default(),
@@ -192,6 +199,7 @@ impl Metrics {
             "turnstile_mcp_sampling", "MCP servers' sampling requests, by server and outcome (ok, refused, error)" => m.mcp_sampling;
             "turnstile_mcp_sampling_input_tokens", "Input tokens of the upstream calls that answered sampling requests, by server" => m.mcp_sampling_input_tokens;
             "turnstile_mcp_sampling_output_tokens", "Output tokens of the upstream calls that answered sampling requests, by server" => m.mcp_sampling_output_tokens;
+            "turnstile_mcp_endpoint_sessions", "Open /mcp sessions, by state (live: in memory; parked: idle, kept as a record until their next request)" => m.mcp_endpoint_sessions;
             "turnstile_store_commit_duration_seconds", "Time to write one group commit of the event log" => m.store_commit_seconds;
         );
         m
@@ -555,6 +563,18 @@ pub fn connection_open() -> GaugeGuard {
 /// An open event stream, counted until dropped.
 pub fn stream_open() -> GaugeGuard {
     GaugeGuard::new(&METRICS.streams)
+}
+
+/// An open `/mcp` session moved from state `from` to `to` ("live" or "parked"; `None`: opened
+/// or ended).
+pub fn mcp_endpoint_session(from: Option<&'static str>, to: Option<&'static str>) {
+    let m = &METRICS.mcp_endpoint_sessions;
+    if let Some(state) = from {
+        m.get_or_create(&StateLabels { state }).dec();
+    }
+    if let Some(state) = to {
+        m.get_or_create(&StateLabels { state }).inc();
+    }
 }
 
 /// Time `commit` (one group commit of the event log).

@@ -71,7 +71,7 @@ pub enum StoreBackendKind {
 }
 
 /// `[mcp_endpoint]`: whether `/mcp` serves the agents' federated tools over streamable HTTP.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct McpEndpointConfig {
     /// Default `false`: `/mcp` is then a 404.
     pub enabled: bool,
@@ -80,6 +80,24 @@ pub struct McpEndpointConfig {
     pub agents: Vec<String>,
     /// `names`: how MCP clients see the servers' tools, prompts and resources.
     pub names: EndpointNames,
+    /// `session_idle_s` (300): a session with no request, no open stream and no running call
+    /// for this long ends (its workspace and session-scoped servers go).
+    pub session_idle: Duration,
+    /// `session_park_s` (30): such a session is parked after this long (its in-memory state
+    /// dropped, restored on its next request).
+    pub session_park: Duration,
+}
+
+impl Default for McpEndpointConfig {
+    fn default() -> Self {
+        McpEndpointConfig {
+            enabled: false,
+            agents: Vec::new(),
+            names: EndpointNames::default(),
+            session_idle: Duration::from_secs(300),
+            session_park: Duration::from_secs(30),
+        }
+    }
 }
 
 /// `[mcp_endpoint] names`.

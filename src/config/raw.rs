@@ -287,6 +287,10 @@ pub(super) struct RawMcpEndpoint {
     pub agents: Option<Vec<Spanned<String>>>,
     #[serde(default)]
     pub names: Option<Spanned<String>>,
+    #[serde(default)]
+    pub session_idle_s: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub session_park_s: Option<Spanned<i64>>,
 }
 
 /// `[store]`

@@ -6,6 +6,7 @@ pub mod binary;
 pub mod console;
 pub mod logcheck;
 pub mod mcp;
+pub mod mcp_http;
 pub mod postgres;
 pub mod provision;
 

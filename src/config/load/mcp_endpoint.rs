@@ -64,10 +64,21 @@ pub(super) fn mcp_endpoint(
             _ => EndpointNames::Federated,
         },
     };
+    let defaults = McpEndpointConfig::default();
     Ok(McpEndpointConfig {
         enabled: t.enabled.unwrap_or(false),
         agents: names,
         names: naming,
+        session_idle: cx.secs(
+            t.session_idle_s.as_ref(),
+            "mcp_endpoint.session_idle_s",
+            defaults.session_idle.as_secs() as i64,
+        )?,
+        session_park: cx.secs(
+            t.session_park_s.as_ref(),
+            "mcp_endpoint.session_park_s",
+            defaults.session_park.as_secs() as i64,
+        )?,
     })
 }
 
@@ -104,6 +115,22 @@ mod tests {
         assert!(e.message.contains("names no agent"), "{}", e.message);
         let e = bad("[mcp_endpoint]\nenable = true\n");
         assert!(e.to_string().contains("enable"), "{e}");
+    }
+
+    #[test]
+    fn sessions_end_after_5_minutes_idle_and_park_after_30_s_by_default() {
+        use std::time::Duration;
+        let c = ok("[agents.a]\n");
+        assert_eq!(c.mcp_endpoint.session_idle, Duration::from_secs(300));
+        assert_eq!(c.mcp_endpoint.session_park, Duration::from_secs(30));
+        let c = ok("[agents.a]\n[mcp_endpoint]\nsession_idle_s = 2\nsession_park_s = 1\n");
+        assert_eq!(c.mcp_endpoint.session_idle, Duration::from_secs(2));
+        assert_eq!(c.mcp_endpoint.session_park, Duration::from_secs(1));
+        let e = bad("[agents.a]\n[mcp_endpoint]\nsession_idle_s = 0\n");
+        assert_eq!(
+            (e.line, e.key.as_deref()),
+            (Some(3), Some("mcp_endpoint.session_idle_s"))
+        );
     }
 
     #[test]

@@ -25,11 +25,13 @@ use rmcp::model::{
     SubscribeRequestParams, Tool, UnsubscribeRequestParams,
 };
 use rmcp::service::{NotificationContext, RequestContext};
+use rmcp::transport::streamable_http_server::SessionRestoreMarker;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::{json, Value};
 
 use super::ask::{self, Subject};
 use super::content::{refused, to_result};
+use super::sessions::{Busy, Sessions};
 use super::uri::{plain_name, shown};
 use crate::config::{AgentConfig, Config, EndpointNames, Verdict};
 use crate::tools::relay::{Progress, PROGRESS};
@@ -41,20 +43,27 @@ pub struct McpCaller {
     pub owner: Option<String>,
 }
 
-/// The server of one MCP session.
+/// The server of one MCP session (while it is in memory: see [`Sessions`]).
 pub struct Gate {
     pub config: Arc<Config>,
-    pub agent: AgentConfig,
+    pub agent: Arc<AgentConfig>,
     pub host: Arc<dyn ToolHost>,
     /// What it keeps of the servers' catalogs (subscriptions, its log level, relays).
     pub kept: super::catalog::Kept,
     /// Cancelled when the session's server is dropped (its relays end with it).
     pub ended: tokio_util::sync::CancellationToken,
     _ending: tokio_util::sync::DropGuard,
+    /// Its agent's sessions: whether this one is in use, and what it holds.
+    sessions: Arc<Sessions>,
 }
 
 impl Gate {
-    pub fn new(config: Arc<Config>, agent: AgentConfig, host: Arc<dyn ToolHost>) -> Gate {
+    pub fn new(
+        config: Arc<Config>,
+        agent: Arc<AgentConfig>,
+        host: Arc<dyn ToolHost>,
+        sessions: Arc<Sessions>,
+    ) -> Gate {
         let ended = tokio_util::sync::CancellationToken::new();
         Gate {
             config,
@@ -63,8 +72,25 @@ impl Gate {
             kept: Default::default(),
             _ending: ended.clone().drop_guard(),
             ended,
+            sessions,
         }
     }
+
+    /// Keeps the session in use while a handler runs (it is not parked under a call whose
+    /// client went away). `None` for the `initialize` that opens it.
+    fn in_use(&self, extensions: &rmcp::model::Extensions) -> Option<Busy> {
+        self.sessions.hold(session_id(extensions)?)
+    }
+}
+
+/// The `Mcp-Session-Id` a request or notification came with.
+fn session_id(extensions: &rmcp::model::Extensions) -> Option<&str> {
+    extensions
+        .get::<http::request::Parts>()?
+        .headers
+        .get("mcp-session-id")?
+        .to_str()
+        .ok()
 }
 
 /// The name an MCP client sees each of `all` by (see [`shown`]), computed over every tool of
@@ -93,12 +119,17 @@ pub fn listed(
         .collect()
 }
 
-/// What a client's tool list depends on: each listed tool's name and definition.
-fn signature(agent: &AgentConfig, host: &dyn ToolHost, names: EndpointNames) -> Vec<Tool> {
-    listed(agent, host, names)
+/// What a client's tool list depends on (each listed tool's name and definition), as a
+/// digest: a session keeps 8 bytes of it, not a copy of every definition.
+fn signature(agent: &AgentConfig, host: &dyn ToolHost, names: EndpointNames) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let tools: Vec<Tool> = listed(agent, host, names)
         .iter()
         .map(|(name, t)| as_mcp(name, t))
-        .collect()
+        .collect();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    serde_json::to_vec(&tools).unwrap_or_default().hash(&mut h);
+    h.finish()
 }
 
 /// A tool as an MCP client sees it, named `name`: an MCP server's definition as the server
@@ -320,8 +351,9 @@ impl ServerHandler for Gate {
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
+        let _busy = self.in_use(&context.extensions);
         let tools = listed(&self.agent, &*self.host, self.config.mcp_endpoint.names);
         Ok(ListToolsResult::with_all_items(
             tools.iter().map(|(name, t)| as_mcp(name, t)).collect(),
@@ -333,6 +365,7 @@ impl ServerHandler for Gate {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        let _busy = self.in_use(&context.extensions);
         // rmcp moves each request's handler future (the largest of these methods' futures)
         // into a spawned task: boxed, the call's state is not copied along every request.
         Box::pin(self.run_call(request, context)).await
@@ -343,6 +376,7 @@ impl ServerHandler for Gate {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
+        let _busy = self.in_use(&context.extensions);
         Ok(Box::pin(Gate::list_resources(self, &context)).await)
     }
 
@@ -351,6 +385,7 @@ impl ServerHandler for Gate {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        let _busy = self.in_use(&context.extensions);
         Ok(Box::pin(Gate::list_resource_templates(self, &context)).await)
     }
 
@@ -359,6 +394,7 @@ impl ServerHandler for Gate {
         request: ReadResourceRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
+        let _busy = self.in_use(&context.extensions);
         Ok(Box::pin(Gate::read_resource(self, request.uri, &context))
             .await?
             .into())
@@ -369,6 +405,7 @@ impl ServerHandler for Gate {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, ErrorData> {
+        let _busy = self.in_use(&context.extensions);
         Ok(Box::pin(Gate::list_prompts(self, &context)).await)
     }
 
@@ -377,6 +414,7 @@ impl ServerHandler for Gate {
         request: GetPromptRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<GetPromptResponse, ErrorData> {
+        let _busy = self.in_use(&context.extensions);
         Ok(Box::pin(Gate::get_prompt(self, request, &context))
             .await?
             .into())
@@ -387,6 +425,7 @@ impl ServerHandler for Gate {
         request: CompleteRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CompleteResult, ErrorData> {
+        let _busy = self.in_use(&context.extensions);
         Box::pin(Gate::complete(self, request, &context)).await
     }
 
@@ -395,7 +434,13 @@ impl ServerHandler for Gate {
         request: SubscribeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        Box::pin(Gate::subscribe(self, request.uri, &context)).await
+        let _busy = self.in_use(&context.extensions);
+        Box::pin(Gate::subscribe(self, request.uri, &context)).await?;
+        // Its subscriptions live in this server: the session must not be parked.
+        if let Some(id) = session_id(&context.extensions) {
+            self.sessions.pin(id);
+        }
+        Ok(())
     }
 
     #[allow(deprecated)]
@@ -404,7 +449,13 @@ impl ServerHandler for Gate {
         request: SetLevelRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        Box::pin(Gate::set_level(self, request, &context)).await
+        let _busy = self.in_use(&context.extensions);
+        Box::pin(Gate::set_level(self, request, &context)).await?;
+        // As is the level it set.
+        if let Some(id) = session_id(&context.extensions) {
+            self.sessions.pin(id);
+        }
+        Ok(())
     }
 
     async fn unsubscribe(
@@ -426,6 +477,26 @@ impl ServerHandler for Gate {
         let mut last = signature(&agent, &*host, names);
         let ended = self.ended.clone();
         self.relay_catalog(peer.clone());
+        if let Some(id) = session_id(&context.extensions) {
+            // A parked session restored: what changed while no one relayed it is told now
+            // (the tool list only if it did; the servers' resources and prompts may have).
+            let before = self.sessions.shown(id, last);
+            let restored = context.extensions.get::<SessionRestoreMarker>().is_some();
+            if restored {
+                if before.is_some_and(|b| b != last) {
+                    let _ = peer.notify_tool_list_changed().await;
+                }
+                let caps = self.capabilities();
+                if caps.resources.is_some() {
+                    let _ = peer.notify_resource_list_changed().await;
+                }
+                if caps.prompts.is_some() {
+                    let _ = peer.notify_prompt_list_changed().await;
+                }
+            }
+        }
+        let sessions = self.sessions.clone();
+        let sid = session_id(&context.extensions).map(str::to_string);
         tokio::spawn(async move {
             loop {
                 tokio::select! {
@@ -440,6 +511,9 @@ impl ServerHandler for Gate {
                     continue;
                 }
                 last = now;
+                if let Some(id) = &sid {
+                    sessions.shown(id, now);
+                }
                 if peer.notify_tool_list_changed().await.is_err() {
                     break;
                 }

@@ -6,26 +6,27 @@
 //! our HTTP layer: the same API keys, a session visible only to the key that opened it (404 to
 //! any other, as for AAP sessions), bodies bounded by `[server] max_body_bytes`. `/mcp` serves
 //! the first agent of `[mcp_endpoint] agents`, `/mcp/<agent>` each listed one. See [`gate`] for
-//! what a session offers, and [`catalog`] for the servers' resources and prompts.
+//! what a session offers, [`catalog`] for the servers' resources and prompts, and [`sessions`]
+//! for what a session costs while idle and when it ends.
 
 mod ask;
 pub mod catalog;
 pub mod content;
 pub mod gate;
+mod sessions;
 mod to_client;
 pub mod uri;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use http_body_util::BodyExt;
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 
 use crate::config::Config;
 use crate::http::{ApiError, Request, Response};
 use crate::tools::ToolHost;
 use gate::{Gate, McpCaller};
+use sessions::{Busy, Refused, Sessions};
 
 /// The AAP-side session id an MCP session stands for (its workspace folder, its session-scoped
 /// MCP servers): `mcp-<Mcp-Session-Id>`.
@@ -44,53 +45,73 @@ pub fn session_key(mcp_session_id: &str) -> String {
     format!("mcp-{clean}")
 }
 
-type Service = StreamableHttpService<Gate, LocalSessionManager>;
+type Service = StreamableHttpService<Gate, Sessions>;
 
 /// One agent's endpoint.
 struct AgentEndpoint {
     name: String,
     service: Service,
-    sessions: Arc<LocalSessionManager>,
+    sessions: Arc<Sessions>,
 }
 
 /// The `/mcp` endpoint: off (every path a 404) unless `[mcp_endpoint] enabled = true`.
 pub struct Endpoint {
     agents: Vec<AgentEndpoint>,
-    /// Who owns each open MCP session: (agent, session id) → the key's owner id.
-    owners: Mutex<HashMap<(String, String), Option<String>>>,
-    host: Arc<dyn ToolHost>,
     /// Open MCP sessions one key may hold (`[limits] sessions_per_key`, counted apart from its
     /// AAP sessions).
     per_key: usize,
-    /// `[server] sandboxes`: a closed session's workspace is removed.
-    sandboxes: std::path::PathBuf,
+    /// `[mcp_endpoint] session_idle_s`, for the quota's message.
+    idle_after: std::time::Duration,
 }
 
 impl Endpoint {
     /// The endpoint of `config` over `host`, its sessions ended when `shutdown` is cancelled.
     /// rmcp's own `Host` check is off: the API's browser guard ([`crate::http::browser`]) has
     /// checked `Host`, `Origin` and the content type of every request before it comes here.
+    /// Workspaces of MCP sessions an earlier run left behind are removed.
     pub fn new(
         config: &Arc<Config>,
         host: &Arc<dyn ToolHost>,
         shutdown: &tokio_util::sync::CancellationToken,
     ) -> Endpoint {
         let ep = &config.mcp_endpoint;
+        // With PostgreSQL, instances may share one `sandboxes` folder (see README "Several
+        // instances"): another instance's sessions may be using what is there.
+        if config.store.backend != crate::config::StoreBackendKind::Postgres {
+            sessions::remove_stale_workspaces(&config.server.sandboxes);
+        }
         let agents = if ep.enabled {
             ep.agents
                 .iter()
                 .filter_map(|name| config.agents.iter().find(|a| &a.name == name))
                 .map(|agent| {
-                    let sessions = Arc::new(LocalSessionManager::default());
-                    let http = StreamableHttpServerConfig::default()
+                    let sessions = Arc::new(Sessions::new(
+                        host.clone(),
+                        config.server.sandboxes.clone(),
+                        ep.session_park,
+                        ep.session_idle,
+                    ));
+                    tokio::spawn(sessions.clone().reap(shutdown.child_token()));
+                    let mut http = StreamableHttpServerConfig::default()
                         .with_max_request_body_bytes(
                             usize::try_from(config.server.max_body_bytes).unwrap_or(usize::MAX),
                         )
                         .with_cancellation_token(shutdown.child_token())
                         .disable_allowed_hosts();
-                    let (config, agent_cfg, host) = (config.clone(), agent.clone(), host.clone());
+                    // A parked session is restored from its record (see `sessions`).
+                    http.session_store = Some(sessions.clone());
+                    let (config, agent_cfg, host) =
+                        (config.clone(), Arc::new(agent.clone()), host.clone());
+                    let gates = sessions.clone();
                     let service = StreamableHttpService::new(
-                        move || Ok(Gate::new(config.clone(), agent_cfg.clone(), host.clone())),
+                        move || {
+                            Ok(Gate::new(
+                                config.clone(),
+                                agent_cfg.clone(),
+                                host.clone(),
+                                gates.clone(),
+                            ))
+                        },
                         sessions.clone(),
                         http,
                     );
@@ -106,10 +127,8 @@ impl Endpoint {
         };
         Endpoint {
             agents,
-            owners: Mutex::new(HashMap::new()),
-            host: host.clone(),
             per_key: config.limits.sessions_per_key,
-            sandboxes: config.server.sandboxes.clone(),
+            idle_after: ep.session_idle,
         }
     }
 
@@ -150,53 +169,49 @@ impl Endpoint {
             .get("mcp-session-id")
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
+        // The session is in use until the response's body has been sent (or dropped).
+        let mut busy: Option<Busy> = None;
         if let Some(sid) = &sid {
-            let known = crate::sync::lock(&self.owners)
-                .get(&(ep.name.clone(), sid.clone()))
-                .cloned();
-            if known.as_ref() != Some(&owner) {
-                return Err(ApiError::not_found(format!(
+            busy = Some(ep.sessions.enter(sid, &owner).await.map_err(|why| match why {
+                Refused::Unknown => ApiError::not_found(format!(
                     "no MCP session {sid}; start one with an initialize request (without Mcp-Session-Id)"
-                )));
-            }
-        }
-        if sid.is_none() && req.method() == http::Method::POST {
-            self.forget_closed(ep).await;
+                )),
+                Refused::Parking => ApiError {
+                    retry_after: Some(1),
+                    ..ApiError::new(
+                        http::StatusCode::SERVICE_UNAVAILABLE,
+                        "session_busy",
+                        format!("MCP session {sid} is being parked; try again"),
+                    )
+                },
+            })?);
+        } else if req.method() == http::Method::POST {
             self.check_quota(&owner)?;
         }
-        let deleting = req.method() == http::Method::DELETE;
         req.extensions_mut().insert(McpCaller {
             owner: owner.clone(),
         });
-        let resp = ep.service.handle(req).await;
-        let status = resp.status();
-        match &sid {
-            None => {
-                let opened = resp
-                    .headers()
-                    .get("mcp-session-id")
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_string);
-                if let Some(opened) = opened {
-                    crate::sync::lock(&self.owners).insert((ep.name.clone(), opened), owner);
-                }
-            }
-            Some(sid) if deleting && status.is_success() => {
-                crate::sync::lock(&self.owners).remove(&(ep.name.clone(), sid.clone()));
-                self.closed(sid).await;
-            }
-            Some(_) => {}
+        let resp = match &sid {
+            Some(_) => ep.service.handle(req).await,
+            None => Sessions::opening(owner, ep.service.handle(req)).await,
+        };
+        if sid.is_none() {
+            let opened = resp
+                .headers()
+                .get("mcp-session-id")
+                .and_then(|v| v.to_str().ok());
+            busy = opened.and_then(|id| ep.sessions.hold(id));
         }
         let (parts, body) = resp.into_parts();
-        Ok(http::Response::from_parts(parts, body.boxed_unsync()))
+        Ok(http::Response::from_parts(
+            parts,
+            Held { body, _busy: busy }.boxed_unsync(),
+        ))
     }
 
-    /// 429 when `owner` holds `[limits] sessions_per_key` open MCP sessions.
+    /// 429 when `owner` holds `[limits] sessions_per_key` MCP sessions.
     fn check_quota(&self, owner: &Option<String>) -> Result<(), ApiError> {
-        let n = crate::sync::lock(&self.owners)
-            .values()
-            .filter(|o| *o == owner)
-            .count();
+        let n: usize = self.agents.iter().map(|a| a.sessions.held_by(owner)).sum();
         if n < self.per_key {
             return Ok(());
         }
@@ -206,39 +221,36 @@ impl Endpoint {
                 http::StatusCode::TOO_MANY_REQUESTS,
                 "too_many_sessions",
                 format!(
-                    "this key already has {n} open MCP sessions (limit: [limits] sessions_per_key in tools.toml); end sessions it no longer needs (DELETE /mcp with their Mcp-Session-Id), idle ones close after 5 minutes"
+                    "this key already has {n} open MCP sessions (limit: [limits] sessions_per_key in tools.toml); end sessions it no longer needs (DELETE /mcp with their Mcp-Session-Id), idle ones end after {} s ([mcp_endpoint] session_idle_s)",
+                    self.idle_after.as_secs()
                 ),
             )
         })
     }
+}
 
-    /// Drop the owners of sessions rmcp has closed (expired, transport gone), releasing what
-    /// the tool host kept for them.
-    async fn forget_closed(&self, ep: &AgentEndpoint) {
-        let live = ep.sessions.sessions.read().await;
-        let gone: Vec<String> = {
-            let mut owners = crate::sync::lock(&self.owners);
-            let gone: Vec<String> = owners
-                .keys()
-                .filter(|(agent, sid)| *agent == ep.name && !live.contains_key(sid.as_str()))
-                .map(|(_, sid)| sid.clone())
-                .collect();
-            for sid in &gone {
-                owners.remove(&(ep.name.clone(), sid.clone()));
-            }
-            gone
-        };
-        drop(live);
-        for sid in gone {
-            self.closed(&sid).await;
-        }
+/// A response body that keeps its session in use until it is sent or dropped.
+struct Held<B> {
+    body: B,
+    _busy: Option<Busy>,
+}
+
+impl<B: hyper::body::Body + Unpin> hyper::body::Body for Held<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
     }
 
-    /// A session ended: its session-scoped servers stop and its workspace goes, as an AAP
-    /// session's do when it is deleted.
-    async fn closed(&self, sid: &str) {
-        let key = session_key(sid);
-        self.host.session_closed(&key).await;
-        let _ = tokio::fs::remove_dir_all(self.sandboxes.join(&key)).await;
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
     }
 }

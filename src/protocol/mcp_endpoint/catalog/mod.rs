@@ -369,11 +369,18 @@ impl Gate {
     }
 
     /// Once per session, at its first request (before any of its own instances can have
-    /// started, for a tool call or a listing): relay their notifications to its client.
+    /// started, for a tool call or a listing): relay their notifications to its client. With no
+    /// session-scoped server there are none, and no feed is made (its 64 slots, ~14 KiB, would
+    /// stay with the session, parked or not, until it ends).
     pub(super) fn relay_own(&self, ctx: &RequestContext<RoleServer>) {
         let Some(mcp) = self.host.mcp_host() else {
             return;
         };
+        let scoped =
+            |s: &crate::config::McpServerConfig| s.scope == crate::config::McpScope::Session;
+        if !self.config.mcp_servers.iter().any(scoped) {
+            return;
+        }
         if self.kept.relaying.set(()).is_err() {
             return;
         }
