@@ -25,8 +25,9 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::engine_handle::Inner;
-use super::session::{Session, State};
+use super::session::Session;
 use super::session_record::{AskedCall, Pending, PendingKind, SessionRecord};
+use super::session_state::State;
 use super::session_tools::{Catalog, Route};
 use super::types::Client;
 use crate::config::{AgentConfig, Verdict};

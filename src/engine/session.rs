@@ -12,7 +12,7 @@ use tokio::sync::broadcast;
 
 use super::replay::{open_calls, LogCopy, Logged};
 use super::session_record::{Pending, SessionRecord};
-pub(crate) use super::session_state::State;
+use super::session_state::State;
 use super::types::{DeltaKind, Feed};
 use crate::log::{Event, EventBody, FailReason, Store};
 use crate::message::Message;

@@ -47,7 +47,7 @@ impl Engine {
         order: TurnOrder,
     ) -> Result<TurnHandle, EngineError> {
         let claim = scaleout::claim(&self.inner, session).await?;
-        let started = self.start_here(session, order, None);
+        let started = start::start_here(self, session, order, None);
         drop(claim);
         started
     }
@@ -65,7 +65,7 @@ impl Engine {
             match scaleout::claim(&self.inner, session).await {
                 Ok(claim) => {
                     let order = TurnOrder::unattended(input, attend_at);
-                    let started = self.start_here(session, order, None);
+                    let started = start::start_here(self, session, order, None);
                     drop(claim);
                     return started.map(|h| h.turn_id.clone());
                 }
@@ -107,12 +107,12 @@ impl Engine {
         turn_id: Option<&str>,
     ) -> Result<Vec<String>, EngineError> {
         if self.inner.store.instance().is_none() || session.lock().turns().running().is_some() {
-            return Ok(self.cancel_here(session, turn_id));
+            return Ok(cancel::cancel_here(self, session, turn_id));
         }
         for _ in 0..TRIES {
             match scaleout::claim(&self.inner, session).await {
                 Ok(claim) => {
-                    let stopped = self.cancel_here(session, turn_id);
+                    let stopped = cancel::cancel_here(self, session, turn_id);
                     drop(claim);
                     scaleout::release_when_idle(&self.inner, session).await;
                     return Ok(stopped);
@@ -154,13 +154,13 @@ impl Engine {
         attend_at: &'static str,
     ) -> Result<String, EngineError> {
         if self.inner.store.instance().is_none() {
-            return self.decide_here(session, decision, attend_at, None);
+            return plan::decide_here(self, session, decision, attend_at, None);
         }
         let mut busy = None;
         for _ in 0..TRIES {
             match scaleout::claim(&self.inner, session).await {
                 Ok(claim) => {
-                    let decided = self.decide_here(session, decision, attend_at, None);
+                    let decided = plan::decide_here(self, session, decision, attend_at, None);
                     drop(claim);
                     if decided.is_err() {
                         scaleout::release_when_idle(&self.inner, session).await;

@@ -74,23 +74,22 @@ pub(crate) fn apply(engine: &Engine, session: &Arc<Session>, rows: Vec<InboxRow>
                     skills,
                 };
                 let order = TurnOrder::unattended(input, ATTEND_AT);
-                engine
-                    .start_here(session, order, row.turn_id.clone())
-                    .map(drop)
+                super::start::start_here(engine, session, order, row.turn_id.clone()).map(drop)
             }
             Relayed::Cancel { turn_id } => {
-                engine.cancel_here(session, turn_id.as_deref());
+                super::cancel::cancel_here(engine, session, turn_id.as_deref());
                 Ok(())
             }
             Relayed::Interrupt => {
-                engine.cancel_here(session, None);
+                super::cancel::cancel_here(engine, session, None);
                 Ok(())
             }
             Relayed::Plan { decision } => {
                 match PlanDecision::of_content(&Value::Array(vec![decision])) {
-                    Some(d) => engine
-                        .decide_here(session, d, ATTEND_AT, row.turn_id.clone())
-                        .map(drop),
+                    Some(d) => {
+                        super::plan::decide_here(engine, session, d, ATTEND_AT, row.turn_id.clone())
+                            .map(drop)
+                    }
                     None => Ok(()),
                 }
             }

@@ -14,7 +14,8 @@ use std::sync::Arc;
 
 use crate::engine::engine_handle::Inner;
 use crate::engine::replay::Logged;
-use crate::engine::session::{Session, State};
+use crate::engine::session::Session;
+use crate::engine::session_state::State;
 use crate::engine::types::EngineError;
 use crate::log::{ClaimGuard, Event, FailReason, LeaseTaken, Released};
 
