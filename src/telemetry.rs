@@ -3,7 +3,7 @@
 //!
 //! The span tree of a turn: `request` → `turn` → `model_call` (one per attempt) and `tool_call`
 //! (one per server tool call). A turn runs on a task of its own (or its watcher's, see
-//! `engine/driven.rs`): its span is made from the parent its job carries (the span current when
+//! `engine/run_by_watcher.rs`): its span is made from the parent its job carries (the span current when
 //! it was started), never from wherever it happens to be polled. Field names are the same in the
 //! log lines and, with the `otlp` feature, in the exported spans.
 //!

@@ -757,7 +757,7 @@ async fn a_driven_turn_whose_handle_is_dropped_runs_on_by_itself() {
     };
     let mut req = TurnOrder::attended(input, SessionUpdate::default());
     req.delivery.runner = Runner::Watcher;
-    let mut handle = engine.start_turn(&session, req).unwrap();
+    let mut handle = engine.start_turn(&session, req).await.unwrap();
     // The turn runs only while its handle is read: read it until the model has the request.
     let asked = fake.wait_requests(1);
     tokio::pin!(asked);

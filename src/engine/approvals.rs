@@ -24,33 +24,16 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::catalog::{Catalog, Route};
-use super::record::{AskedCall, Pending, PendingKind, SessionRecord};
-use super::session::{Session, State};
-use super::shared::Inner;
+use super::engine_handle::Inner;
+use super::session::Session;
+use super::session_record::{AskedCall, Pending, PendingKind, SessionRecord};
+use super::session_state::State;
+use super::session_tools::{Catalog, Route};
 use super::types::Client;
 use crate::config::{AgentConfig, Verdict};
 use crate::log::{Event, EventBody, SessionRow, StopReason, Store};
 use crate::tools::ServerTool;
 use crate::{clock, ids};
-
-/// What a session waits on besides its pending calls' answers (its state's `waits`): the
-/// timer that expires them, and MCP calls waiting on questions to the client, which are only
-/// in memory (a session with some is not at rest).
-#[derive(Default)]
-pub(crate) struct Waits {
-    /// The timer that expires pending calls: its deadline (ms since the epoch) and task.
-    pub(crate) timer: Option<(i64, tokio::task::AbortHandle)>,
-    /// MCP calls waiting on their questions to the client (see `engine/elicit.rs`).
-    pub(crate) flight: Option<super::elicit::Flight>,
-}
-
-impl Waits {
-    /// Whether nothing waits only in memory (no calls wait on questions).
-    pub(crate) fn idle(&self) -> bool {
-        self.flight.is_none()
-    }
-}
 
 /// The reason an expired permission is denied with.
 pub const EXPIRED_REASON: &str = "approval expired";
@@ -101,10 +84,9 @@ pub(crate) fn bind(call_id: &str, name: &str, input: &Value, host: &[ServerTool]
 pub(crate) fn stamp(pending: &mut [Pending], ttl: Duration, now_ms: i64) -> Option<i64> {
     let mut next: Option<i64> = None;
     // A question of an MCP server (an elicitation call) is bounded by the same ttl.
-    for p in pending
-        .iter_mut()
-        .filter(|p| p.kind == PendingKind::Permission || super::elicit::schema_of(p).is_some())
-    {
+    for p in pending.iter_mut().filter(|p| {
+        p.kind == PendingKind::Permission || super::client_questions::schema_of(p).is_some()
+    }) {
         let Some(asked) = clock::parse_ms(&p.asked_at) else {
             continue;
         };
@@ -127,13 +109,13 @@ pub(crate) fn paused(
     pending: &mut [Pending],
     asked: Vec<AskedCall>,
 ) {
-    stamp(pending, ttl(inner, &st.record), clock::now_ms());
-    if asked.is_empty() && st.record.asked.is_empty() {
+    stamp(pending, ttl(inner, st.record()), clock::now_ms());
+    if asked.is_empty() && st.record().asked.is_empty() {
         return;
     }
-    let mut record = (*st.record).clone();
+    let mut record = st.record().as_ref().clone();
     record.asked = asked;
-    st.record = Arc::new(record);
+    st.set_record(record);
     write_record(session, st, &inner.store);
 }
 
@@ -143,9 +125,9 @@ fn write_record(session: &Session, st: &mut State, store: &Store) {
         id: session.id.to_string(),
         owner: session.owner.clone(),
         created_at: session.created_at.clone(),
-        record: serde_json::to_string(&*st.record).unwrap_or_default(),
+        record: serde_json::to_string(st.record()).unwrap_or_default(),
     });
-    st.record_written = st.record_written.max(ticket);
+    st.record_stored(ticket);
 }
 
 /// Apply expiry to a session (lazily, on every request that takes it, and from its timer):
@@ -158,7 +140,7 @@ pub(crate) fn settle(inner: &Arc<Inner>, session: &Arc<Session>) {
 pub(crate) fn settle_at(inner: &Arc<Inner>, session: &Arc<Session>, now_ms: i64) {
     let next = {
         let mut st = session.lock();
-        if st.pending.is_empty() {
+        if st.pending().is_empty() {
             return;
         }
         settle_locked(inner, session, &mut st, now_ms)
@@ -175,23 +157,23 @@ pub(crate) fn settle_locked(
     st: &mut State,
     now_ms: i64,
 ) -> Option<i64> {
-    if st.deleted || st.pending.is_empty() {
+    if st.is_deleted() || st.pending().is_empty() {
         return None;
     }
-    let ttl = ttl(inner, &st.record);
-    let next = stamp(&mut st.pending, ttl, now_ms);
-    let all_expired = st.pending.iter().all(|p| p.expired);
+    let ttl = ttl(inner, st.record());
+    let next = stamp(st.pending_mut(), ttl, now_ms);
+    let all_expired = st.pending().iter().all(|p| p.expired);
     // A turn that runs (or one the log still has open) goes first; it answers the calls.
-    let open_in_log = st.out.tail.last().is_some_and(|e| !e.body.is_terminal());
-    if !all_expired || st.running.is_some() || open_in_log {
+    let open_in_log = st.out().tail.last().is_some_and(|e| !e.body.is_terminal());
+    if !all_expired || st.turns().running().is_some() || open_in_log {
         return next;
     }
-    let calls = std::mem::take(&mut st.pending);
+    let calls = std::mem::take(st.pending_mut());
     let turn_id = ids::new("turn");
     let blocks: Vec<Value> = calls.iter().map(expired_block).collect();
-    // MCP calls that waited on expired questions are cut short (see `engine/elicit.rs`).
+    // MCP calls that waited on expired questions are cut short (see `engine/client_questions.rs`).
     let cut: Vec<String> = st
-        .waits
+        .waits_mut()
         .flight
         .take()
         .map(|f| f.running.clone())
@@ -237,7 +219,7 @@ pub(crate) fn settle_locked(
 /// The `user.message` block that settles a call no one answered: a denied permission, or a
 /// tool result for a question of an MCP server (and its call) that expired or cannot go on.
 fn expired_block(p: &Pending) -> Value {
-    if p.ended.is_some() || super::elicit::schema_of(p).is_some() {
+    if p.ended.is_some() || super::client_questions::schema_of(p).is_some() {
         return json!({"type": "tool_result", "tool_use_id": p.call_id,
                       "content": settled_result(p), "is_error": true});
     }
@@ -249,7 +231,9 @@ fn expired_block(p: &Pending) -> Value {
 fn settled_result(p: &Pending) -> String {
     match &p.ended {
         Some(text) => text.clone(),
-        None if super::elicit::schema_of(p).is_some() => super::elicit::EXPIRED.to_string(),
+        None if super::client_questions::schema_of(p).is_some() => {
+            super::client_questions::EXPIRED.to_string()
+        }
         None => expired_result(),
     }
 }
@@ -257,7 +241,7 @@ fn settled_result(p: &Pending) -> String {
 /// Wake at `due` (ms since the epoch) to settle the session, unless a timer already wakes by then.
 fn arm(inner: &Arc<Inner>, session: &Arc<Session>, due: i64) {
     let mut st = session.lock();
-    if let Some((at, handle)) = &st.waits.timer {
+    if let Some((at, handle)) = &st.waits().timer {
         if *at <= due && !handle.is_finished() {
             return;
         }
@@ -273,10 +257,10 @@ fn arm(inner: &Arc<Inner>, session: &Arc<Session>, due: i64) {
         let (Some(inner), Some(session)) = (weak_inner.upgrade(), weak_session.upgrade()) else {
             return;
         };
-        session.lock().waits.timer = None;
+        session.lock().waits_mut().timer = None;
         settle(&inner, &session);
     });
-    st.waits.timer = Some((due, task.abort_handle()));
+    st.waits_mut().timer = Some((due, task.abort_handle()));
 }
 
 /// How a grant is decided when it arrives.
@@ -335,129 +319,4 @@ pub(crate) fn regrant(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::engine::answers::check_answers;
-    use crate::engine::types::{EngineError, Permission, TurnInput};
-    use crate::message::{Content, Message};
-
-    fn pending(id: &str, kind: PendingKind, asked_at: &str) -> Pending {
-        Pending {
-            call_id: id.into(),
-            name: format!("tool_{id}"),
-            input: json!({}),
-            kind,
-            asked_at: asked_at.into(),
-            expires_at: None,
-            expired: false,
-            ended: None,
-        }
-    }
-
-    fn resume(perms: &[(&str, bool)], results: &[&str]) -> TurnInput {
-        TurnInput::Resume {
-            results: results
-                .iter()
-                .map(|id| crate::engine::types::ClientResult {
-                    call_id: id.to_string(),
-                    content: json!("r"),
-                    is_error: false,
-                })
-                .collect(),
-            permissions: perms
-                .iter()
-                .map(|(id, granted)| Permission {
-                    call_id: id.to_string(),
-                    granted: *granted,
-                    reason: None,
-                })
-                .collect(),
-        }
-    }
-
-    #[test]
-    fn permissions_expire_after_the_ttl_from_their_logged_time_and_stay_expired() {
-        let t0 = "2030-01-01T00:00:00.000Z";
-        let at0 = clock::parse_ms(t0).unwrap();
-        let mut p = vec![
-            pending("a", PendingKind::Permission, t0),
-            pending("c", PendingKind::Client, t0),
-        ];
-        let ttl = Duration::from_secs(60);
-        assert_eq!(stamp(&mut p, ttl, at0 + 59_999), Some(at0 + 60_000));
-        assert_eq!(p[0].expires_at.as_deref(), Some("2030-01-01T00:01:00.000Z"));
-        assert!(
-            !p[0].expired && p[1].expires_at.is_none(),
-            "client calls never expire"
-        );
-        assert_eq!(stamp(&mut p, ttl, at0 + 60_000), None);
-        assert!(p[0].expired && !p[1].expired);
-        // A longer ttl later does not revive it.
-        assert_eq!(stamp(&mut p, Duration::from_secs(3600), at0 + 60_000), None);
-        assert!(p[0].expired);
-    }
-
-    #[test]
-    fn grants_of_expired_settled_or_unknown_calls_are_409_naming_what_is_outstanding() {
-        let t0 = "2030-01-01T00:00:00.000Z";
-        let mut p = vec![
-            pending("a", PendingKind::Permission, t0),
-            pending("c", PendingKind::Client, t0),
-        ];
-        p[0].expired = true;
-        let none = || Vec::new();
-        // The expired call need not be answered.
-        assert_eq!(
-            check_answers(&p, &resume(&[], &["c"]), &none)
-                .unwrap()
-                .len(),
-            2
-        );
-        // A denial of it is accepted; a grant is a conflict naming it as expired.
-        assert!(check_answers(&p, &resume(&[("a", false)], &["c"]), &none).is_ok());
-        let e = check_answers(&p, &resume(&[("a", true)], &["c"]), &none).unwrap_err();
-        let EngineError::Conflict(msg) = e else {
-            panic!("{e:?}")
-        };
-        assert!(msg.contains("toolCallId a (tool_a) has expired"), "{msg}");
-        assert!(msg.contains("still outstanding: c (tool_c"), "{msg}");
-        // A settled call, from the history.
-        let hist = || {
-            vec![Message::Tool {
-                tool_call_id: "old".into(),
-                content: Content::Text("done".into()),
-            }]
-        };
-        let e = check_answers(&p, &resume(&[("old", true)], &["c"]), &hist).unwrap_err();
-        assert!(
-            matches!(&e, EngineError::Conflict(m) if m.contains("old is already settled")),
-            "{e:?}"
-        );
-        // Unknown plus a missing answer: malformed, 400, still naming both.
-        let e = check_answers(&p, &resume(&[("zzz", true)], &[]), &none).unwrap_err();
-        assert!(
-            matches!(&e, EngineError::Invalid(m) if m.contains("zzz is not a call") && m.contains("missing answers for toolCallId c")),
-            "{e:?}"
-        );
-        // Nothing pending at all.
-        let e = check_answers(&[], &resume(&[("a", true)], &[]), &hist).unwrap_err();
-        assert!(
-            matches!(&e, EngineError::Conflict(m) if m.contains("no tool calls are pending")),
-            "{e:?}"
-        );
-        let user = TurnInput::User {
-            content: json!("hi"),
-            files: vec![],
-            skills: vec![],
-        };
-        assert!(check_answers(&p, &user, &none).is_err());
-        assert!(check_answers(&[], &user, &none).is_ok());
-    }
-
-    #[test]
-    fn digests_are_of_the_logged_json() {
-        assert_eq!(digest(&json!({"a": 1})), digest(&json!({"a": 1})));
-        assert_ne!(digest(&json!({"a": 1})), digest(&json!({"a": 2})));
-        assert_eq!(digest(&json!({})).len(), 64);
-    }
-}
+mod tests;

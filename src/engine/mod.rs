@@ -3,56 +3,69 @@
 //!
 //! Seams for the next pieces:
 //! - server tools plug in behind [`crate::tools::ToolHost`] (MCP federation, `deliver_file`);
-//! - other APIs start turns with [`Engine::start_turn`] and a [`TurnOrder`] whose [`Delivery`]
-//!   says what its watcher needs ([`Client::Absent`] where no client can run tools or answer
-//!   permissions), and render the events a turn sends to its handle, or subscribe to a
-//!   session's live feed with [`Session::subscribe`].
+//! - other APIs change sessions through the commands of `command/` only ([`Engine::start_turn`]
+//!   with a [`TurnOrder`] whose [`Delivery`] says what its watcher needs ([`Client::Absent`]
+//!   where no client can run tools or answer permissions), [`Engine::queue_message`],
+//!   [`Engine::cancel`], [`Engine::decide_plan`], ...), which take the session's lease and
+//!   relay to the instance running it themselves; they render the events a turn sends to its
+//!   handle, or subscribe to a session's live feed with [`Session::subscribe`].
 //!
 //! Where things are (each file one idea; arrows run down this list, never up):
-//! - `types.rs`, `record.rs`: the public types; what a session keeps besides its events.
-//! - `context.rs`, `oversize.rs`, `catalog.rs`: pure parts (context window, oversized tool
-//!   results, which tools a session has and where a call goes).
+//! - `command/`: the commands (create and delete a session, start a turn, queue a message,
+//!   cancel, decide a plan), each the same wherever the session runs; `relayed.rs` applies the
+//!   ones another instance sent.
+//! - `turn/`: the turn loop (`step.rs`), the model call (`model.rs`) and its streamed fragments
+//!   (`fragments.rs`), compaction, server tool calls (`server_calls.rs`), attachments, and the
+//!   end of a turn (`end.rs`), which hands the session to its next queued turn.
+//! - `scaleout/`: the one seam of scale-out on a shared store: a session's lease (`claim.rs`),
+//!   requests sent through the store's inbox (`inbox_relay.rs`), the other instances heard
+//!   (`listen.rs`), leases of dead instances taken over (`expiry.rs`).
+//! - `registry.rs` (load, cache, count, list sessions), `session_settings.rs` (validate and
+//!   store a session's settings), `turn_handle.rs` (a started turn as its watcher reads it),
+//!   `log_follower.rs` (reading a session's log, then live), `approvals.rs` (permission expiry
+//!   and binding).
+//! - `engine_handle.rs`: the engine handle and what sessions and turns share.
+//!   `run_by_watcher.rs`: turns their watcher runs, and the sweeper that moves a stalled one.
+//! - `session.rs`: a session in memory and the one place events are appended;
+//!   `session_state.rs`: what it holds behind its lock (fields private); `turn_queue.rs`: its
+//!   running and queued turns (admit, push, next, cancel, what is live); `waits.rs`: what it
+//!   waits on only in memory; `replay.rs`: its state read from its log.
+//! - `delivery/`: events on their way to watchers and subscribers (`outbox.rs`: publish order
+//!   and delta coalescing; `channel.rs`: a turn's bounded channel). `turn_job.rs`: a turn as
+//!   ordered (its job, control, running slot).
 //! - `history/`: the log folded into the conversation the model and the APIs see.
-//! - `delivery/`: events and fragments on their way to watchers and subscribers (`outbox.rs`:
-//!   publish order and delta coalescing; `channel.rs`: a turn's bounded channel; `mod.rs`: a
-//!   model call's fragments held behind the events before them).
-//! - `job.rs`: a turn as ordered (its job, control, running slot). `replay.rs`: a session's
-//!   state read from its log. `session.rs`: a session in memory and the one place events are
-//!   appended.
-//! - `shared.rs`: the engine handle and what sessions and turns share. `driven.rs`: turns their
-//!   watcher runs. `approvals.rs`, `answers.rs`: permission expiry and binding; which answers a
-//!   follow-up may give.
-//! - `turn/`: the turn loop (`step.rs`), the model call (`model.rs`), compaction, server tool
-//!   calls, attachments, and the end of a turn (`end.rs`).
-//! - `registry.rs` (load, cache, count, list, delete sessions), `settings.rs` (create a
-//!   session, validate its settings), `start.rs` (start, queue, cancel turns; plan decisions),
-//!   `handle.rs` (a started turn as its watcher reads it), `follow.rs` (reading a session's log).
-//! - `lease.rs`: scale-out on a shared store (one writer per session through its lease);
-//!   `inbox.rs`: requests for a session another instance runs, sent to it and applied there.
+//! - pure parts: `context_window.rs` (the model's context window), `oversize.rs` (oversized
+//!   tool results), `session_tools.rs` (which tools a session has and where a call goes),
+//!   `answer_check.rs` (which answers a follow-up may give), `client_questions.rs` (MCP
+//!   questions to the client).
+//! - `types.rs`, `session_record.rs`: the public types; what a session keeps besides its
+//!   events.
 
-mod answers;
+mod answer_check;
 pub mod approvals;
-pub mod catalog;
-pub mod context;
+mod client_questions;
+mod command;
+pub mod context_window;
 mod delivery;
-mod driven;
-mod elicit;
-pub mod follow;
-mod handle;
+mod engine_handle;
 pub mod history;
-mod inbox;
-mod job;
-mod lease;
+pub mod log_follower;
 pub mod oversize;
-mod record;
 mod registry;
 mod replay;
+mod run_by_watcher;
+mod scaleout;
 pub mod session;
-mod settings;
-mod shared;
-mod start;
+mod session_record;
+mod session_settings;
+mod session_state;
+pub mod session_tools;
 mod turn;
+mod turn_handle;
+mod turn_job;
+mod turn_queue;
 mod types;
+mod waits;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -66,13 +79,13 @@ use crate::log::{FailReason, Store};
 use crate::sync::lock;
 use crate::tools::ToolHost;
 use crate::upstream::Provider;
-use shared::Inner;
+use engine_handle::Inner;
 
-pub use handle::TurnHandle;
-pub use job::StopCause;
-pub use record::{Pending, PendingKind, PlanDecision, SessionRecord, ToolGrant};
+pub use engine_handle::Engine;
 pub use session::Session;
-pub use shared::Engine;
+pub use session_record::{Pending, PendingKind, PlanDecision, SessionRecord, ToolGrant};
+pub use turn_handle::TurnHandle;
+pub use turn_job::StopCause;
 pub use types::{
     AgentChoice, Client, ClientResult, Delivery, DeltaKind, EngineError, Feed, NewSession,
     Permission, Runner, SessionUpdate, SessionView, ShownText, Status, TurnInput, TurnOrder,
@@ -103,13 +116,13 @@ impl Engine {
                 sweeper: Default::default(),
                 running_turns: Default::default(),
                 owned: Default::default(),
+                apply_relayed: command::relayed::apply,
             }),
         };
         engine.recover().await?;
         // A shared store: what this instance held before a restart is closed; hand it back.
         engine.inner.store.release_all_leases().await?;
-        lease::watch_expired(&engine.inner);
-        lease::hear_others(&engine.inner);
+        scaleout::start(&engine.inner);
         Ok(engine)
     }
 
@@ -147,7 +160,7 @@ impl Engine {
             .store(true, std::sync::atomic::Ordering::Release);
         let sessions: Vec<Arc<Session>> = lock(&self.inner.sessions).values().cloned().collect();
         for s in sessions {
-            if let Some(control) = s.lock().running.clone() {
+            if let Some(control) = s.lock().turns().running().cloned() {
                 control.stop(StopCause::Shutdown);
             }
         }

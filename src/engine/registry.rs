@@ -7,10 +7,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::approvals;
-use super::job::StopCause;
-use super::record::{Pending, PendingKind, SessionRecord, ToolGrant};
-use super::session::{self, Session};
-use super::shared::Engine;
+use super::engine_handle::Engine;
+use super::session::Session;
+use super::session_record::{Pending, PendingKind, SessionRecord, ToolGrant};
 use super::types::{EngineError, SessionView, Status};
 use crate::ids;
 use crate::log::StoreError;
@@ -86,7 +85,7 @@ impl Engine {
     /// nobody holds one (taking one goes through the map's lock, held here) and it holds nothing
     /// that is not in the log, so it is read back as it was when next used.
     pub(crate) fn cache(&self, id: &str, session: Arc<Session>) -> Arc<Session> {
-        session.lock().out.remote = self.inner.store.delta_tap(&session.id);
+        session.lock().out_mut().remote = self.inner.store.delta_tap(&session.id);
         let mut map = lock(&self.inner.sessions);
         let kept = self.taken(map.entry(id.to_string()).or_insert(session));
         let bound = self.inner.config.server.session_cache;
@@ -134,7 +133,7 @@ impl Engine {
             return Err(not_found());
         }
         match self.load(id).await? {
-            Some(s) if s.owner.as_deref() == owner && !s.lock().deleted => {
+            Some(s) if s.owner.as_deref() == owner && !s.lock().is_deleted() => {
                 // Expired permissions are applied by every request that takes the session.
                 approvals::settle(&self.inner, &s);
                 Ok(s)
@@ -170,7 +169,7 @@ impl Engine {
         for row in rows.into_iter().take(PAGE_SIZE) {
             let live = lock(&self.inner.sessions).get(&row.id).cloned();
             if let Some(s) = live {
-                if !s.lock().deleted {
+                if !s.lock().is_deleted() {
                     let mut v = view_without_seed(&s);
                     v.pending.clear();
                     out.push(v);
@@ -220,57 +219,6 @@ impl Engine {
         view(session)
     }
 
-    /// Delete a session, its log and its workspace. A running turn is cancelled first.
-    pub async fn delete_session(&self, owner: Option<&str>, id: &str) -> Result<(), EngineError> {
-        let session = self.session(owner, id).await?;
-        let (running, first) = {
-            let mut st = session.lock();
-            let first = !st.deleted;
-            st.deleted = true;
-            st.out.close_feed();
-            (st.running.clone(), first)
-        };
-        if let Some(control) = running {
-            control.stop(StopCause::Cancelled);
-        }
-        // The session's files (attached, delivered), read while its log is still there.
-        let files = match &self.inner.files {
-            Some(_) => {
-                self.inner.store.flush().await?;
-                self.inner.store.session_file_ids(id).await?
-            }
-            None => vec![],
-        };
-        self.inner.store.delete_session(id);
-        let committed = self.inner.store.flush().await;
-        if committed.is_ok() && first {
-            self.uncount_session(&session.owner);
-        }
-        // Only now: until the delete is committed, a reader that missed the (deleted) session in
-        // memory would read it back from the log.
-        lock(&self.inner.sessions).remove(id);
-        committed?;
-        self.inner.tools.session_closed(id).await;
-        let workspace = self.inner.config.server.sandboxes.join(id);
-        match tokio::fs::remove_dir_all(&workspace).await {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => {
-                tracing::warn!(session = %id, error = %e, "could not remove the session's workspace")
-            }
-        }
-        if let Some(store) = &self.inner.files {
-            // They go with it, unless another session's log names them.
-            if let Err(e) = store
-                .delete_unreferenced(session.owner.as_deref(), files)
-                .await
-            {
-                tracing::warn!(session = %id, error = %e, "could not delete the session's files");
-            }
-        }
-        Ok(())
-    }
-
     /// For `GET /metrics`: the sessions in memory, and the tool calls among them that wait for
     /// a client's permission.
     pub fn gauges(&self) -> (usize, usize) {
@@ -278,7 +226,7 @@ impl Engine {
         let waiting = |s: &Arc<Session>| {
             let st = s.lock();
             let asked = |p: &&Pending| p.kind == PendingKind::Permission && !p.expired;
-            st.pending.iter().filter(asked).count()
+            st.pending().iter().filter(asked).count()
         };
         (sessions.len(), sessions.iter().map(waiting).sum())
     }
@@ -302,8 +250,8 @@ impl Engine {
             .collect();
         for s in sessions {
             let st = s.lock();
-            if st.running.is_some() {
-                *by_agent.entry(st.record.agent.clone()).or_default() += 1;
+            if st.turns().running().is_some() {
+                *by_agent.entry(st.record().agent.clone()).or_default() += 1;
             }
         }
         by_agent
@@ -333,12 +281,12 @@ pub(crate) fn view(session: &Session) -> SessionView {
 /// A consistent view of a session; its record's seed only `with_seed`.
 fn view_parts(session: &Session, with_seed: bool) -> SessionView {
     let st = session.lock();
-    let running_turn = st.running.as_ref().map(|r| r.turn_id.clone());
-    let status = if st.plan.is_some() {
+    let running_turn = st.turns().running().map(|r| r.turn_id.clone());
+    let status = if st.plan().is_some() {
         Status::PlanPendingApproval
     } else if running_turn.is_some() {
         Status::Running
-    } else if !st.pending.is_empty() {
+    } else if !st.pending().is_empty() {
         Status::AwaitingClient
     } else {
         Status::Idle
@@ -347,9 +295,9 @@ fn view_parts(session: &Session, with_seed: bool) -> SessionView {
         id: session.id.to_string(),
         created_at: session.created_at.clone(),
         record: if with_seed {
-            (*st.record).clone()
+            st.record().as_ref().clone()
         } else {
-            let r = &st.record;
+            let r = st.record();
             SessionRecord {
                 agent: r.agent.clone(),
                 tools: r.tools.clone(),
@@ -361,9 +309,9 @@ fn view_parts(session: &Session, with_seed: bool) -> SessionView {
         },
         status,
         running_turn,
-        pending: st.pending.clone(),
-        queued: session::live_queue(&st),
-        pending_plan: st.plan.as_ref().map(|p| p.plan.clone()),
+        pending: st.pending().to_vec(),
+        queued: st.turns().live(),
+        pending_plan: st.plan().map(|p| p.plan.clone()),
     }
 }
 

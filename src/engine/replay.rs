@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::history::Projector;
-use super::record::{Pending, PendingKind, PlanDecision, SessionRecord};
+use super::session_record::{Pending, PendingKind, PlanDecision, SessionRecord};
 use crate::log::{Event, EventBody, StopReason};
 
 /// A proposed plan waiting for the client's decision (runs API plan mode): the plan turn has
@@ -159,6 +159,6 @@ fn pending_calls(turn: &[Arc<Event>], record: &SessionRecord) -> Vec<Pending> {
         }
     }
     // A question of an MCP server waited in memory with its call: neither survives a restart.
-    super::elicit::unresumable(&mut out);
+    super::client_questions::unresumable(&mut out);
     out
 }

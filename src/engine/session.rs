@@ -10,54 +10,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::broadcast;
 
-use super::delivery::outbox::Outbox;
-use super::history::Projector;
-use super::job::{Job, TurnControl};
-use super::record::{Pending, SessionRecord};
-use super::replay::{open_calls, starts_run, LogCopy, Logged, PlanWait};
+use super::replay::{open_calls, LogCopy, Logged};
+use super::session_record::{Pending, SessionRecord};
+use super::session_state::State;
 use super::types::{DeltaKind, Feed};
 use crate::log::{Event, EventBody, FailReason, Store};
 use crate::message::Message;
 use crate::sync::lock;
-use crate::{clock, ids};
-
-pub(crate) struct State {
-    /// Shared with readers (a turn reads it at every step); replaced, never changed in place.
-    pub record: Arc<SessionRecord>,
-    pub next_seq: u64,
-    pub history: Projector,
-    pub pending: Vec<Pending>,
-    pub running: Option<Arc<TurnControl>>,
-    /// Turns waiting for the running one to end, in order.
-    pub queue: std::collections::VecDeque<Job>,
-    /// Events and deltas on their way to live subscribers (and the current turn's events).
-    pub out: Outbox,
-    pub plan: Option<PlanWait>,
-    /// The seq of the first event of the session's current (or last) run: the `user.message`
-    /// of its first turn (a plan decision's turn goes on its plan's run).
-    pub run_start: u64,
-    pub deleted: bool,
-    /// A commit of this session's events failed: memory holds what the log does not, until the
-    /// turn rebuilds it from the log ([`Session::rebuild_locked`]).
-    pub diverged: bool,
-    /// The store ticket of the session's last row write (its record).
-    pub record_written: u64,
-    pub waits: super::approvals::Waits,
-}
-
-impl State {
-    /// Whether the session holds nothing that is not in the log: no turn running or queued, no
-    /// live subscriber, every event and record write committed (a plan waiting for approval is
-    /// read back from the log). Such a session can be dropped from memory and read back as is.
-    pub fn at_rest(&self, committed: u64) -> bool {
-        self.running.is_none()
-            && self.queue.is_empty()
-            && self.out.held.is_empty()
-            && self.record_written <= committed
-            && !self.out.watched()
-            && self.waits.idle()
-    }
-}
 
 /// A session in memory.
 pub struct Session {
@@ -83,14 +42,7 @@ impl Session {
         record: SessionRecord,
         events: Vec<Event>,
     ) -> Session {
-        let Logged {
-            history,
-            next_seq,
-            tail: last_turn,
-            pending,
-            plan,
-            run_start,
-        } = Logged::read(&record, events);
+        let logged = Logged::read(&record, events);
         Session {
             id: id.into(),
             owner,
@@ -98,30 +50,15 @@ impl Session {
             used: Default::default(),
             extensions: Default::default(),
             streams: Default::default(),
-            state: Mutex::new(State {
-                record: Arc::new(record),
-                next_seq,
-                history,
-                pending,
-                running: None,
-                queue: Default::default(),
-                out: Outbox::with_tail(last_turn),
-                plan,
-                run_start,
-                deleted: false,
-                diverged: false,
-                record_written: 0,
-                waits: Default::default(),
-            }),
+            state: Mutex::new(State::new(record, logged)),
         }
     }
 
-    /// Whether a commit of the session's events failed ([`State::diverged`], or a held event
-    /// whose commit failed): then [`Session::read_back`] is due. (A record write goes with the
-    /// events of the turn that made it.)
+    /// Whether a commit of the session's events failed ([`State::lost_writes`]): then
+    /// [`Session::read_back`] is due. (A record write goes with the events of the turn that
+    /// made it.)
     pub(crate) fn lost_writes(&self, store: &Store) -> bool {
-        let st = self.lock();
-        st.diverged || st.out.held.iter().any(|(ticket, _)| store.failed(*ticket))
+        self.lock().lost_writes(store)
     }
 
     /// The session as the log holds it, for [`Session::rebuild_locked`]; `None` (logged) if it
@@ -152,30 +89,16 @@ impl Session {
         turn_id: &str,
         why: &str,
     ) -> Vec<Arc<Event>> {
-        if st.deleted {
+        if st.is_deleted() {
             return Vec::new();
         }
         let reset = |st: &mut State| {
-            if store.failed(st.record_written) {
-                let row = copy.row.as_ref();
-                if let Some(record) = row.and_then(|r| serde_json::from_str(&r.record).ok()) {
-                    st.record = Arc::new(record);
-                }
-                st.record_written = 0;
-            }
-            let logged = Logged::read(&st.record, copy.events.clone());
-            st.history = logged.history;
-            st.next_seq = logged.next_seq;
-            st.out.tail = logged.tail;
-            st.pending = logged.pending;
-            st.plan = logged.plan;
-            st.run_start = logged.run_start;
-            st.out.held.clear();
-            st.diverged = false;
+            let row = copy.row.as_ref().map(|r| r.record.as_str());
+            st.reset_to(store, row, copy.events.clone());
         };
         reset(st);
-        tracing::warn!(session = %self.id, seq = st.next_seq, "the session was read back from the log after a failed commit");
-        if st.out.tail.last().is_none_or(|e| e.turn_id != turn_id)
+        tracing::warn!(session = %self.id, seq = st.next_seq(), "the session was read back from the log after a failed commit");
+        if st.out().tail.last().is_none_or(|e| e.turn_id != turn_id)
             || self
                 .close_open_locked(st, store, FailReason::InternalError, why)
                 .is_none()
@@ -203,9 +126,9 @@ impl Session {
         reason: FailReason,
         why: &str,
     ) -> Option<String> {
-        let last = st.out.tail.last().filter(|e| !e.body.is_terminal())?;
+        let last = st.out().tail.last().filter(|e| !e.body.is_terminal())?;
         let turn_id = last.turn_id.clone();
-        for call in open_calls(&st.out.tail, &turn_id) {
+        for call in open_calls(&st.out().tail, &turn_id) {
             let result = EventBody::ToolResult {
                 tool_use_id: call,
                 content: "Cancelled.".into(),
@@ -251,26 +174,7 @@ impl Session {
         turn_id: &str,
         body: EventBody,
     ) -> Option<Arc<Event>> {
-        if st.deleted {
-            return None;
-        }
-        // Deltas gathered so far go out before any other event.
-        st.out.flush_deltas();
-        st.next_seq += 1;
-        let ev = Arc::new(Event::new(
-            st.next_seq,
-            ids::new("evt"),
-            turn_id.to_string(),
-            clock::now(),
-            body,
-        ));
-        let ticket = store.append(&self.id, &ev);
-        st.history.apply_event(&ev);
-        if starts_run(&ev.body) {
-            st.run_start = ev.seq;
-        }
-        st.out.held.push((ticket, ev.clone()));
-        Some(ev)
+        st.append(store, &self.id, turn_id, body)
     }
 
     /// Publish, in order, the held events the store has committed; returns them.
@@ -281,12 +185,20 @@ impl Session {
 
     /// [`Session::publish_durable`] with the session's lock held.
     pub(crate) fn publish_durable_locked(&self, st: &mut State, store: &Store) -> Vec<Arc<Event>> {
-        st.out.publish_durable(store, &mut st.diverged)
+        st.publish_durable(store)
+    }
+
+    /// A delta another instance streamed (a shared store): to this instance's live subscribers
+    /// of the session, if they have seen exactly the events its writer's had.
+    pub(crate) fn publish_remote(&self, d: &crate::log::RemoteDelta) {
+        let mut st = self.lock();
+        let last = st.next_seq();
+        st.out_mut().publish_remote_delta(d, last);
     }
 
     /// Whether the session has live subscribers.
     pub(crate) fn watched(&self) -> bool {
-        self.lock().out.watched()
+        self.lock().out().watched()
     }
 
     /// Add a streamed fragment to the turn's coalescer (see [`Outbox::push_fragment`]).
@@ -296,12 +208,12 @@ impl Session {
         kind: DeltaKind,
         fragment: &str,
     ) -> bool {
-        self.lock().out.push_fragment(turn_id, kind, fragment)
+        self.lock().out_mut().push_fragment(turn_id, kind, fragment)
     }
 
     /// Push the coalesced deltas if their 50 ms are up; when the next push is due otherwise.
     pub(crate) fn flush_due(&self) -> Option<tokio::time::Instant> {
-        self.lock().out.flush_due()
+        self.lock().out_mut().flush_due()
     }
 
     /// The adapter's value of type `T` for this session, made on first use. Adapters keep
@@ -319,57 +231,57 @@ impl Session {
 
     /// The seq of the first event of the current (or last) run (0: none yet).
     pub fn run_start(&self) -> u64 {
-        self.lock().run_start
+        self.lock().run_start()
     }
 
     /// The plan waiting for approval, if any.
     pub fn pending_plan(&self) -> Option<String> {
-        self.lock().plan.as_ref().map(|p| p.plan.clone())
+        self.lock().plan().map(|p| p.plan.clone())
     }
 
     /// The turns waiting behind the running one.
     pub fn queued_turns(&self) -> Vec<String> {
-        live_queue(&self.lock())
+        self.lock().turns().live()
     }
 
     /// Subscribe to live items, with the events of the current turn so far (taken atomically,
     /// so nothing falls between them).
     pub fn subscribe(&self) -> (Vec<Arc<Event>>, broadcast::Receiver<Feed>) {
         let mut st = self.lock();
-        if st.deleted {
+        if st.is_deleted() {
             // A closed feed: the subscriber ends at once.
-            return (st.out.tail.clone(), broadcast::channel(1).1);
+            return (st.out().tail.clone(), broadcast::channel(1).1);
         }
-        let rx = st.out.subscribe();
-        (st.out.tail.clone(), rx)
+        let rx = st.out_mut().subscribe();
+        (st.out().tail.clone(), rx)
     }
 
     /// The events of the current (or last) turn.
     pub fn tail(&self) -> Vec<Arc<Event>> {
-        self.lock().out.tail.clone()
+        self.lock().out().tail.clone()
     }
 
     pub fn record(&self) -> Arc<SessionRecord> {
-        self.lock().record.clone()
+        self.lock().record().clone()
     }
 
     pub fn history(&self) -> Vec<Message> {
-        self.lock().history.messages()
+        self.lock().history().messages()
     }
 
     /// Every file attached to the session's user messages.
     pub fn attached_files(&self) -> Vec<crate::log::FileRef> {
-        self.lock().history.attached_files()
+        self.lock().history().attached_files()
     }
 
     /// The compacted history (AAP `history?type=compacted`): what the model is sent next.
     pub fn compacted_history(&self) -> Vec<Message> {
-        self.lock().history.compacted(None)
+        self.lock().history().compacted(None)
     }
 
     /// What a compaction could replace now.
     pub fn compactable(&self) -> super::history::Compactable {
-        self.lock().history.compactable()
+        self.lock().history().compactable()
     }
 
     /// The history for the model (compacted): attached files inlined by `inline`.
@@ -377,23 +289,14 @@ impl Session {
         &self,
         inline: &dyn Fn(&crate::log::FileRef) -> Option<Vec<crate::message::Block>>,
     ) -> Vec<Message> {
-        self.lock().history.compacted(Some(inline))
+        self.lock().history().compacted(Some(inline))
     }
 
     pub fn pending(&self) -> Vec<Pending> {
-        self.lock().pending.clone()
+        self.lock().pending().to_vec()
     }
 
     pub fn running_turn(&self) -> Option<String> {
-        self.lock().running.as_ref().map(|r| r.turn_id.clone())
+        self.lock().turns().running().map(|r| r.turn_id.clone())
     }
-}
-
-/// The turns still waiting behind the running one (a cancelled one waits only to be logged).
-pub(crate) fn live_queue(st: &State) -> Vec<String> {
-    st.queue
-        .iter()
-        .filter(|q| !q.control.token.is_cancelled())
-        .map(|q| q.control.turn_id.clone())
-        .collect()
 }

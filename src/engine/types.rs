@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use crate::log::Event;
 
-use super::record::{Pending, SessionRecord, ToolGrant};
+use super::session_record::{Pending, SessionRecord, ToolGrant};
 
 /// What can go wrong asking the engine for something. Mapped to HTTP once, at the edge.
 #[derive(Debug, thiserror::Error)]
@@ -131,7 +131,7 @@ pub enum Runner {
     OwnTask,
     /// The watcher: it reads the handle until the turn ends, on a task of its own, and the turn
     /// runs there while it reads; on a task of its own only if the handle is dropped first (or
-    /// not read for a while: see `driven.rs`). Not for a watcher that may stop reading while it
+    /// not read for a while: see `run_by_watcher.rs`). Not for a watcher that may stop reading while it
     /// holds the handle (an SSE body that a slow client does not drain): the turn would wait on
     /// it.
     Watcher,

@@ -7,7 +7,7 @@ use http::StatusCode;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::engine::follow::Follow;
+use crate::engine::log_follower::Follow;
 use crate::engine::{DeltaKind, Feed, TurnInput};
 use crate::http::{body, json_response, query_param, sse, ApiError, Request, Response};
 use crate::message::Content;
@@ -46,7 +46,7 @@ struct Cancel {
 }
 
 /// `POST /sessions/{id}/messages`: queue a turn; `202 {"turn_id"}`. Several instances on one
-/// store: queued on the one that runs the session (see `engine/inbox.rs`).
+/// store: queued on the one that runs the session (see `engine/scaleout/`).
 pub async fn send_message(
     app: &App,
     caller: &Caller,
@@ -235,10 +235,7 @@ pub async fn cancel(
     let session = app.engine.session(caller.owner.as_deref(), id).await?;
     let limit = app.max_body();
     let c: Cancel = body::json(req.into_body(), limit).await?;
-    let cancelled = app
-        .engine
-        .cancel_anywhere(&session, c.turn_id.as_deref())
-        .await?;
+    let cancelled = app.engine.cancel(&session, c.turn_id.as_deref()).await?;
     Ok(json_response(
         StatusCode::OK,
         &json!({ "cancelled": cancelled }),

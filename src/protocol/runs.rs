@@ -18,8 +18,8 @@ use http::StatusCode;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::engine::follow::Follow;
 use crate::engine::history::Projector;
+use crate::engine::log_follower::Follow;
 use crate::engine::{
     DeltaKind, Feed, NewSession, PlanDecision, Runner, TurnHandle, TurnInput, TurnOrder,
 };
@@ -260,14 +260,15 @@ async fn run_detached(app: &App, caller: &Caller, req: Request) -> Result<Respon
         .engine
         .session(caller.owner.as_deref(), &view.id)
         .await?;
-    let claim = app.engine.claim(&session).await?;
     // Runs on a task of its own (see `run`), which reads it to its end.
-    let started = app.engine.start_turn(&session, {
-        let mut order = TurnOrder::unattended(goal(body.goal), ATTEND_AT);
-        order.delivery.runner = Runner::Watcher;
-        order.with_max_steps(body.max_steps)
-    });
-    drop(claim);
+    let started = app
+        .engine
+        .start_turn(&session, {
+            let mut order = TurnOrder::unattended(goal(body.goal), ATTEND_AT);
+            order.delivery.runner = Runner::Watcher;
+            order.with_max_steps(body.max_steps)
+        })
+        .await;
     let result = match started {
         Ok(handle) => run_to_end(handle).await,
         Err(e) => Err(e.into()),
@@ -334,21 +335,17 @@ pub async fn session_run(
     req: Request,
 ) -> Result<Response, ApiError> {
     let session = app.engine.session(caller.owner.as_deref(), id).await?;
-    let claim = app.engine.claim(&session).await?;
     let body: SessionRun = body::json(req.into_body(), app.max_body()).await?;
     if body.goal.trim().is_empty() {
         return Err(ApiError::bad_request(
             "goal is empty: say what the agent should do",
         ));
     }
-    let handle = app.engine.start_turn(
-        &session,
-        TurnOrder {
-            plan: body.plan,
-            ..TurnOrder::unattended(goal(body.goal), ATTEND_AT)
-        },
-    )?;
-    drop(claim);
+    let order = TurnOrder {
+        plan: body.plan,
+        ..TurnOrder::unattended(goal(body.goal), ATTEND_AT)
+    };
+    let handle = app.engine.start_turn(&session, order).await?;
     Ok(json_response(
         StatusCode::ACCEPTED,
         &json!({"turn_id": handle.turn_id, "session_id": &*session.id, "status": "accepted"}),
@@ -389,7 +386,7 @@ pub async fn confirm(
     let body: Confirm = body::json(req.into_body(), app.max_body()).await?;
     let turn_id = app
         .engine
-        .decide_plan_anywhere(
+        .decide_plan(
             &session,
             PlanDecision::Confirm { edits: body.edits },
             ATTEND_AT,
@@ -412,7 +409,7 @@ pub async fn reject(
     let body: Reject = body::json(req.into_body(), app.max_body()).await?;
     let turn_id = app
         .engine
-        .decide_plan_anywhere(
+        .decide_plan(
             &session,
             PlanDecision::Reject {
                 reason: body.reason,
@@ -429,7 +426,7 @@ pub async fn reject(
 /// `POST /sessions/{id}/interrupt`: the runs API's name for cancelling everything.
 pub async fn interrupt(app: &App, caller: &Caller, id: &str) -> Result<Response, ApiError> {
     let session = app.engine.session(caller.owner.as_deref(), id).await?;
-    let cancelled = app.engine.cancel_anywhere(&session, None).await?;
+    let cancelled = app.engine.cancel(&session, None).await?;
     Ok(json_response(
         StatusCode::OK,
         &json!({ "cancelled": cancelled }),

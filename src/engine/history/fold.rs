@@ -3,7 +3,7 @@
 use serde_json::Value;
 
 use super::{attachment_line, to_content, user_content, Cut, Projector};
-use crate::engine::record::PlanDecision;
+use crate::engine::session_record::PlanDecision;
 use crate::log::{Event, EventBody, FileRef};
 use crate::message::{Block, Content, Message};
 

@@ -1,4 +1,4 @@
-//! Keeping a turn's request within the model's context window (see `engine/context.rs`).
+//! Keeping a turn's request within the model's context window (see `engine/context_window.rs`).
 
 use super::{End, Turn};
 use crate::log::{EventBody, FailReason};
@@ -6,7 +6,7 @@ use crate::message::Message;
 use crate::upstream::ModelRequest;
 
 impl Turn {
-    /// Make `req` fit the model's context window (see `context.rs`): past `compact_at` of it,
+    /// Make `req` fit the model's context window (see `engine/context_window.rs`): past `compact_at` of it,
     /// compact the oldest turns first and build the request again with `rebuild`. A request
     /// still over the window fails the turn, with what to do. Returns the request and its size
     /// in bytes (for calibration).
@@ -16,16 +16,17 @@ impl Turn {
         req: ModelRequest,
         rebuild: impl Fn(&Turn) -> ModelRequest,
     ) -> Result<(ModelRequest, usize), End> {
-        let (window, known) = crate::engine::context::window(agent.context_tokens, &req.model);
+        let (window, known) =
+            crate::engine::context_window::window(agent.context_tokens, &req.model);
         let threshold = (window as f64 * agent.compact_at) as u64;
         let cal = self.calibration();
-        let bytes = crate::engine::context::request_bytes(&req);
+        let bytes = crate::engine::context_window::request_bytes(&req);
         if cal.tokens(bytes) <= threshold {
             return Ok((req, bytes));
         }
         let (req, bytes) = if self.compact(agent, &req, window, known, threshold).await? {
             let req = rebuild(self);
-            let bytes = crate::engine::context::request_bytes(&req);
+            let bytes = crate::engine::context_window::request_bytes(&req);
             (req, bytes)
         } else {
             (req, bytes)
@@ -58,12 +59,16 @@ impl Turn {
         known: bool,
         threshold: u64,
     ) -> Result<bool, End> {
-        use crate::engine::context;
+        use crate::engine::context_window;
         let cal = self.calibration();
         let now = self.session.compactable();
-        let sizes: Vec<usize> = now.messages.iter().map(context::message_bytes).collect();
-        let shown: usize = req.messages.iter().map(context::message_bytes).sum();
-        let fixed = context::request_bytes(req).saturating_sub(shown);
+        let sizes: Vec<usize> = now
+            .messages
+            .iter()
+            .map(context_window::message_bytes)
+            .collect();
+        let shown: usize = req.messages.iter().map(context_window::message_bytes).sum();
+        let fixed = context_window::request_bytes(req).saturating_sub(shown);
         // Room for the summary: a tenth of the window.
         let reserve = cal.bytes(window / 10);
         let cuts: Vec<(usize, bool)> = now.cuts.iter().map(|(at, user, _)| (*at, *user)).collect();
@@ -74,7 +79,7 @@ impl Turn {
             return Err(self.too_big(least, window));
         }
         let target = cal.bytes(threshold / 2);
-        let Some(cut) = context::choose_cut(&sizes, &cuts, fixed + reserve, target) else {
+        let Some(cut) = context_window::choose_cut(&sizes, &cuts, fixed + reserve, target) else {
             return Ok(false);
         };
         let (Some(first), Some((_, _, last))) = (
@@ -84,11 +89,14 @@ impl Turn {
             return Ok(false);
         };
         let budget = cal.bytes(threshold.saturating_sub(window / 10));
-        let text =
-            context::summary_request_text(now.summary.as_deref(), &now.messages[..cut], budget);
+        let text = context_window::summary_request_text(
+            now.summary.as_deref(),
+            &now.messages[..cut],
+            budget,
+        );
         let summary_req = ModelRequest {
             model: req.model.clone(),
-            system: Some(context::SUMMARY_SYSTEM.into()),
+            system: Some(context_window::SUMMARY_SYSTEM.into()),
             messages: vec![Message::User {
                 content: crate::message::Content::Text(text),
             }],
@@ -101,7 +109,10 @@ impl Turn {
         // What the turn has said is durable before the wait.
         self.sync().await?;
         let out = self.summarise(&summary_req).await?;
-        cal.observe(context::request_bytes(&summary_req), out.usage.input_tokens);
+        cal.observe(
+            context_window::request_bytes(&summary_req),
+            out.usage.input_tokens,
+        );
         self.usage.add(out.usage);
         let summary = out.text.trim();
         if summary.is_empty() {

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::{next_queued, to_watcher, End, Turn};
-use crate::engine::job::{StopCause, TurnControl};
+use crate::engine::turn_job::{StopCause, TurnControl};
 use crate::log::{EventBody, FailReason, StopReason};
 use crate::message::Message;
 use crate::tools::ToolOutput;
@@ -165,13 +165,9 @@ impl Turn {
     async fn hand_over(
         &self,
         published: Vec<std::sync::Arc<crate::log::Event>>,
-        next: Option<crate::engine::job::Job>,
+        next: Option<crate::engine::turn_job::Job>,
     ) {
-        if next.is_none() {
-            crate::engine::lease::release_when_idle(&self.inner, &self.session).await;
-        } else {
-            crate::engine::inbox::room_opened(&self.inner, &self.session);
-        }
+        crate::engine::scaleout::turn_ended(&self.inner, &self.session, next.is_some()).await;
         to_watcher(self.sink.as_ref(), published);
         if let Some(job) = next {
             super::spawn(&self.inner, self.session.clone(), job);
@@ -204,9 +200,9 @@ impl Turn {
                     asked,
                 );
             }
-            st.pending = stop_on;
+            *st.pending_mut() = stop_on;
             // Calls waiting on questions wait on in the session (dropped: cancelled).
-            st.waits.flight = self.flight.take().filter(|_| stopped);
+            st.waits_mut().flight = self.flight.take().filter(|_| stopped);
         }
         let flushed = store.flush().await;
         if let Err(e) = &flushed {
@@ -223,17 +219,11 @@ impl Turn {
         // turn, and the next queued turn takes the session.
         let (published, next) = {
             let mut st = self.session.lock();
-            if st
-                .running
-                .as_ref()
-                .is_some_and(|r| r.turn_id == *self.turn_id)
-            {
-                st.running = None;
-            }
-            st.out.coalescer = None;
+            st.turns_mut().ended(&self.turn_id);
+            st.out_mut().coalescer = None;
             if self.proposed && !completed {
                 // A plan whose turn did not complete waits for nothing.
-                st.plan = None;
+                *st.plan_mut() = None;
             }
             let mut published = self.session.publish_durable_locked(&mut st, store);
             if let Some(copy) = copy {

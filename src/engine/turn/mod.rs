@@ -10,9 +10,10 @@
 mod attach;
 mod compact;
 mod end;
+mod fragments;
 mod model;
+mod server_calls;
 mod step;
-mod tools;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,11 +22,13 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::delivery::to_watcher;
-use super::driven::Driven;
-use super::job::{Job, RunSlot};
-use super::record::{AskedCall, Pending};
-use super::session::{Session, State};
-use super::shared::Inner;
+use super::engine_handle::Inner;
+use super::run_by_watcher::Driven;
+use super::session::Session;
+use super::session_record::{AskedCall, Pending};
+use super::session_state::State;
+use super::turn_job::{Job, RunSlot};
+use super::turn_queue::Next;
 use super::types::{Client, ShownText, TurnInput};
 use crate::log::{Event, EventBody, FailReason};
 use crate::message::{Message, Usage};
@@ -106,8 +109,8 @@ struct Turn {
     stop_on: Vec<Pending>,
     /// What each server call it stops on is bound to (see `engine/approvals.rs`).
     asked: Vec<AskedCall>,
-    /// Server calls waiting on questions to the client (see `engine/elicit.rs`).
-    flight: Option<super::elicit::Flight>,
+    /// Server calls waiting on questions to the client (see `engine/client_questions.rs`).
+    flight: Option<super::client_questions::Flight>,
     /// Instructions for the model that are not history (plan mode), after the history.
     extra: Vec<Message>,
     /// The turn proposed a plan (which waits for a decision if the turn completes).
@@ -323,7 +326,7 @@ pub(crate) fn log_unstarted(
     }
     // `st` is the session's state under its lock: read the agent from it, not through
     // `session.record()` (which takes the lock again).
-    crate::metrics::turns(&st.record.agent).ended(crate::metrics::TurnOutcome::Cancelled, None);
+    crate::metrics::turns(&st.record().agent).ended(crate::metrics::TurnOutcome::Cancelled, None);
     session.publish_durable_locked(st, store)
 }
 
@@ -335,17 +338,14 @@ pub(crate) fn next_queued(
     st: &mut State,
     store: &crate::log::Store,
 ) -> Option<Job> {
-    if st.running.is_some() {
-        return None;
-    }
-    while let Some(q) = st.queue.pop_front() {
-        if q.control.token.is_cancelled() {
-            let published = log_unstarted(session, st, store, &q.control.turn_id, &q.input);
-            to_watcher(q.sink.as_ref(), published);
-            continue;
+    while let Some(next) = st.turns_mut().next() {
+        match next {
+            Next::Run(job) => return Some(job),
+            Next::Unstarted(q) => {
+                let published = log_unstarted(session, st, store, &q.control.turn_id, &q.input);
+                to_watcher(q.sink.as_ref(), published);
+            }
         }
-        st.running = Some(q.control.clone());
-        return Some(q);
     }
     None
 }

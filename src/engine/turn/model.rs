@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::fragments::{overlapped, Deltas, FragmentFeed};
 use super::{End, Turn};
-use crate::engine::delivery::{overlapped, Deltas, FragmentFeed};
 use crate::log::{EventBody, FailReason};
 use crate::message::Message;
 use crate::upstream::{ModelOutput, ModelRequest, UpstreamError};
@@ -14,7 +14,7 @@ impl Turn {
     pub(super) fn request(
         &self,
         agent: &crate::config::AgentConfig,
-        record: &crate::engine::record::SessionRecord,
+        record: &crate::engine::session_record::SessionRecord,
         tools: Vec<crate::upstream::ToolDef>,
         thinking: bool,
     ) -> ModelRequest {
@@ -29,7 +29,7 @@ impl Turn {
                 other => messages.push(other),
             }
         }
-        crate::engine::elicit::hide(&mut messages, &agent.elicitation_tool);
+        crate::engine::client_questions::hide(&mut messages, &agent.elicitation_tool);
         messages.extend(self.extra.iter().cloned());
         let upstream = &self.inner.config.upstream;
         ModelRequest {
@@ -47,9 +47,9 @@ impl Turn {
         }
     }
 
-    pub(super) fn calibration(&self) -> Arc<crate::engine::context::Calibration> {
+    pub(super) fn calibration(&self) -> Arc<crate::engine::context_window::Calibration> {
         self.session
-            .extension::<crate::engine::context::Calibration>()
+            .extension::<crate::engine::context_window::Calibration>()
     }
 
     /// A summary call: nothing is streamed, failures are retried like any model call.

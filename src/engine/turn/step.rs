@@ -5,8 +5,8 @@
 use std::collections::HashMap;
 
 use super::{user_message, End, Turn, NOT_ANSWERED};
-use crate::engine::catalog::{Catalog, Route};
-use crate::engine::record::{Pending, PendingKind};
+use crate::engine::session_record::{Pending, PendingKind};
+use crate::engine::session_tools::{Catalog, Route};
 use crate::engine::types::TurnInput;
 use crate::log::{EventBody, FailReason, StopReason};
 use crate::message::Message;
@@ -24,7 +24,7 @@ impl Turn {
     ) -> Result<StopReason, End> {
         let input_kind = match &input {
             TurnInput::User { content, .. } => {
-                crate::engine::record::PlanDecision::of_content(content)
+                crate::engine::session_record::PlanDecision::of_content(content)
             }
             TurnInput::Resume { .. } => None,
         };
@@ -50,7 +50,7 @@ impl Turn {
             // A plan turn (a run's first, or after a rejection) ends with its plan.
             let rejected = matches!(
                 &input_kind,
-                Some(crate::engine::record::PlanDecision::Reject { .. })
+                Some(crate::engine::session_record::PlanDecision::Reject { .. })
             );
             return self.plan(agent, !rejected).await;
         }
@@ -85,7 +85,10 @@ impl Turn {
                 // after this message was sent): the session went on without their answers.
                 let (open, flight) = {
                     let mut st = self.session.lock();
-                    (std::mem::take(&mut st.pending), st.waits.flight.take())
+                    (
+                        std::mem::take(st.pending_mut()),
+                        st.waits_mut().flight.take(),
+                    )
                 };
                 for p in open {
                     self.emit_result(&p.call_id, ToolOutput::error(NOT_ANSWERED));
@@ -267,7 +270,7 @@ impl Turn {
         }
         // The plan waits before anyone can see it, so a client that answers `plan_proposed`
         // at once finds it (its decision's turn then queues behind the end of this one).
-        self.session.lock().plan = Some(crate::engine::replay::PlanWait {
+        *self.session.lock().plan_mut() = Some(crate::engine::replay::PlanWait {
             plan: out.text.clone(),
         });
         self.proposed = true;

@@ -197,7 +197,6 @@ async fn start_turn(
     req: Request,
 ) -> Result<Started, ApiError> {
     let session = app.engine.session(caller.owner.as_deref(), id).await?;
-    let claim = app.engine.claim(&session).await?;
     let key = idempotency::key_of(req.headers())?;
     let bytes = body::read_limited(req.into_body(), app.max_body()).await?;
     let body: request::StartTurn = body::parse_json(&bytes)?;
@@ -244,11 +243,9 @@ async fn start_turn(
         req.delivery.text = ShownText::Irrevocable;
     }
     req.delivery.runner = Runner::Watcher;
-    let after_seq = session.tail().last().map_or(0, |e| e.seq);
-    let handle = app.engine.start_turn(&session, req)?;
-    drop(claim);
+    let handle = app.engine.start_turn(&session, req).await?;
     if let Some(ticket) = ticket {
-        ticket.started(&handle.turn_id, after_seq);
+        ticket.started(&handle.turn_id, handle.after_seq);
     }
     Ok(Started::Turn(handle, mode))
 }

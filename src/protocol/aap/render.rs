@@ -53,7 +53,7 @@ pub struct TurnRenderer {
     /// sends the rest.
     sent_text: usize,
     sent_thinking: usize,
-    /// The turn dropped fragments for this watcher (see `engine/watch.rs`).
+    /// The turn dropped fragments for this watcher (see `engine/delivery/channel.rs`).
     pub fragments_lost: bool,
 }
 

@@ -134,7 +134,7 @@ pub struct Pending {
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub expired: bool,
     /// The result it is settled with instead of being answered (a question of an MCP server
-    /// asked before a restart, and its call: see `engine/elicit.rs`); `expired` is set too.
+    /// asked before a restart, and its call: see `engine/client_questions.rs`); `expired` is set too.
     #[serde(skip)]
     pub ended: Option<String>,
 }

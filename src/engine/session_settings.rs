@@ -1,100 +1,15 @@
 //! A session's settings: made with the session, changed by a turn's update, and validated
 //! against the agent either way; written to the sessions table.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
-
-use super::catalog;
-use super::record::SessionRecord;
-use super::registry::view;
+use super::engine_handle::Engine;
 use super::session::Session;
-use super::shared::Engine;
-use super::types::{EngineError, NewSession, SessionUpdate, SessionView};
+use super::session_record::SessionRecord;
+use super::session_tools;
+use super::types::{EngineError, SessionUpdate};
 use crate::config::{AgentConfig, Config};
 use crate::log::SessionRow;
-use crate::message::Message;
-use crate::{clock, ids};
 
 impl Engine {
-    /// Create a session. It does not run the agent.
-    pub async fn create_session(
-        &self,
-        owner: Option<String>,
-        new: NewSession,
-    ) -> Result<SessionView, EngineError> {
-        self.check_open()?;
-        let config = &self.inner.config;
-        let (agent, tools, options) = match new.agent {
-            Some(choice) => {
-                let agent = config.agent(&choice.name).ok_or_else(|| {
-                    EngineError::Invalid(format!(
-                        "unknown agent {:?}; GET /meta lists the agents: {}",
-                        choice.name,
-                        agent_names(config)
-                    ))
-                })?;
-                // AAP: `agent.tools` omitted means every exposed server tool is disabled.
-                (
-                    agent,
-                    Some(choice.tools.unwrap_or_default()),
-                    choice.options,
-                )
-            }
-            None => (config.default_agent(), None, BTreeMap::new()),
-        };
-        if !agent.client_system_prompt
-            && new.seed.iter().any(|m| matches!(m, Message::System { .. }))
-        {
-            return Err(EngineError::Invalid(format!(
-                "agent {:?} keeps its own system prompt ([agents.{}] client_system_prompt = false in tools.toml): send no system prompt (a run's system_prompt, a system message in messages)",
-                agent.name, agent.name
-            )));
-        }
-        let mut record = SessionRecord {
-            agent: agent.name.clone(),
-            tools: None,
-            options: BTreeMap::new(),
-            client_tools: Vec::new(),
-            seed: new.seed,
-            asked: Vec::new(),
-        };
-        self.apply_update(
-            agent,
-            &mut record,
-            SessionUpdate {
-                tools,
-                options: Some(options),
-                client_tools: Some(new.client_tools),
-            },
-        )?;
-        let mut counted = self.count_session(&owner).await?;
-        let id = ids::new("sess");
-        let created_at = clock::now();
-        let workspace = self.workspace(&id);
-        if let Err(e) = std::fs::create_dir_all(&workspace) {
-            tracing::error!(path = %workspace.display(), error = %e, "cannot create the session's workspace");
-            counted.release(self);
-            return Err(EngineError::Conflict(format!(
-                "cannot create the session's workspace {}: {e}; check [server] sandboxes",
-                workspace.display()
-            )));
-        }
-        let session = Arc::new(Session::restore(
-            id.clone(),
-            owner.clone(),
-            created_at.clone(),
-            record,
-            Vec::new(),
-        ));
-        self.persist(&session);
-        if let Err(e) = self.inner.store.flush().await {
-            counted.release(self);
-            return Err(e.into());
-        }
-        let session = self.cache(&id, session);
-        Ok(view(&session))
-    }
-
     pub(crate) fn persist(&self, session: &Session) {
         let record = session.record();
         let ticket = self.inner.store.put_session(SessionRow {
@@ -104,7 +19,7 @@ impl Engine {
             record: serde_json::to_string(&record).unwrap_or_default(),
         });
         let mut st = session.lock();
-        st.record_written = st.record_written.max(ticket);
+        st.record_stored(ticket);
     }
 
     /// Validate overrides against the agent and apply them to a record.
@@ -116,7 +31,7 @@ impl Engine {
     ) -> Result<(), EngineError> {
         let host = self.inner.tools.tools();
         if let Some(tools) = &update.tools {
-            let exposed = catalog::exposed(agent, &host);
+            let exposed = session_tools::exposed(agent, &host);
             let mut seen = std::collections::HashSet::new();
             for g in tools {
                 if !exposed.iter().any(|t| t.spec.name == g.name) {
@@ -153,7 +68,7 @@ impl Engine {
                         t.name
                     )));
                 }
-                if catalog::agent_tool_names(agent, &host).any(|n| n == t.name) {
+                if session_tools::agent_tool_names(agent, &host).any(|n| n == t.name) {
                     return Err(EngineError::Invalid(format!(
                         "client tool {:?} has the name of one of agent {:?}'s tools; tool names must be unique across the client's and the agent's tools: rename the client tool",
                         t.name, agent.name
@@ -184,7 +99,7 @@ pub(crate) fn is_empty_update(u: &SessionUpdate) -> bool {
     u.tools.is_none() && u.options.is_none() && u.client_tools.is_none()
 }
 
-fn agent_names(config: &Config) -> String {
+pub(crate) fn agent_names(config: &Config) -> String {
     config
         .agents
         .iter()

@@ -15,8 +15,8 @@ use std::sync::Arc;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::broadcast::Receiver;
 
+use super::engine_handle::Engine;
 use super::session::Session;
-use super::shared::Engine;
 use super::types::{EngineError, Feed};
 use crate::log::Event;
 

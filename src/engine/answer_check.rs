@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use super::approvals::expired_result;
-use super::record::{Pending, PendingKind};
+use super::session_record::{Pending, PendingKind};
 use super::types::{ClientResult, EngineError, Permission, TurnInput};
 use crate::message::{Content, Message};
 
@@ -105,9 +105,9 @@ fn classify<'a>(
                 stale.push(id);
             }
             Some(p) => {
-                if let (Some(r), Some(schema)) = (result, super::elicit::schema_of(p)) {
+                if let (Some(r), Some(schema)) = (result, super::client_questions::schema_of(p)) {
                     // An answer to an MCP server's question must fit the requested schema.
-                    if let Err(why) = super::elicit::client_answer(schema, &r.content, r.is_error) {
+                    if let Err(why) = super::client_questions::client_answer(schema, &r.content, r.is_error) {
                         let server = p.input.get("server").and_then(|s| s.as_str());
                         malformed.push(format!(
                             "toolCallId {id} answers a question of MCP server {}: {why}",
@@ -186,10 +186,10 @@ fn stale_call(pending: &[Pending], id: &str, history: &dyn Fn() -> Vec<Message>)
         Some(Content::Text(t)) if t == expired_result() => format!(
             "toolCallId {id} has expired: its permission was not given within [agents] approval_ttl_s, so it was denied (approval expired); ask the model to call it again"
         ),
-        Some(Content::Text(t)) if t == super::elicit::RESTARTED => format!(
+        Some(Content::Text(t)) if t == super::client_questions::RESTARTED => format!(
             "toolCallId {id} was a question of an MCP server asked before the server restarted: it was declined then, and the call that asked was ended"
         ),
-        Some(Content::Text(t)) if t == super::elicit::EXPIRED => format!(
+        Some(Content::Text(t)) if t == super::client_questions::EXPIRED => format!(
             "toolCallId {id} was a question of an MCP server not answered within [agents] approval_ttl_s: it was declined, and the call that asked was ended"
         ),
         Some(_) => format!("toolCallId {id} is already settled: it has its result"),

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 
 use super::delivery::channel::WatcherSink;
-use super::record::Pending;
+use super::session_record::Pending;
 use super::types::{Client, ShownText, TurnInput};
 use crate::sync::lock;
 

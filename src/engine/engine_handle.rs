@@ -7,12 +7,12 @@ use std::sync::{Arc, Mutex};
 
 use tokio_util::task::TaskTracker;
 
-use super::catalog;
-use super::driven::Sweeper;
+use super::run_by_watcher::Sweeper;
 use super::session::Session;
+use super::session_tools;
 use super::types::EngineError;
 use crate::config::{AgentConfig, Config};
-use crate::log::Store;
+use crate::log::{InboxRow, Store};
 use crate::tools::{ServerTool, ToolHost};
 use crate::upstream::Provider;
 
@@ -36,7 +36,13 @@ pub(crate) struct Inner {
     /// Sessions per owner (`[limits] sessions_per_key`): counted from the store on an owner's
     /// first create, then kept here as sessions are made and deleted.
     pub(crate) owned: Mutex<HashMap<Option<String>, usize>>,
+    /// Applies the requests another instance sent to this one (`engine/command/relayed.rs`),
+    /// for the inbox's taker (`engine/scaleout/relay.rs`), which the commands sit above.
+    pub(crate) apply_relayed: ApplyRelayed,
 }
+
+/// Applies rows taken from a session's inbox; the rows that must wait (put back).
+pub(crate) type ApplyRelayed = fn(&Engine, &Arc<Session>, Vec<InboxRow>) -> Vec<InboxRow>;
 
 impl Inner {
     /// How long an event may wait to be committed while its turn waits on a model or tool call
@@ -70,7 +76,7 @@ impl Engine {
     }
 
     /// Testing: how long an event may wait to be committed while its turn waits on a model or
-    /// tool call (1 ms; see `SYNC_AFTER` in `engine/turn.rs`).
+    /// tool call (1 ms; see `SYNC_AFTER` in `engine/turn/mod.rs`).
     #[doc(hidden)]
     pub fn set_sync_after(&self, after: std::time::Duration) {
         let us = after.as_micros().min(u64::MAX as u128) as u64;
@@ -102,7 +108,7 @@ impl Engine {
     /// An agent's exposed server tools (`GET /meta`).
     pub fn exposed_tools(&self, agent: &AgentConfig) -> Vec<ServerTool> {
         let host = self.inner.tools.tools();
-        catalog::exposed(agent, &host)
+        session_tools::exposed(agent, &host)
             .into_iter()
             .cloned()
             .collect()

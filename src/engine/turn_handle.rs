@@ -7,10 +7,10 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 
 use super::delivery::channel::Overflow;
-use super::driven::Driven;
-use super::follow::Follow;
+use super::engine_handle::Engine;
+use super::log_follower::Follow;
+use super::run_by_watcher::Driven;
 use super::session::Session;
-use super::shared::Engine;
 use super::types::Feed;
 
 /// A started turn: its id and what it sends as it runs (stored events and deltas), read with
@@ -18,6 +18,9 @@ use super::types::Feed;
 /// (see `delivery/channel.rs`): a reader that falls too far behind reads the rest of the turn from the log.
 pub struct TurnHandle {
     pub turn_id: String,
+    /// The seq of the session's last event when the turn was ordered: the turn's events come
+    /// after it (AAP replays a keyed request's turn from there).
+    pub after_seq: u64,
     feed: mpsc::Receiver<Feed>,
     overflow: Arc<Overflow>,
     /// Once the channel overflowed: the rest of the turn, from the log.
@@ -54,13 +57,14 @@ pub(crate) type HandleParts = (
 
 impl TurnHandle {
     pub(crate) fn new(
-        turn_id: String,
+        (turn_id, after_seq): (String, u64),
         engine: Engine,
         session: Arc<Session>,
         (feed, overflow, driven, running): HandleParts,
     ) -> TurnHandle {
         TurnHandle {
             turn_id,
+            after_seq,
             feed,
             overflow,
             follow: None,
@@ -74,7 +78,7 @@ impl TurnHandle {
 
     /// The next thing the turn sends: `None` once it has ended and everything it sent is read.
     /// A driven turn runs while this is polled; if it is not polled for a second or two after
-    /// the turn was woken, the turn goes on on a task of its own (see `driven.rs`).
+    /// the turn was woken, the turn goes on on a task of its own (see `run_by_watcher.rs`).
     pub async fn recv(&mut self) -> Option<Feed> {
         loop {
             if self.done {

@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 
 use super::{End, Turn};
-use crate::engine::elicit::{self, Asked, Flight, Waiting};
-use crate::engine::record::{Pending, PendingKind};
+use crate::engine::client_questions::{self, Asked, Flight, Waiting};
+use crate::engine::session_record::{Pending, PendingKind};
 use crate::engine::types::{ClientResult, Permission};
 use crate::log::EventBody;
 use crate::message::ToolCall;
@@ -44,9 +44,9 @@ impl Turn {
         let host_tools = self.inner.tools.tools();
         let mut granted = Vec::new();
         // Calls still in flight, waiting on questions this follow-up answers.
-        self.flight = self.session.lock().waits.flight.take();
+        self.flight = self.session.lock().waits_mut().flight.take();
         for p in answering {
-            if p.ended.is_some() || elicit::schema_of(&p).is_some() {
+            if p.ended.is_some() || client_questions::schema_of(&p).is_some() {
                 self.settle_question(&p, results.remove(&p.call_id)).await;
             } else if let Some(r) = results.remove(&p.call_id) {
                 let out = ToolOutput {
@@ -89,16 +89,16 @@ impl Turn {
     }
 
     /// The answer to a question of an MCP server (an elicitation call; see
-    /// `engine/elicit.rs`): logged as the call's result and delivered to the call that asked.
+    /// `engine/client_questions.rs`): logged as the call's result and delivered to the call that asked.
     /// A question not answered in time is declined; one from before a restart, and its call,
     /// are ended with their reason.
     async fn settle_question(&mut self, p: &Pending, r: Option<ClientResult>) {
         let (answer, out) = match (&p.ended, r) {
             (Some(text), _) => (None, ToolOutput::error(text.clone())),
             (None, Some(r)) => {
-                let schema = elicit::schema_of(p).cloned().unwrap_or_default();
+                let schema = client_questions::schema_of(p).cloned().unwrap_or_default();
                 // Checked when the follow-up was admitted; a failure here declines.
-                let answer = elicit::client_answer(&schema, &r.content, r.is_error)
+                let answer = client_questions::client_answer(&schema, &r.content, r.is_error)
                     .unwrap_or(crate::tools::mcp::elicit::Answer::Decline);
                 let out = ToolOutput {
                     content: r.content,
@@ -109,7 +109,7 @@ impl Turn {
             }
             (None, None) => (
                 Some(crate::tools::mcp::elicit::Answer::Decline),
-                ToolOutput::error(elicit::EXPIRED),
+                ToolOutput::error(client_questions::EXPIRED),
             ),
         };
         self.emit_result(&p.call_id, out);
@@ -128,7 +128,7 @@ impl Turn {
     /// Run server tool calls in parallel (bounded), with the calls still in flight from the
     /// last turn (waiting on questions to the client), logging each result as it completes. When
     /// every call still running waits on a question, the turn stops for the client: the
-    /// questions are its calls (see `engine/elicit.rs`).
+    /// questions are its calls (see `engine/client_questions.rs`).
     pub(super) async fn run_tools(&mut self, calls: Vec<ToolCall>) -> Result<(), End> {
         if calls.is_empty() && self.flight.is_none() {
             return Ok(());
@@ -230,7 +230,7 @@ impl Turn {
             return;
         };
         let id = crate::ids::new("elicit");
-        let input = elicit::question_input(&asked);
+        let input = client_questions::question_input(&asked);
         let logged = self.emit(EventBody::ToolUse {
             tool_use_id: id.clone(),
             name: tool.clone(),

@@ -4,7 +4,7 @@
 //! record, so a changed tool list or a changed grant applies from the next step on.
 
 use crate::config::{AgentConfig, Verdict};
-use crate::engine::record::SessionRecord;
+use crate::engine::session_record::SessionRecord;
 use crate::engine::types::Client;
 use crate::message::ToolSpec;
 use crate::tools::ServerTool;

@@ -1,0 +1,146 @@
+//! A session's making and ending: created with its settings validated against its agent,
+//! deleted with its log, its workspace and its files.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::engine::engine_handle::Engine;
+use crate::engine::registry::view;
+use crate::engine::session::Session;
+use crate::engine::session_record::SessionRecord;
+use crate::engine::session_settings::agent_names;
+use crate::engine::turn_job::StopCause;
+use crate::engine::types::{EngineError, NewSession, SessionUpdate, SessionView};
+use crate::message::Message;
+use crate::sync::lock;
+use crate::{clock, ids};
+
+impl Engine {
+    /// Create a session. It does not run the agent.
+    pub async fn create_session(
+        &self,
+        owner: Option<String>,
+        new: NewSession,
+    ) -> Result<SessionView, EngineError> {
+        self.check_open()?;
+        let config = &self.inner.config;
+        let (agent, tools, options) = match new.agent {
+            Some(choice) => {
+                let agent = config.agent(&choice.name).ok_or_else(|| {
+                    EngineError::Invalid(format!(
+                        "unknown agent {:?}; GET /meta lists the agents: {}",
+                        choice.name,
+                        agent_names(config)
+                    ))
+                })?;
+                // AAP: `agent.tools` omitted means every exposed server tool is disabled.
+                (
+                    agent,
+                    Some(choice.tools.unwrap_or_default()),
+                    choice.options,
+                )
+            }
+            None => (config.default_agent(), None, BTreeMap::new()),
+        };
+        if !agent.client_system_prompt
+            && new.seed.iter().any(|m| matches!(m, Message::System { .. }))
+        {
+            return Err(EngineError::Invalid(format!(
+                "agent {:?} keeps its own system prompt ([agents.{}] client_system_prompt = false in tools.toml): send no system prompt (a run's system_prompt, a system message in messages)",
+                agent.name, agent.name
+            )));
+        }
+        let mut record = SessionRecord {
+            agent: agent.name.clone(),
+            tools: None,
+            options: BTreeMap::new(),
+            client_tools: Vec::new(),
+            seed: new.seed,
+            asked: Vec::new(),
+        };
+        self.apply_update(
+            agent,
+            &mut record,
+            SessionUpdate {
+                tools,
+                options: Some(options),
+                client_tools: Some(new.client_tools),
+            },
+        )?;
+        let mut counted = self.count_session(&owner).await?;
+        let id = ids::new("sess");
+        let created_at = clock::now();
+        let workspace = self.workspace(&id);
+        if let Err(e) = std::fs::create_dir_all(&workspace) {
+            tracing::error!(path = %workspace.display(), error = %e, "cannot create the session's workspace");
+            counted.release(self);
+            return Err(EngineError::Conflict(format!(
+                "cannot create the session's workspace {}: {e}; check [server] sandboxes",
+                workspace.display()
+            )));
+        }
+        let session = Arc::new(Session::restore(
+            id.clone(),
+            owner.clone(),
+            created_at.clone(),
+            record,
+            Vec::new(),
+        ));
+        self.persist(&session);
+        if let Err(e) = self.inner.store.flush().await {
+            counted.release(self);
+            return Err(e.into());
+        }
+        let session = self.cache(&id, session);
+        Ok(view(&session))
+    }
+
+    /// Delete a session, its log and its workspace. A running turn is cancelled first.
+    pub async fn delete_session(&self, owner: Option<&str>, id: &str) -> Result<(), EngineError> {
+        let session = self.session(owner, id).await?;
+        let (running, first) = {
+            let mut st = session.lock();
+            let first = st.mark_deleted();
+            (st.turns().running().cloned(), first)
+        };
+        if let Some(control) = running {
+            control.stop(StopCause::Cancelled);
+        }
+        // The session's files (attached, delivered), read while its log is still there.
+        let files = match &self.inner.files {
+            Some(_) => {
+                self.inner.store.flush().await?;
+                self.inner.store.session_file_ids(id).await?
+            }
+            None => vec![],
+        };
+        self.inner.store.delete_session(id);
+        let committed = self.inner.store.flush().await;
+        if committed.is_ok() && first {
+            self.uncount_session(&session.owner);
+        }
+        // Only now: until the delete is committed, a reader that missed the (deleted) session in
+        // memory would read it back from the log.
+        lock(&self.inner.sessions).remove(id);
+        committed?;
+        self.inner.tools.session_closed(id).await;
+        let workspace = self.inner.config.server.sandboxes.join(id);
+        match tokio::fs::remove_dir_all(&workspace).await {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(session = %id, error = %e, "could not remove the session's workspace")
+            }
+        }
+        if let Some(store) = &self.inner.files {
+            // They go with it, unless another session's log names them.
+            if let Err(e) = store
+                .delete_unreferenced(session.owner.as_deref(), files)
+                .await
+            {
+                tracing::warn!(session = %id, error = %e, "could not delete the session's files");
+            }
+        }
+        Ok(())
+    }
+}

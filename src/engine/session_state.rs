@@ -1,0 +1,225 @@
+//! What a session holds in memory, behind its one lock (`Session::lock`): its record, where its
+//! log is, the history projection, the calls and the plan it waits on, its turns (running and
+//! queued: [`TurnQueue`]) and its events on their way to subscribers. Its fields are its own:
+//! the rest of the engine reads them, and changes them through what this type says.
+
+use std::sync::Arc;
+
+use super::delivery::outbox::Outbox;
+use super::history::Projector;
+use super::replay::{starts_run, Logged, PlanWait};
+use super::session_record::{Pending, SessionRecord};
+use super::turn_queue::TurnQueue;
+use super::waits::Waits;
+use crate::log::{Event, EventBody, Store};
+use crate::{clock, ids};
+
+pub(crate) struct State {
+    /// Shared with readers (a turn reads it at every step); replaced, never changed in place.
+    record: Arc<SessionRecord>,
+    /// The seq of the last event appended.
+    next_seq: u64,
+    history: Projector,
+    pending: Vec<Pending>,
+    /// The running turn and the ones queued behind it.
+    turns: TurnQueue,
+    /// Events and deltas on their way to live subscribers (and the current turn's events).
+    out: Outbox,
+    plan: Option<PlanWait>,
+    /// The seq of the first event of the session's current (or last) run: the `user.message`
+    /// of its first turn (a plan decision's turn goes on its plan's run).
+    run_start: u64,
+    deleted: bool,
+    /// A commit of this session's events failed: memory holds what the log does not, until the
+    /// turn rebuilds it from the log (`Session::rebuild_locked`).
+    diverged: bool,
+    /// The store ticket of the session's last row write (its record).
+    record_written: u64,
+    waits: Waits,
+}
+
+impl State {
+    /// A session's state with this record and what its log holds.
+    pub(crate) fn new(record: SessionRecord, logged: Logged) -> State {
+        State {
+            record: Arc::new(record),
+            next_seq: logged.next_seq,
+            history: logged.history,
+            pending: logged.pending,
+            turns: TurnQueue::default(),
+            out: Outbox::with_tail(logged.tail),
+            plan: logged.plan,
+            run_start: logged.run_start,
+            deleted: false,
+            diverged: false,
+            record_written: 0,
+            waits: Waits::default(),
+        }
+    }
+
+    /// Whether the session holds nothing that is not in the log: no turn running or queued, no
+    /// live subscriber, every event and record write committed (a plan waiting for approval is
+    /// read back from the log). Such a session can be dropped from memory and read back as is.
+    pub(crate) fn at_rest(&self, committed: u64) -> bool {
+        self.turns.is_idle()
+            && self.out.held.is_empty()
+            && self.record_written <= committed
+            && !self.out.watched()
+            && self.waits.idle()
+    }
+
+    /// What the log holds, made the session's: history, last seq, last turn, pending calls,
+    /// the plan waiting and the run's start.
+    pub(crate) fn apply_logged(&mut self, logged: Logged) {
+        self.history = logged.history;
+        self.next_seq = logged.next_seq;
+        self.out.tail = logged.tail;
+        self.pending = logged.pending;
+        self.plan = logged.plan;
+        self.run_start = logged.run_start;
+    }
+
+    /// Append an event of `turn_id` to the session `session_id`'s log (queued for the store),
+    /// folded into the history under the same lock. `None` when the session has been deleted.
+    pub(crate) fn append(
+        &mut self,
+        store: &Store,
+        session_id: &Arc<str>,
+        turn_id: &str,
+        body: EventBody,
+    ) -> Option<Arc<Event>> {
+        if self.deleted {
+            return None;
+        }
+        // Deltas gathered so far go out before any other event.
+        self.out.flush_deltas();
+        self.next_seq += 1;
+        let ev = Arc::new(Event::new(
+            self.next_seq,
+            ids::new("evt"),
+            turn_id.to_string(),
+            clock::now(),
+            body,
+        ));
+        let ticket = store.append(session_id, &ev);
+        self.history.apply_event(&ev);
+        if starts_run(&ev.body) {
+            self.run_start = ev.seq;
+        }
+        self.out.held.push((ticket, ev.clone()));
+        Some(ev)
+    }
+
+    /// Publish, in order, the held events the store has committed; returns them.
+    pub(crate) fn publish_durable(&mut self, store: &Store) -> Vec<Arc<Event>> {
+        self.out.publish_durable(store, &mut self.diverged)
+    }
+
+    /// Whether a commit of the session's events failed (noted, or a held event whose commit
+    /// failed).
+    pub(crate) fn lost_writes(&self, store: &Store) -> bool {
+        self.diverged
+            || self
+                .out
+                .held
+                .iter()
+                .any(|(ticket, _)| store.failed(*ticket))
+    }
+
+    /// After a failed commit, the session made what `copy` (its log) holds: the record too if
+    /// its write failed (`row`: the record as stored).
+    pub(crate) fn reset_to(&mut self, store: &Store, row: Option<&str>, events: Vec<Event>) {
+        if store.failed(self.record_written) {
+            if let Some(record) = row.and_then(|r| serde_json::from_str(r).ok()) {
+                self.record = Arc::new(record);
+            }
+            self.record_written = 0;
+        }
+        let logged = Logged::read(&self.record, events);
+        self.apply_logged(logged);
+        self.out.held.clear();
+        self.diverged = false;
+    }
+
+    pub(crate) fn record(&self) -> &Arc<SessionRecord> {
+        &self.record
+    }
+
+    /// The session's record replaced (its settings changed, or read back).
+    pub(crate) fn set_record(&mut self, record: SessionRecord) {
+        self.record = Arc::new(record);
+    }
+
+    /// The record was written to the store under `ticket`.
+    pub(crate) fn record_stored(&mut self, ticket: u64) {
+        self.record_written = self.record_written.max(ticket);
+    }
+
+    /// The seq of the last event appended.
+    pub(crate) fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    pub(crate) fn run_start(&self) -> u64 {
+        self.run_start
+    }
+
+    pub(crate) fn history(&self) -> &Projector {
+        &self.history
+    }
+
+    /// The calls the session waits on (their answers, their permissions).
+    pub(crate) fn pending(&self) -> &[Pending] {
+        &self.pending
+    }
+
+    pub(crate) fn pending_mut(&mut self) -> &mut Vec<Pending> {
+        &mut self.pending
+    }
+
+    /// The plan waiting for a decision.
+    pub(crate) fn plan(&self) -> Option<&PlanWait> {
+        self.plan.as_ref()
+    }
+
+    pub(crate) fn plan_mut(&mut self) -> &mut Option<PlanWait> {
+        &mut self.plan
+    }
+
+    pub(crate) fn turns(&self) -> &TurnQueue {
+        &self.turns
+    }
+
+    pub(crate) fn turns_mut(&mut self) -> &mut TurnQueue {
+        &mut self.turns
+    }
+
+    pub(crate) fn out(&self) -> &Outbox {
+        &self.out
+    }
+
+    pub(crate) fn out_mut(&mut self) -> &mut Outbox {
+        &mut self.out
+    }
+
+    pub(crate) fn waits(&self) -> &Waits {
+        &self.waits
+    }
+
+    pub(crate) fn waits_mut(&mut self) -> &mut Waits {
+        &mut self.waits
+    }
+
+    pub(crate) fn is_deleted(&self) -> bool {
+        self.deleted
+    }
+
+    /// The session is deleted: nothing more is appended, its live feed closes. Whether it was
+    /// not already.
+    pub(crate) fn mark_deleted(&mut self) -> bool {
+        let first = !self.deleted;
+        self.deleted = true;
+        self.out.close_feed();
+        first
+    }
+}
