@@ -78,8 +78,8 @@ impl Running {
 pub fn provider(config: &Config) -> Result<Arc<dyn Provider>, StartError> {
     let up = &config.upstream;
     let key = match &up.api_key_env {
-        Some(var) => match std::env::var(var) {
-            Ok(v) if !v.is_empty() => Some(v),
+        Some(var) => match config.env.var(var) {
+            Some(v) if !v.is_empty() => Some(v.to_string()),
             _ => {
                 tracing::warn!(variable = %var, "the upstream's api_key_env names a variable that is not set; calling the upstream without a key");
                 None
@@ -120,7 +120,7 @@ fn upstream_headers(
 ) -> Result<Vec<(http::HeaderName, http::HeaderValue)>, StartError> {
     let mut out = Vec::new();
     for (name, value) in &config.upstream.headers {
-        let value = crate::config::expand_env(value).map_err(|var| {
+        let value = config.env.expand(value).map_err(|var| {
             StartError::Config(format!(
                 "{}: upstream.headers.{name} uses ${{{var}}}, which is not set in turnstile's environment: set {var}",
                 config.path.display()
@@ -146,7 +146,7 @@ fn upstream_headers(
 fn keys(config: &Config, addr: SocketAddr, opts: &StartOptions) -> Result<Keys, StartError> {
     let keys = match &config.server.api_keys_env {
         Some(var) => {
-            let keys = Keys::parse(&std::env::var(var).unwrap_or_default());
+            let keys = Keys::parse(config.env.var(var).unwrap_or_default());
             if keys.is_empty() {
                 return Err(StartError::Config(format!(
                     "[server] api_keys_env names {var}, which is unset or holds no key: set {var} to comma-separated API keys, or remove api_keys_env to serve loopback without keys"
@@ -171,7 +171,7 @@ fn open_store(config: &Config) -> Result<Store, StartError> {
     let store = &config.store;
     match (store.backend, &store.url_env) {
         (crate::config::StoreBackendKind::Postgres, Some(var)) => {
-            let url = std::env::var(var).unwrap_or_default();
+            let url = config.env.var(var).unwrap_or_default();
             if url.trim().is_empty() {
                 return Err(StartError::Config(format!(
                     "{}: [store] url_env names {var}, which is unset or empty: set {var} to the PostgreSQL connection string (e.g. postgres://user:password@host/db)",

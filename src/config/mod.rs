@@ -13,8 +13,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use env::{expand_env, expand_vars, server_var};
-pub use load::{load, load_str, load_str_with_env, resolve_path, ConfigError};
+pub use env::{expand_vars, server_var, Env};
+pub use load::{load, load_str, resolve_path, ConfigError};
 
 /// The whole validated configuration.
 #[derive(Debug, Clone)]
@@ -38,6 +38,9 @@ pub struct Config {
     pub mcp_endpoint: McpEndpointConfig,
     /// `[store]`: where the event log lives.
     pub store: StoreConfig,
+    /// The environment it was loaded with: the variables the file names (`api_keys_env`,
+    /// `api_key_env`, `url_env`, `${VAR}` in headers) are read from it.
+    pub env: Env,
 }
 
 /// `[store]`: the embedded SQLite store (default) or a shared PostgreSQL database.
@@ -286,6 +289,9 @@ pub struct McpServerConfig {
     pub oauth: Option<OAuthConfig>,
     /// The 1-based line of the table header, for messages about this server.
     pub line: usize,
+    /// The environment the config was loaded with: `${VAR}` in `args`, `env` and `headers`,
+    /// the variables a child keeps, and OAuth secrets are read from it.
+    pub env: Env,
 }
 
 /// `[mcp_servers.X] elicitation`.

@@ -74,6 +74,7 @@ fn mcp_server(
         )?,
         oauth: super::mcp_client::oauth(cx, name, t, base_dir)?,
         line: cx.line_of(table.span().start),
+        env: cx.env.clone(),
     })
 }
 

@@ -29,7 +29,7 @@ mod values;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use super::Config;
+use super::{Config, Env};
 
 /// A config file that cannot be used: which file, where, which key, and what to do about it.
 ///
@@ -65,8 +65,10 @@ impl ConfigError {
     }
 }
 
-/// Read and validate the config file at `path`. A missing or unreadable file is an error naming it.
-pub fn load(path: &Path) -> Result<Config, ConfigError> {
+/// Read and validate the config file at `path`, with the variables of `env` (`TURNSTILE_<KEY>`
+/// overrides of `[server]`, `${VAR}` in stdio servers' `args` and `env`; kept in the [`Config`]
+/// for the variables it names). A missing or unreadable file is an error naming it.
+pub fn load(path: &Path, env: &Env) -> Result<Config, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|e| {
         let message = match e.kind() {
             std::io::ErrorKind::NotFound => "config file not found: create it (the repository's \
@@ -84,22 +86,12 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
             message,
         }
     })?;
-    load_str(path, &text)
+    load_str(path, &text, env)
 }
 
 /// Validate `text` as the contents of the config file `path` (used in messages, and its folder
-/// for resolving relative paths).
-pub fn load_str(path: &Path, text: &str) -> Result<Config, ConfigError> {
-    load_str_with_env(path, text, &|k| std::env::var(k).ok())
-}
-
-/// [`load_str`] reading the environment (`TURNSTILE_<KEY>` overrides of `[server]`, `${VAR}`
-/// in stdio servers' `args` and `env`) through `env`.
-pub fn load_str_with_env(
-    path: &Path,
-    text: &str,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Result<Config, ConfigError> {
+/// for resolving relative paths), with the variables of `env` (see [`load`]).
+pub fn load_str(path: &Path, text: &str, env: &Env) -> Result<Config, ConfigError> {
     let mut cx = Cx {
         path,
         text,
@@ -132,6 +124,7 @@ pub fn load_str_with_env(
         telemetry: telemetry::telemetry(&cx, raw.telemetry.as_ref())?,
         mcp_endpoint,
         store: store::store(&cx, raw.store.as_ref())?,
+        env: env.clone(),
     })
 }
 
@@ -152,7 +145,7 @@ struct Cx<'a> {
     path: &'a Path,
     text: &'a str,
     /// The environment.
-    env: super::env::Lookup<'a>,
+    env: &'a Env,
     /// The `TURNSTILE_<KEY>` variables applied, by their spans (see `env::ENV_SPAN_BASE`).
     env_vars: Vec<String>,
 }
@@ -337,7 +330,7 @@ default = "ask"                              # for a tool that no pattern names
 
     #[test]
     fn empty_file_gets_echo_default_agent_and_every_default() {
-        let c = load_str(Path::new("tools.toml"), "").unwrap();
+        let c = load_str(Path::new("tools.toml"), "", &Env::default()).unwrap();
         assert_eq!(
             c.server.listen,
             SocketAddr::from((Ipv4Addr::LOCALHOST, 8787))
@@ -437,7 +430,7 @@ default = "ask"                              # for a tool that no pattern names
             resolve_path(Path::new("conf"), Path::new("data")),
             cwd.join("conf/data")
         );
-        let rel = load_str(Path::new("tools.toml"), "").unwrap();
+        let rel = load_str(Path::new("tools.toml"), "", &Env::default()).unwrap();
         assert!(rel.server.data_dir.is_absolute() && rel.server.sandboxes.is_absolute());
     }
 
@@ -533,7 +526,7 @@ default = "ask"                              # for a tool that no pattern names
 
     #[test]
     fn missing_file_names_it() {
-        let e = load(Path::new("/nonexistent/dir/tools.toml")).unwrap_err();
+        let e = load(Path::new("/nonexistent/dir/tools.toml"), &Env::default()).unwrap_err();
         assert_eq!(e.path, Path::new("/nonexistent/dir/tools.toml"));
         assert_eq!(e.line, None);
         assert!(e
@@ -557,7 +550,7 @@ default = "ask"                              # for a tool that no pattern names
             "[mcp_servers.x]\nurl = \"http://h\"\nheaders = { \"bad name\" = \"v\" }",
             "[mcp_servers.x]\ncommand = \"c\"\nenv = { \"A=B\" = \"v\" }",
         ] {
-            let r = load_str(Path::new("t.toml"), text);
+            let r = load_str(Path::new("t.toml"), text, &Env::default());
             if let Err(e) = r {
                 let shown = e.to_string();
                 assert!(!shown.contains('\n'), "{shown}");
@@ -569,7 +562,7 @@ default = "ask"                              # for a tool that no pattern names
     #[test]
     fn repository_example_is_valid_and_uses_echo() {
         let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tools.toml"));
-        let c = load(path).unwrap_or_else(|e| panic!("{e}"));
+        let c = load(path, &Env::default()).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(c.upstream.provider, ProviderKind::Echo);
         assert_eq!(
             c.server.listen,

@@ -51,7 +51,7 @@ impl Cx<'_> {
         span: Range<usize>,
         key: &str,
     ) -> Result<(), ConfigError> {
-        crate::config::env::expand_vars(value, self.env)
+        self.env.expand(value)
             .map(drop)
             .map_err(|var| {
                 self.err(
