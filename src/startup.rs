@@ -208,6 +208,51 @@ fn instance_name(data_dir: &std::path::Path) -> Result<String, StartError> {
     }
 }
 
+/// The file store under `data_dir`, with the per-key quotas of `[limits]`.
+fn open_files(config: &Config, store: &Store) -> Result<FileStore, StartError> {
+    FileStore::open(
+        &config.server.data_dir,
+        store.clone(),
+        config.files.max_bytes,
+    )
+    .map(|f| {
+        f.with_quota(
+            config.limits.disk_bytes_per_key,
+            config.limits.files_per_key,
+        )
+    })
+    .map_err(|e| {
+        StartError::Config(format!(
+            "cannot open the file store in {}: {e}",
+            config.server.data_dir.display()
+        ))
+    })
+}
+
+/// `GET /metrics` without keys on `at` (`[server] metrics_listen`): the address bound and the
+/// serving task.
+async fn serve_metrics(
+    at: SocketAddr,
+    engine: &Engine,
+    shutdown: &CancellationToken,
+) -> Result<(SocketAddr, JoinHandle<()>), StartError> {
+    let l = TcpListener::bind(at)
+        .await
+        .map_err(|source| StartError::Listen { addr: at, source })?;
+    let bound = l
+        .local_addr()
+        .map_err(|source| StartError::Listen { addr: at, source })?;
+    tracing::info!(addr = %bound, "metrics on http://{bound}/metrics (no API key)");
+    // No keys there: a keyless guard of its own address.
+    let guard = crate::http::browser::Guard::new(
+        engine.config().server.allowed_hosts.as_deref(),
+        bound,
+        false,
+    );
+    let task = crate::api::metrics::serve(l, engine.clone(), guard, shutdown.clone());
+    Ok((bound, tokio::spawn(task)))
+}
+
 /// Start serving on `addr` (port 0 picks a free port).
 pub async fn start(
     config: Config,
@@ -244,23 +289,7 @@ pub async fn start_with(
         None => provider(&config)?,
     };
     let store = open_store(&config)?;
-    let files = FileStore::open(
-        &config.server.data_dir,
-        store.clone(),
-        config.files.max_bytes,
-    )
-    .map(|f| {
-        f.with_quota(
-            config.limits.disk_bytes_per_key,
-            config.limits.files_per_key,
-        )
-    })
-    .map_err(|e| {
-        StartError::Config(format!(
-            "cannot open the file store in {}: {e}",
-            config.server.data_dir.display()
-        ))
-    })?;
+    let files = open_files(&config, &store)?;
     // Made by an older version, or by hand, perhaps with looser modes.
     crate::files::make_private(&config.server.data_dir);
     crate::files::make_private(&config.server.sandboxes);
@@ -282,21 +311,8 @@ pub async fn start_with(
     let shutdown = CancellationToken::new();
     let (metrics_addr, metrics) = match engine.config().server.metrics_listen {
         Some(at) => {
-            let l = TcpListener::bind(at)
-                .await
-                .map_err(|source| StartError::Listen { addr: at, source })?;
-            let bound = l
-                .local_addr()
-                .map_err(|source| StartError::Listen { addr: at, source })?;
-            tracing::info!(addr = %bound, "metrics on http://{bound}/metrics (no API key)");
-            // No keys there: a keyless guard of its own address.
-            let guard = crate::http::browser::Guard::new(
-                engine.config().server.allowed_hosts.as_deref(),
-                bound,
-                false,
-            );
-            let task = crate::api::metrics::serve(l, engine.clone(), guard, shutdown.clone());
-            (Some(bound), Some(tokio::spawn(task)))
+            let (bound, task) = serve_metrics(at, &engine, &shutdown).await?;
+            (Some(bound), Some(task))
         }
         None => (None, None),
     };

@@ -1,5 +1,5 @@
-//! The HTTP scaffolding shared by the scripted fake upstreams ([`super::fake_openai`] and
-//! [`super::fake_anthropic`]): accept loop, request recording, the reply queue, and the
+//! The HTTP scaffolding shared by the scripted fake upstreams (`fake_openai` and
+//! `fake_anthropic`, which build on it; it names neither): accept loop, request recording, the reply queue, and the
 //! hold / break / pacing machinery that turns a reply's SSE events into a response body.
 //!
 //! What differs between wire formats (the route, the JSON of the server's own errors, how a
@@ -82,7 +82,7 @@ impl std::fmt::Debug for Gate {
 }
 
 /// Records when a reply's SSE events are handed to the connection (see
-/// [`super::fake_openai::Reply::log_sends`]): benchmarks subtract the upstream's own timing (its
+/// `fake_openai::Reply::log_sends`): benchmarks subtract the upstream's own timing (its
 /// pacing and timer jitter) from what a client sees. Cheap to clone; clones share the log.
 ///
 /// Lives here because the shared sender writes it, whatever the wire format.
@@ -181,10 +181,8 @@ pub(crate) trait Wire: Send + Sync + 'static {
     /// The format-independent part of a reply.
     fn script(reply: &Self::Reply) -> &Script;
     /// A streamed reply's SSE events, split into the content part and the ending part (a
-    /// [`Reply::hold`]-style hold at `usize::MAX` stops between them). `n` numbers the
+    /// `Reply::hold`-style hold at `usize::MAX` stops between them). `n` numbers the
     /// response, for ids.
-    ///
-    /// [`Reply::hold`]: super::fake_openai::Reply::hold
     fn events(reply: &Self::Reply, request: &Value, n: u64) -> (Vec<Bytes>, Vec<Bytes>);
     /// Extra headers of a streamed reply (e.g. a request id); none by default.
     fn stream_headers(_headers: &mut HeaderMap, _n: u64) {}
