@@ -2,8 +2,6 @@
 //! SQLite file under its `data_dir`, or the PostgreSQL database of `[store] url_env` (set by
 //! `TURNSTILE_TEST_STORE=postgres`, see `postgres.rs`). For a test that reads the log of a
 //! process it spawned (or killed), on either backend.
-//!
-//! Used by a test file with `#[path = "common/stores.rs"] mod stores;` (beside `mod common;`).
 
 use std::path::Path;
 
