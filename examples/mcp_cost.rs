@@ -95,7 +95,8 @@ fn main() -> Result<()> {
         child.display().to_string()
     );
     std::fs::write(&path, &text)?;
-    let cfg = turnstile::config::load_str(&path, &text).map_err(|e| anyhow!("config: {e}"))?;
+    let cfg = turnstile::config::load_str(&path, &text, &turnstile::config::Env::process())
+        .map_err(|e| anyhow!("config: {e}"))?;
     let (allocs, bytes, took) = match mode.as_str() {
         "host" => runtime.block_on(host(cfg, dir.path().join("sandboxes/ses_cost"), n))?,
         "endpoint" => runtime.block_on(endpoint(cfg, n))?,

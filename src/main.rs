@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use turnstile::config::{self, Config};
+use turnstile::config::{self, Config, Env};
 use turnstile::startup::{self, StartOptions};
 
 /// mimalloc rather than glibc's malloc: a turn makes many small, short-lived allocations
@@ -85,14 +85,16 @@ enum Command {
     },
 }
 
-fn config_path(flag: Option<PathBuf>) -> PathBuf {
-    flag.or_else(|| std::env::var_os("TURNSTILE_CONFIG").map(PathBuf::from))
+fn config_path(flag: Option<PathBuf>, env: &Env) -> PathBuf {
+    flag.or_else(|| env.var("TURNSTILE_CONFIG").map(PathBuf::from))
         .unwrap_or_else(|| PathBuf::from("tools.toml"))
 }
 
 fn main() -> ExitCode {
     turnstile::memory::set_trim(trim);
     let cli = Cli::parse();
+    // The process's environment, read once here: everything after takes it from the config.
+    let env = Env::process();
     // What turnstile writes (the log, files, workspaces, tokens; SQLite's own files, which take
     // no mode from us) is for its user alone: 0600 files, 0700 folders.
     turnstile::files::private_by_default();
@@ -113,7 +115,7 @@ fn main() -> ExitCode {
             config,
             listen,
             insecure,
-        } => load(&config_path(config)).and_then(|config| {
+        } => load(&config_path(config, &env), &env).and_then(|config| {
             // Spans are exported only by `serve`, where the config says where.
             let otlp = turnstile::telemetry::OtlpTarget::resolve(&config.telemetry);
             let telemetry = turnstile::telemetry::init(json, otlp, runtime.handle())?;
@@ -125,10 +127,10 @@ fn main() -> ExitCode {
             config,
             json: json_out,
         } => turnstile::telemetry::init(json, None, runtime.handle())
-            .and_then(|_| runtime.block_on(check(config_path(config), json_out))),
+            .and_then(|_| runtime.block_on(check(config_path(config, &env), &env, json_out))),
         Command::Login { server, config } => {
             turnstile::telemetry::init(json, None, runtime.handle())
-                .and_then(|_| load(&config_path(config)))
+                .and_then(|_| load(&config_path(config, &env), &env))
                 .and_then(|config| runtime.block_on(login(config, &server)))
         }
     };
@@ -141,8 +143,8 @@ fn main() -> ExitCode {
     }
 }
 
-fn load(path: &std::path::Path) -> Result<Config, String> {
-    config::load(path).map_err(|e| e.to_string())
+fn load(path: &std::path::Path, env: &Env) -> Result<Config, String> {
+    config::load(path, env).map_err(|e| e.to_string())
 }
 
 /// `turnstile login SERVER`.
@@ -217,7 +219,7 @@ fn check_failed_json(path: &std::path::Path, error: String) -> ExitCode {
     ExitCode::FAILURE
 }
 
-async fn check(path: PathBuf, json: bool) -> Result<ExitCode, String> {
+async fn check(path: PathBuf, env: &Env, json: bool) -> Result<ExitCode, String> {
     // With --json every failure is a document on stdout; without, a message on stderr.
     let fail = |e: String| {
         if json {
@@ -226,7 +228,7 @@ async fn check(path: PathBuf, json: bool) -> Result<ExitCode, String> {
             Err(e)
         }
     };
-    let config = match load(&path) {
+    let config = match load(&path, env) {
         Ok(c) => c,
         Err(e) => return fail(e),
     };

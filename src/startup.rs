@@ -78,8 +78,8 @@ impl Running {
 pub fn provider(config: &Config) -> Result<Arc<dyn Provider>, StartError> {
     let up = &config.upstream;
     let key = match &up.api_key_env {
-        Some(var) => match std::env::var(var) {
-            Ok(v) if !v.is_empty() => Some(v),
+        Some(var) => match config.env.var(var) {
+            Some(v) if !v.is_empty() => Some(v.to_string()),
             _ => {
                 tracing::warn!(variable = %var, "the upstream's api_key_env names a variable that is not set; calling the upstream without a key");
                 None
@@ -120,7 +120,7 @@ fn upstream_headers(
 ) -> Result<Vec<(http::HeaderName, http::HeaderValue)>, StartError> {
     let mut out = Vec::new();
     for (name, value) in &config.upstream.headers {
-        let value = crate::config::expand_env(value).map_err(|var| {
+        let value = config.env.expand(value).map_err(|var| {
             StartError::Config(format!(
                 "{}: upstream.headers.{name} uses ${{{var}}}, which is not set in turnstile's environment: set {var}",
                 config.path.display()
@@ -146,7 +146,7 @@ fn upstream_headers(
 fn keys(config: &Config, addr: SocketAddr, opts: &StartOptions) -> Result<Keys, StartError> {
     let keys = match &config.server.api_keys_env {
         Some(var) => {
-            let keys = Keys::parse(&std::env::var(var).unwrap_or_default());
+            let keys = Keys::parse(config.env.var(var).unwrap_or_default());
             if keys.is_empty() {
                 return Err(StartError::Config(format!(
                     "[server] api_keys_env names {var}, which is unset or holds no key: set {var} to comma-separated API keys, or remove api_keys_env to serve loopback without keys"
@@ -171,7 +171,7 @@ fn open_store(config: &Config) -> Result<Store, StartError> {
     let store = &config.store;
     match (store.backend, &store.url_env) {
         (crate::config::StoreBackendKind::Postgres, Some(var)) => {
-            let url = std::env::var(var).unwrap_or_default();
+            let url = config.env.var(var).unwrap_or_default();
             if url.trim().is_empty() {
                 return Err(StartError::Config(format!(
                     "{}: [store] url_env names {var}, which is unset or empty: set {var} to the PostgreSQL connection string (e.g. postgres://user:password@host/db)",
@@ -206,6 +206,51 @@ fn instance_name(data_dir: &std::path::Path) -> Result<String, StartError> {
             Ok(name)
         }
     }
+}
+
+/// The file store under `data_dir`, with the per-key quotas of `[limits]`.
+fn open_files(config: &Config, store: &Store) -> Result<FileStore, StartError> {
+    FileStore::open(
+        &config.server.data_dir,
+        store.clone(),
+        config.files.max_bytes,
+    )
+    .map(|f| {
+        f.with_quota(
+            config.limits.disk_bytes_per_key,
+            config.limits.files_per_key,
+        )
+    })
+    .map_err(|e| {
+        StartError::Config(format!(
+            "cannot open the file store in {}: {e}",
+            config.server.data_dir.display()
+        ))
+    })
+}
+
+/// `GET /metrics` without keys on `at` (`[server] metrics_listen`): the address bound and the
+/// serving task.
+async fn serve_metrics(
+    at: SocketAddr,
+    engine: &Engine,
+    shutdown: &CancellationToken,
+) -> Result<(SocketAddr, JoinHandle<()>), StartError> {
+    let l = TcpListener::bind(at)
+        .await
+        .map_err(|source| StartError::Listen { addr: at, source })?;
+    let bound = l
+        .local_addr()
+        .map_err(|source| StartError::Listen { addr: at, source })?;
+    tracing::info!(addr = %bound, "metrics on http://{bound}/metrics (no API key)");
+    // No keys there: a keyless guard of its own address.
+    let guard = crate::http::browser::Guard::new(
+        engine.config().server.allowed_hosts.as_deref(),
+        bound,
+        false,
+    );
+    let task = crate::api::metrics::serve(l, engine.clone(), guard, shutdown.clone());
+    Ok((bound, tokio::spawn(task)))
 }
 
 /// Start serving on `addr` (port 0 picks a free port).
@@ -244,23 +289,7 @@ pub async fn start_with(
         None => provider(&config)?,
     };
     let store = open_store(&config)?;
-    let files = FileStore::open(
-        &config.server.data_dir,
-        store.clone(),
-        config.files.max_bytes,
-    )
-    .map(|f| {
-        f.with_quota(
-            config.limits.disk_bytes_per_key,
-            config.limits.files_per_key,
-        )
-    })
-    .map_err(|e| {
-        StartError::Config(format!(
-            "cannot open the file store in {}: {e}",
-            config.server.data_dir.display()
-        ))
-    })?;
+    let files = open_files(&config, &store)?;
     // Made by an older version, or by hand, perhaps with looser modes.
     crate::files::make_private(&config.server.data_dir);
     crate::files::make_private(&config.server.sandboxes);
@@ -282,21 +311,8 @@ pub async fn start_with(
     let shutdown = CancellationToken::new();
     let (metrics_addr, metrics) = match engine.config().server.metrics_listen {
         Some(at) => {
-            let l = TcpListener::bind(at)
-                .await
-                .map_err(|source| StartError::Listen { addr: at, source })?;
-            let bound = l
-                .local_addr()
-                .map_err(|source| StartError::Listen { addr: at, source })?;
-            tracing::info!(addr = %bound, "metrics on http://{bound}/metrics (no API key)");
-            // No keys there: a keyless guard of its own address.
-            let guard = crate::http::browser::Guard::new(
-                engine.config().server.allowed_hosts.as_deref(),
-                bound,
-                false,
-            );
-            let task = crate::api::metrics::serve(l, engine.clone(), guard, shutdown.clone());
-            (Some(bound), Some(tokio::spawn(task)))
+            let (bound, task) = serve_metrics(at, &engine, &shutdown).await?;
+            (Some(bound), Some(task))
         }
         None => (None, None),
     };

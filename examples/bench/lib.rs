@@ -1,4 +1,4 @@
-//! The benchmark's logic. `examples/bench.rs` is a thin `main` over it; `tests/bench_smoke.rs`
+//! The benchmark's logic. `examples/bench.rs` is a thin `main` over it; `tests/ops/bench_smoke.rs`
 //! includes this file and runs its smoke mode.
 //!
 //! Everything runs against the scripted fake OpenAI upstream ([`FakeOpenAi`]) in this process,
@@ -433,7 +433,8 @@ impl Server {
         let path = dir.path().join("tools.toml");
         let text = config_text(upstream, fsync, extra);
         std::fs::write(&path, &text)?;
-        let cfg = turnstile::config::load_str(&path, &text).map_err(|e| anyhow!("config: {e}"))?;
+        let cfg = turnstile::config::load_str(&path, &text, &env())
+            .map_err(|e| anyhow!("config: {e}"))?;
         let running = startup::start(cfg, "127.0.0.1:0".parse()?, StartOptions::default())
             .await
             .map_err(|e| anyhow!("start: {e}"))?;
@@ -1003,8 +1004,9 @@ async fn mcp(
         .prefix("turnstile-bench-host-")
         .tempdir_in(bench_tmp())?;
     let host_path = host_dir.path().join("tools.toml");
-    let cfg = turnstile::config::load_str(&host_path, &config_text(None, false, config_extra))
-        .map_err(|e| anyhow!("config: {e}"))?;
+    let cfg =
+        turnstile::config::load_str(&host_path, &config_text(None, false, config_extra), &env())
+            .map_err(|e| anyhow!("config: {e}"))?;
     let host = startup::tool_host(&Arc::new(cfg), None)
         .await
         .map_err(|e| anyhow!("tool host: {e}"))?;
@@ -1289,7 +1291,7 @@ pub fn serve_main(config: &Path) -> Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(async {
-        let cfg = turnstile::config::load(config).map_err(|e| anyhow!("config: {e}"))?;
+        let cfg = turnstile::config::load(config, &env()).map_err(|e| anyhow!("config: {e}"))?;
         let running = startup::start(cfg, "127.0.0.1:0".parse()?, StartOptions::default())
             .await
             .map_err(|e| anyhow!("start: {e}"))?;
@@ -1405,7 +1407,8 @@ async fn rss(opts: &Options, client: &Client, streams: usize) -> Result<Rss> {
             (addr, pid)
         }
         RssMode::InProcess => {
-            let cfg = turnstile::config::load(&config).map_err(|e| anyhow!("config: {e}"))?;
+            let cfg =
+                turnstile::config::load(&config, &env()).map_err(|e| anyhow!("config: {e}"))?;
             let running = startup::start(cfg, "127.0.0.1:0".parse()?, StartOptions::default())
                 .await
                 .map_err(|e| anyhow!("start: {e}"))?;
@@ -2151,10 +2154,17 @@ pub fn ensure_mcp_example(exe: &Path) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// The environment turnstile is loaded with here: the process's and the variables naming the
+/// PostgreSQL databases made by this run (never set in the process: the tests include this file).
+fn env() -> turnstile::config::Env {
+    turnstile::config::Env::process().with(pg::vars())
+}
+
 /// `EXE --serve CONFIG` (the bench's own binary serving in a child process) and the address it
 /// says it listens on.
 async fn serve_child(exe: &Path, config: &Path) -> Result<(std::process::Child, SocketAddr)> {
     let mut c = std::process::Command::new(exe)
+        .envs(pg::vars())
         .arg("--serve")
         .arg(config)
         .stdin(std::process::Stdio::piped())

@@ -18,7 +18,7 @@
 //! batch every session's log is read back (from the second instance on two) and every turn
 //! must be there: one `user.message` and one `turn.completed` each, nothing failed.
 
-// The same file is `common::postgres` in `tests/bench_smoke.rs`, which includes this one too.
+// The same file is `common::postgres` in `tests/ops/bench_smoke.rs`, which includes this one too.
 #[allow(clippy::duplicate_mod)]
 #[path = "../../tests/common/postgres.rs"]
 mod cluster;
@@ -26,7 +26,7 @@ mod cluster;
 use std::collections::HashMap;
 
 use super::*;
-pub(super) use cluster::PgCluster;
+pub(super) use cluster::{vars, PgCluster};
 
 /// The sections of this file: not part of a run without `--only` (they need PostgreSQL).
 pub(super) const OPT_IN: &[&str] = &["pg", "failover"];

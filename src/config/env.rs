@@ -1,16 +1,72 @@
-//! The environment's part in the configuration: `${VAR}` in values, and `TURNSTILE_<KEY>`
-//! variables standing in for `[server]` keys.
+//! The environment's part in the configuration: the variables turnstile reads ([`Env`]),
+//! `${VAR}` in values, and `TURNSTILE_<KEY>` variables standing in for `[server]` keys.
 //!
 //! Precedence: a command-line flag > a `TURNSTILE_<KEY>` variable > the file > the default. An
 //! overriding value is checked exactly as the file's would be; its errors name the variable
 //! (see [`ENV_SPAN_BASE`]).
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
 use toml::Spanned;
 
 use super::raw::{RawConfig, RawServer};
 
-/// How the loader reads the environment (the process's, or a test's map).
-pub(super) type Lookup<'a> = &'a dyn Fn(&str) -> Option<String>;
+/// The environment variables turnstile reads: the process's (`Env::process()`, taken once in
+/// `main`) or a given set (tests, which share one process and so never set its variables).
+/// Loading reads `TURNSTILE_<KEY>` and `${VAR}` from it, and the [`Config`](super::Config)
+/// keeps it for what is read later: API keys, the upstream's key, the store's URL, what MCP
+/// children are given, OAuth secrets. Cheap to clone. Its `Debug` names no value.
+#[derive(Clone, Default)]
+pub struct Env(Arc<BTreeMap<String, String>>);
+
+impl Env {
+    /// The process's variables now (those that are not Unicode are left out, as
+    /// `std::env::var` would not read them either).
+    pub fn process() -> Env {
+        Env::from_vars(
+            std::env::vars_os()
+                .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))),
+        )
+    }
+
+    /// Exactly these variables.
+    pub fn from_vars<K: Into<String>, V: Into<String>>(
+        vars: impl IntoIterator<Item = (K, V)>,
+    ) -> Env {
+        Env(Arc::new(
+            vars.into_iter()
+                .map(|(k, v)| (k.into(), v.into()))
+                .collect(),
+        ))
+    }
+
+    /// These variables plus (or over) `more`.
+    pub fn with<K: Into<String>, V: Into<String>>(
+        &self,
+        more: impl IntoIterator<Item = (K, V)>,
+    ) -> Env {
+        let mut vars = (*self.0).clone();
+        vars.extend(more.into_iter().map(|(k, v)| (k.into(), v.into())));
+        Env(Arc::new(vars))
+    }
+
+    /// The value of `name`, if set.
+    pub fn var(&self, name: &str) -> Option<&str> {
+        self.0.get(name).map(String::as_str)
+    }
+
+    /// `s` with every `${VAR}` replaced from these variables (see [`expand_vars`]).
+    pub fn expand(&self, s: &str) -> Result<String, String> {
+        expand_vars(s, &|k| self.var(k).map(str::to_string))
+    }
+}
+
+impl std::fmt::Debug for Env {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Env({} variables)", self.0.len())
+    }
+}
 
 /// `s` with every `${VAR}` replaced by `lookup(VAR)`; `$${` writes a literal `${`. On failure,
 /// the name of the first variable that is not set.
@@ -37,11 +93,6 @@ pub fn expand_vars(s: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Result<S
     }
     out.push_str(rest);
     Ok(out)
-}
-
-/// [`expand_vars`] over the process's environment.
-pub fn expand_env(s: &str) -> Result<String, String> {
-    expand_vars(s, &|k| std::env::var(k).ok())
 }
 
 /// Spans of values taken from the environment start past the file's end: the `i`-th variable
@@ -77,12 +128,12 @@ pub fn server_var(key: &str) -> String {
 pub(super) fn apply_server_env(
     raw: &mut RawConfig,
     text_len: usize,
-    lookup: Lookup<'_>,
+    env: &Env,
 ) -> Result<Vec<String>, (String, String)> {
     let mut applied = Vec::new();
     for key in SERVER_KEYS {
         let var = server_var(key);
-        let Some(value) = lookup(&var).filter(|v| !v.is_empty()) else {
+        let Some(value) = env.var(&var).filter(|v| !v.is_empty()).map(str::to_string) else {
             continue;
         };
         let at = text_len + ENV_SPAN_BASE + applied.len();

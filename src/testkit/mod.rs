@@ -5,5 +5,5 @@
 
 pub mod fake_anthropic;
 pub mod fake_openai;
-mod server;
+mod fake_upstream;
 pub mod sinks;

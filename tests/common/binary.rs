@@ -12,7 +12,12 @@ use tokio::process::{Child, Command};
 /// (killed on drop) and the address it listens on, read from its log; the rest of its log is
 /// drained so that the child never blocks on a full pipe.
 pub async fn serve(config: &Path) -> (Child, SocketAddr) {
-    let (child, mut lines, addr) = start(config).await;
+    serve_with_env(config, &[]).await
+}
+
+/// [`serve`] with these variables in its environment too (API keys, secrets).
+pub async fn serve_with_env(config: &Path, vars: &[(&str, &str)]) -> (Child, SocketAddr) {
+    let (child, mut lines, addr) = start(config, vars).await;
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     (child, addr)
 }
@@ -20,7 +25,7 @@ pub async fn serve(config: &Path) -> (Child, SocketAddr) {
 /// [`serve`] of `dir/tools.toml`, with the WARN and ERROR lines of its log written to
 /// `dir/log.txt` (for a failing test to show what the instance said), and a client of it.
 pub async fn serve_in(dir: &Path) -> (Child, super::Http) {
-    let (child, mut lines, addr) = start(&dir.join("tools.toml")).await;
+    let (child, mut lines, addr) = start(&dir.join("tools.toml"), &[]).await;
     let log = dir.join("log.txt");
     tokio::spawn(async move {
         use std::io::Write;
@@ -34,11 +39,28 @@ pub async fn serve_in(dir: &Path) -> (Child, super::Http) {
     (child, super::Http::new(addr))
 }
 
+/// The `turnstile` binary, to be given its arguments. Its environment is this process's plus
+/// the variables of the test databases ([`super::postgres::vars`]), which a config of
+/// [`super::config_text`] may name.
+pub fn command() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_turnstile"));
+    cmd.envs(super::postgres::vars());
+    cmd
+}
+
+/// [`command`] for a test that waits for the process itself.
+pub fn blocking_command() -> std::process::Command {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_turnstile"));
+    cmd.envs(super::postgres::vars());
+    cmd
+}
+
 type Lines = tokio::io::Lines<BufReader<tokio::process::ChildStderr>>;
 
 /// The child serving `config`, the rest of its log, and the address it listens on.
-async fn start(config: &Path) -> (Child, Lines, SocketAddr) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+async fn start(config: &Path, vars: &[(&str, &str)]) -> (Child, Lines, SocketAddr) {
+    let mut child = command()
+        .envs(vars.iter().copied())
         .args(["serve", "--config"])
         .arg(config)
         .args(["--listen", "127.0.0.1:0"])

@@ -1,4 +1,4 @@
-//! The web console's browser tests (tests/console.rs): `playwright-core` provisioned like the other
+//! The web console's browser tests (tests/console/ui.rs): `playwright-core` provisioned like the other
 //! npm test dependencies (`npm ci` of the committed `tests/console/package-lock.json` into
 //! `<target dir>/test-deps/console/`), driving the system's Chromium (`/usr/bin/chromium`, the
 //! Debian `chromium` package that `.ci/run` installs). No browser is ever downloaded.
@@ -8,6 +8,10 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use super::provision::{deps_dir, ensure, manifest_dir, run};
+
+/// One browser at a time in this process (the tests of `console` share it): the machine may have
+/// two cores.
+pub static BROWSER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The browser the tests drive.
 pub const CHROMIUM: &str = "/usr/bin/chromium";

@@ -29,7 +29,7 @@ pub fn example_server_path() -> PathBuf {
              `cargo build --example mcp_example` (plain `cargo test` builds it too)"
         )
     };
-    // `cargo test --test mcp_example_server` does not rebuild examples: refuse a stale binary.
+    // `cargo test --test all -- mcp::example_server::` does not rebuild examples: refuse a stale binary.
     let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/mcp_example.rs");
     let modified = |path: &std::path::Path| std::fs::metadata(path).and_then(|m| m.modified());
     if let (Ok(binary), Ok(source)) = (modified(path), modified(&source)) {

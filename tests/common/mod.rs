@@ -1,14 +1,19 @@
 //! Shared integration-test support: a turnstile server started in-process on port 0 against the
 //! fake upstream, a small HTTP client, SSE parsing and the log checker.
-#![allow(dead_code)]
 
 pub mod binary;
 pub mod console;
+pub mod fixture_server;
 pub mod logcheck;
 pub mod mcp;
 pub mod mcp_http;
+pub mod mcp_python_sdk;
 pub mod postgres;
 pub mod provision;
+pub mod requestcheck;
+pub mod sse_stream;
+pub mod stores;
+pub mod tracing_capture;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -18,6 +23,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
+use turnstile::config::Env;
 use turnstile::startup::{self, Running, StartOptions};
 use turnstile::testkit::fake_openai::FakeOpenAi;
 
@@ -58,15 +64,30 @@ retries = 0
 impl TestServer {
     /// Start with this config text, in a new temporary folder.
     pub async fn start(config: &str) -> TestServer {
+        Self::start_with_env(config, &[]).await
+    }
+
+    /// [`TestServer::start`] with these variables in the server's environment (see [`env`]).
+    pub async fn start_with_env(config: &str, vars: &[(&str, &str)]) -> TestServer {
         let dir = tempfile::tempdir().expect("tempdir");
-        Self::start_in(dir, config).await
+        Self::start_in_with_env(dir, config, vars).await
     }
 
     /// Start with this config text in `dir` (to restart on the same data).
     pub async fn start_in(dir: tempfile::TempDir, config: &str) -> TestServer {
+        Self::start_in_with_env(dir, config, &[]).await
+    }
+
+    /// [`TestServer::start_in`] with these variables in the server's environment.
+    pub async fn start_in_with_env(
+        dir: tempfile::TempDir,
+        config: &str,
+        vars: &[(&str, &str)],
+    ) -> TestServer {
         let path = dir.path().join("tools.toml");
         std::fs::write(&path, config).expect("write config");
-        let cfg = turnstile::config::load(&path).unwrap_or_else(|e| panic!("config: {e}"));
+        let cfg =
+            turnstile::config::load(&path, &env(vars)).unwrap_or_else(|e| panic!("config: {e}"));
         let running = startup::start(cfg, "127.0.0.1:0".parse().unwrap(), StartOptions::default())
             .await
             .unwrap_or_else(|e| panic!("start: {e}"));
@@ -139,6 +160,15 @@ impl TestServer {
             }
         }
     }
+}
+
+/// The environment a test server is given: this process's, the variables naming the test
+/// databases ([`postgres::vars`]) and `vars` (API keys, secrets). The tests share one process,
+/// so none of them sets a variable in it.
+pub fn env(vars: &[(&str, &str)]) -> Env {
+    Env::process()
+        .with(postgres::vars())
+        .with(vars.iter().copied())
 }
 
 /// A minimal HTTP client for tests.
@@ -267,4 +297,11 @@ pub fn parse_sse(text: &str) -> Vec<Sse> {
 /// The event names of a stream, in order.
 pub fn names(events: &[Sse]) -> Vec<&str> {
     events.iter().map(|e| e.event.as_str()).collect()
+}
+
+/// The fake upstream and a test server on it with `extra` TOML (see [`config_text`]).
+pub async fn setup(extra: &str) -> (FakeOpenAi, TestServer) {
+    let fake = FakeOpenAi::start().await;
+    let server = TestServer::start(&config_text(&fake, extra)).await;
+    (fake, server)
 }

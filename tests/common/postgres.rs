@@ -229,6 +229,14 @@ pub fn shared() -> &'static PgCluster {
     })
 }
 
+/// The variables naming the databases made so far (`TURNSTILE_TEST_PG_URL_<n>`, each set
+/// once), for the environment of a test server or a spawned binary.
+pub fn vars() -> Vec<(String, String)> {
+    URLS.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+static URLS: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
+
 /// A `[store]` table on a fresh database of the shared cluster.
 pub fn store_table() -> String {
     shared().store_table("")
@@ -236,7 +244,8 @@ pub fn store_table() -> String {
 
 impl PgCluster {
     /// A `[store]` table (plus `more` lines in it) on a fresh database of this cluster, its URL
-    /// in an environment variable of its own (inherited by spawned binaries).
+    /// in a variable of its own: one of [`vars`], which test servers and spawned binaries are
+    /// given (the process's own environment is never changed: the tests share the process).
     pub fn store_table(&self, more: &str) -> String {
         self.store_table_and_url(more).0
     }
@@ -247,7 +256,9 @@ impl PgCluster {
         let n = N.fetch_add(1, Ordering::SeqCst);
         let url = self.database(&format!("t{}_{n}", std::process::id()));
         let var = format!("TURNSTILE_TEST_PG_URL_{n}");
-        std::env::set_var(&var, &url);
+        URLS.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((var.clone(), url.clone()));
         let table = format!("\n[store]\nbackend = \"postgres\"\nurl_env = \"{var}\"\n{more}\n");
         (table, url)
     }

@@ -2,12 +2,12 @@
 //! `cargo test` passes on a fresh clone with only Rust, Python 3 (with venv) and Node/npm:
 //!
 //! - `venv/`: a Python virtual environment (`python3 -m venv`) with the pinned PyPI packages of
-//!   [`PY_REQUIREMENTS`]: `mcp-server-time` (federated by tests/mcp_federation.rs), the runs
-//!   spec's Python client needs (tests/runs_api.rs) and the official `anthropic` SDK (reads the
-//!   fake Messages API, tests/anthropic_thinking.rs);
+//!   [`PY_REQUIREMENTS`]: `mcp-server-time` (federated by tests/mcp/federation.rs), the runs
+//!   spec's Python client needs (tests/api/runs.rs) and the official `anthropic` SDK (reads the
+//!   fake Messages API, tests/upstream/anthropic_thinking.rs);
 //! - `spec_clients/`: `npm ci` from the committed `tests/spec_clients/package-lock.json`:
-//!   `@modelcontextprotocol/server-filesystem` (tests/deliver_file.rs) and `eventsource` (the
-//!   spec's JavaScript client, tests/runs_api.rs).
+//!   `@modelcontextprotocol/server-filesystem` (tests/api/deliver_file.rs) and `eventsource` (the
+//!   spec's JavaScript client, tests/api/runs.rs).
 //!
 //! Each folder holds a marker recording what was installed (the requirement list, the package
 //! files): once it matches, a run does nothing more than read it. Test binaries run as separate

@@ -2,9 +2,6 @@
 //! SQLite file under its `data_dir`, or the PostgreSQL database of `[store] url_env` (set by
 //! `TURNSTILE_TEST_STORE=postgres`, see `postgres.rs`). For a test that reads the log of a
 //! process it spawned (or killed), on either backend.
-//!
-//! Used by a test file with `#[path = "common/stores.rs"] mod stores;` (beside `mod common;`).
-#![allow(dead_code)]
 
 use std::path::Path;
 
@@ -14,11 +11,15 @@ use turnstile::log::{Event, Store};
 /// The store of the config file `config` (a `tools.toml`), as the server opens it (but without
 /// fsync, lease or instance name: a reader, never the writer of a session).
 pub fn open(config: &Path) -> Store {
-    let cfg = turnstile::config::load(config).unwrap_or_else(|e| panic!("config: {e}"));
+    let cfg =
+        turnstile::config::load(config, &super::env(&[])).unwrap_or_else(|e| panic!("config: {e}"));
     match (cfg.store.backend, &cfg.store.url_env) {
         (StoreBackendKind::Postgres, Some(var)) => {
-            let url = std::env::var(var).unwrap_or_else(|_| panic!("{var} is not set"));
-            Store::open_postgres(&url, false, cfg.store.lease, None)
+            let url = cfg
+                .env
+                .var(var)
+                .unwrap_or_else(|| panic!("{var} is not set"));
+            Store::open_postgres(url, false, cfg.store.lease, None)
                 .unwrap_or_else(|e| panic!("open the PostgreSQL store: {e}"))
         }
         _ => Store::open(&cfg.server.data_dir, false)
@@ -81,10 +82,14 @@ fn without_store(config: &str) -> String {
 /// How many distinct files' bytes the store of the config file `config` keeps: the blobs under
 /// `data_dir/files` (SQLite), or the SHA-256s in the database's `file_chunks` (PostgreSQL).
 pub fn blob_count(config: &Path) -> usize {
-    let cfg = turnstile::config::load(config).unwrap_or_else(|e| panic!("config: {e}"));
+    let cfg =
+        turnstile::config::load(config, &super::env(&[])).unwrap_or_else(|e| panic!("config: {e}"));
     match (cfg.store.backend, &cfg.store.url_env) {
         (StoreBackendKind::Postgres, Some(var)) => {
-            let url = std::env::var(var).unwrap_or_else(|_| panic!("{var} is not set"));
+            let url = cfg
+                .env
+                .var(var)
+                .unwrap_or_else(|| panic!("{var} is not set"));
             let db = url.rsplit('/').next().expect("a database in the URL");
             crate::common::postgres::shared()
                 .psql(db, "SELECT count(DISTINCT sha256) FROM file_chunks")

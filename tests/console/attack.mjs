@@ -1,6 +1,6 @@
 // What a web page the user visits can make their browser send to a keyless turnstile on
 // loopback, in the system's Chromium (playwright-core; never a browser download). Run by
-// tests/browser_guard.rs against the real binary:
+// tests/console/browser_guard.rs against the real binary:
 //   TARGET=http://127.0.0.1:PORT CHROMIUM=/usr/bin/chromium node attack.mjs
 // Two attackers:
 // - "other_port": a page served from another loopback port (this script's own HTTP server)

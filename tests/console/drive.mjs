@@ -1,5 +1,5 @@
 // Drives turnstile's web console in the system's Chromium (playwright-core; never a browser
-// download). Run by tests/console.rs against a real turnstile binary and the fake upstream:
+// download). Run by tests/console/ui.rs against a real turnstile binary and the fake upstream:
 //   BASE=http://127.0.0.1:PORT SCENARIO=name SHOTS=dir [KEY=api-key] [FILE=path] node drive.mjs
 // Each scenario does what a person would and asserts what they would see; screenshots of each
 // state go to SHOTS/<scenario>-NN-<state>.png. Exit 0 and a last line `RESULT {json}` on success.

@@ -1,4 +1,4 @@
-"""An MCP client (the official Python SDK) against turnstile's /mcp, for tests/mcp_endpoint.rs.
+"""An MCP client (the official Python SDK) against turnstile's /mcp, for tests/mcp/endpoint.rs.
 
 usage: client.py URL KEY SCENARIO [ARG]   (KEY "-" for none)
 

@@ -1,6 +1,6 @@
 """A federated MCP server (stdio, official Python SDK low-level server) with the resources,
 resource template, prompts and completions of the MCP conformance framework's reference
-fixtures, for tests/mcp_endpoint_resources.rs and tests/mcp_endpoint_conformance.rs.
+fixtures, for tests/mcp/endpoint_resources.rs and tests/mcp/endpoint_conformance.rs.
 
 Resources: test://static-text, test://static-binary (a PNG), test://watched-resource,
 test://secret; template test://template/{id}/data. Prompts: test_simple_prompt,

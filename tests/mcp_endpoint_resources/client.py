@@ -1,5 +1,5 @@
 """An MCP client (the official Python SDK) reading the resources and prompts turnstile's /mcp
-passes through from the fixture server (child.py), for tests/mcp_endpoint_resources.rs.
+passes through from the fixture server (child.py), for tests/mcp/endpoint_resources.rs.
 
 usage: client.py URL SCENARIO
 

@@ -1,5 +1,5 @@
 """An enterprise IdP, the authorization server of an MCP server, and that MCP server, on one
-loopback port (standard library only), for tests/mcp_oauth_identity.rs. Prints `PORT <n>`.
+loopback port (standard library only), for tests/mcp/oauth_identity.rs. Prints `PORT <n>`.
 
 - `/idp/token`: RFC 8693 token exchange; wants `Basic idp-client:idp-secret`, a subject token of
   type id_token that starts with `idtoken-`, `requested_token_type` id-jag, an `audience` and a

@@ -1,5 +1,5 @@
 """An OAuth 2.1 authorization server and the MCP server it protects, on one loopback port
-(standard library only), for tests/mcp_oauth_refresh.rs. Prints `PORT <n>` when listening.
+(standard library only), for tests/mcp/oauth_refresh.rs. Prints `PORT <n>` when listening.
 
 - `/.well-known/oauth-protected-resource[/mcp]` (RFC 9728) names this origin as the
   authorization server; `/.well-known/oauth-authorization-server` (RFC 8414) its endpoints.

@@ -1,5 +1,5 @@
 // The JavaScript client example of the runs spec (spec/002, "Consuming SSE in JavaScript"),
-// exactly as written there, run against a real turnstile by tests/runs_api.rs. Only what a
+// exactly as written there, run against a real turnstile by tests/api/runs.rs. Only what a
 // script outside a browser needs is added: the import of the `eventsource` package (v3 and
 // later export a WHATWG-compatible `EventSource` by name) and the base URL and session id,
 // taken from the command line:

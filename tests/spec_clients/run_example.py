@@ -1,5 +1,5 @@
 # The Python client example of the runs spec (spec/002, "Consuming SSE in Python"), exactly as
-# written there, run against a real turnstile by tests/runs_api.rs. Only the base URL and the
+# written there, run against a real turnstile by tests/api/runs.rs. Only the base URL and the
 # session id are not the spec's: they come from the command line:
 #
 #     python3 run_example.py http://127.0.0.1:8787 sess_…

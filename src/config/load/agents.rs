@@ -5,8 +5,8 @@ use std::time::Duration;
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use toml::Spanned;
 
+use super::error::{ConfigError, Cx};
 use super::values::{is_name, key_path};
-use super::{ConfigError, Cx};
 use crate::config::raw::RawAgent;
 use crate::config::AgentConfig;
 

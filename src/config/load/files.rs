@@ -2,7 +2,7 @@
 
 use toml::Spanned;
 
-use super::{ConfigError, Cx};
+use super::error::{ConfigError, Cx};
 use crate::config::raw::RawFiles;
 use crate::config::FilesConfig;
 

@@ -4,8 +4,8 @@ use std::ops::Range;
 
 use toml::de::{DeTable, DeValue};
 
+use super::error::{ConfigError, Cx};
 use super::values::key_path;
-use super::{ConfigError, Cx};
 use crate::config::raw::RawConfig;
 
 impl Cx<'_> {

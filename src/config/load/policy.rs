@@ -3,7 +3,7 @@
 use globset::GlobMatcher;
 use toml::Spanned;
 
-use super::{ConfigError, Cx};
+use super::error::{ConfigError, Cx};
 use crate::config::raw::RawPolicy;
 use crate::config::{PolicyConfig, PolicyRule, Verdict};
 

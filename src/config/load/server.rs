@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 
 use toml::Spanned;
 
-use super::{resolve_path, ConfigError, Cx};
+use super::error::{ConfigError, Cx};
+use super::values::resolve_path;
 use crate::config::raw::RawServer;
 use crate::config::ServerConfig;
 
@@ -43,22 +44,11 @@ pub(super) fn server(
     let default = RawServer::default();
     let t = raw.map(Spanned::get_ref).unwrap_or(&default);
 
-    let listen = match &t.listen {
-        None => {
-            parse_listen(DEFAULT_LISTEN).unwrap_or(SocketAddr::from((Ipv4Addr::LOCALHOST, 8787)))
-        }
-        Some(v) => socket_addr(
-            cx,
-            v,
-            "server.listen",
-            "\"127.0.0.1:8787\" or \"0.0.0.0:8787\"",
-        )?,
-    };
     let dir = |v: Option<&Spanned<String>>, key: &str, default: &str| {
         folder(cx, base_dir, v, key, default)
     };
     Ok(ServerConfig {
-        listen,
+        listen: listen(cx, t)?,
         data_dir: dir(t.data_dir.as_ref(), "server.data_dir", "data")?,
         sandboxes: dir(t.sandboxes.as_ref(), "server.sandboxes", "sandboxes")?,
         api_keys_env: cx.env_var_name(t.api_keys_env.as_ref(), "server.api_keys_env")?,
@@ -108,16 +98,31 @@ pub(super) fn server(
                     .collect::<Result<_, _>>()?,
             ),
         },
-        metrics_listen: match &t.metrics_listen {
-            None => None,
-            Some(v) => Some(socket_addr(
-                cx,
-                v,
-                "server.metrics_listen",
-                "\"127.0.0.1:9464\"",
-            )?),
-        },
+        metrics_listen: metrics_listen(cx, t)?,
     })
+}
+
+/// `[server] listen`, default [`DEFAULT_LISTEN`].
+fn listen(cx: &Cx<'_>, t: &RawServer) -> Result<SocketAddr, ConfigError> {
+    Ok(match &t.listen {
+        None => {
+            parse_listen(DEFAULT_LISTEN).unwrap_or(SocketAddr::from((Ipv4Addr::LOCALHOST, 8787)))
+        }
+        Some(v) => socket_addr(
+            cx,
+            v,
+            "server.listen",
+            "\"127.0.0.1:8787\" or \"0.0.0.0:8787\"",
+        )?,
+    })
+}
+
+/// `[server] metrics_listen`, none by default.
+fn metrics_listen(cx: &Cx<'_>, t: &RawServer) -> Result<Option<SocketAddr>, ConfigError> {
+    t.metrics_listen
+        .as_ref()
+        .map(|v| socket_addr(cx, v, "server.metrics_listen", "\"127.0.0.1:9464\""))
+        .transpose()
 }
 
 /// A host name of `[server] allowed_hosts`: a DNS name, an IPv4 address, `[IPv6]`, or `*`.
@@ -183,92 +188,5 @@ fn folder(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::super::test_support::*;
-    use std::net::{Ipv4Addr, SocketAddr};
-    use std::path::Path;
-    use std::time::Duration;
-
-    #[test]
-    fn allowed_hosts_are_host_names() {
-        let c = ok("[server]\nallowed_hosts = [\"GW.example.com\", \"10.0.0.5\", \"[fd00::5]\"]\n");
-        assert_eq!(
-            c.server.allowed_hosts.as_deref(),
-            Some(
-                &[
-                    "gw.example.com".to_string(),
-                    "10.0.0.5".into(),
-                    "[fd00::5]".into()
-                ][..]
-            )
-        );
-        assert_eq!(ok("").server.allowed_hosts, None);
-        let c = ok_env("", &[("TURNSTILE_ALLOWED_HOSTS", "a.example, b.example")]);
-        assert_eq!(
-            c.server.allowed_hosts.as_deref(),
-            Some(&["a.example".to_string(), "b.example".into()][..])
-        );
-        for bad_host in ["https://gw.example.com", "gw.example.com:443", "", "a b"] {
-            let e = bad(&format!(
-                "[server]\nallowed_hosts = [\n  {bad_host:?},\n]\n"
-            ));
-            assert_eq!(e.line, Some(3), "{e}");
-            assert_eq!(e.key.as_deref(), Some("server.allowed_hosts"));
-            assert!(e.message.contains("is not a host name"), "{e}");
-        }
-    }
-
-    #[test]
-    fn server_keys_come_from_turnstile_variables_over_the_file() {
-        let file = "[server]\nlisten = \"127.0.0.1:1111\"\nmax_body_bytes = 10\n";
-        let c = ok_env(
-            file,
-            &[
-                ("TURNSTILE_LISTEN", "127.0.0.1:2222"),
-                ("TURNSTILE_MAX_BODY_BYTES", "2048"),
-                ("TURNSTILE_FSYNC", "true"),
-                ("TURNSTILE_IDLE_TIMEOUT_S", "7"),
-                ("TURNSTILE_DATA_DIR", "/var/lib/turnstile"),
-                ("TURNSTILE_SESSION_CACHE", ""),
-            ],
-        );
-        assert_eq!(c.server.listen.port(), 2222);
-        assert_eq!(c.server.max_body_bytes, 2048);
-        assert!(c.server.fsync);
-        assert_eq!(c.server.idle_timeout, Duration::from_secs(7));
-        assert_eq!(c.server.data_dir, Path::new("/var/lib/turnstile"));
-        assert_eq!(c.server.session_cache, 1000, "an empty variable is unset");
-        // With no [server] table at all.
-        let c = ok_env("", &[("TURNSTILE_MAX_CONNECTIONS", "3")]);
-        assert_eq!(c.server.max_connections, 3);
-
-        let e = bad_env(file, &[("TURNSTILE_MAX_BODY_BYTES", "lots")]);
-        assert_eq!(e.key.as_deref(), Some("TURNSTILE_MAX_BODY_BYTES"));
-        assert!(e.message.contains("\"lots\" is not a whole number"), "{e}");
-        let e = bad_env(file, &[("TURNSTILE_MAX_CONNECTIONS", "0")]);
-        assert_eq!(e.line, None);
-        assert_eq!(e.key.as_deref(), Some("server.max_connections"));
-        assert!(
-            e.message.contains("out of range") && e.message.contains("TURNSTILE_MAX_CONNECTIONS"),
-            "{e}"
-        );
-        let e = bad_env(file, &[("TURNSTILE_LISTEN", "nowhere")]);
-        assert!(e.to_string().contains("TURNSTILE_LISTEN"), "{e}");
-        let e = bad_env(file, &[("TURNSTILE_PUBLIC_META", "maybe")]);
-        assert!(e.to_string().contains("TURNSTILE_PUBLIC_META"), "{e}");
-    }
-
-    #[test]
-    fn listen_accepts_localhost_and_rejects_junk() {
-        let c = ok("[server]\nlisten = \"localhost:9000\"\n");
-        assert_eq!(
-            c.server.listen,
-            SocketAddr::from((Ipv4Addr::LOCALHOST, 9000))
-        );
-        let c = ok("[server]\nlisten = \"[::1]:9000\"\n");
-        assert_eq!(c.server.listen.port(), 9000);
-        let e = bad("[server]\nlisten = \"localhost\"\n");
-        assert_eq!(e.line, Some(2));
-        assert_eq!(e.key.as_deref(), Some("server.listen"));
-    }
-}
+#[path = "server_tests.rs"]
+mod tests;

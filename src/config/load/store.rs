@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use toml::Spanned;
 
-use super::{ConfigError, Cx};
+use super::error::{ConfigError, Cx};
 use crate::config::raw::RawStore;
 use crate::config::{StoreBackendKind, StoreConfig};
 

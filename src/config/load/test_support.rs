@@ -2,51 +2,42 @@
 
 use std::path::Path;
 
-use super::{load_str_with_env, ConfigError};
-use crate::config::Config;
+use super::{load_str, ConfigError};
+use crate::config::{Config, Env};
 
 pub(super) fn path() -> &'static Path {
     Path::new("/etc/turnstile/tools.toml")
 }
 
 /// The environment tests load with: `ORG`, `TOKEN` and what `extra` adds.
-pub(super) fn test_env<'a>(
-    extra: &'a [(&'a str, &'a str)],
-) -> impl Fn(&str) -> Option<String> + 'a {
-    move |k| {
-        [("ORG", "acme"), ("TOKEN", "s3cret")]
-            .iter()
-            .chain(extra)
-            .find(|(name, _)| *name == k)
-            .map(|(_, v)| v.to_string())
-    }
+pub(super) fn test_env(extra: &[(&str, &str)]) -> Env {
+    Env::from_vars([("ORG", "acme"), ("TOKEN", "s3cret")]).with(extra.iter().copied())
 }
 
 pub(super) fn ok_env(text: &str, extra: &[(&str, &str)]) -> Config {
-    match load_str_with_env(path(), text, &test_env(extra)) {
+    match load_str(path(), text, &test_env(extra)) {
         Ok(c) => c,
         Err(e) => panic!("expected a valid config, got: {e}"),
     }
 }
 
 pub(super) fn bad_env(text: &str, extra: &[(&str, &str)]) -> ConfigError {
-    let e = load_str_with_env(Path::new("tools.toml"), text, &test_env(extra))
-        .expect_err("expected an error");
+    let e =
+        load_str(Path::new("tools.toml"), text, &test_env(extra)).expect_err("expected an error");
     let shown = e.to_string();
     assert!(!shown.contains('\n'), "not one line: {shown}");
     e
 }
 
 pub(super) fn ok(text: &str) -> Config {
-    match load_str_with_env(path(), text, &test_env(&[])) {
+    match load_str(path(), text, &test_env(&[])) {
         Ok(c) => c,
         Err(e) => panic!("expected a valid config, got: {e}"),
     }
 }
 
 pub(super) fn bad(text: &str) -> ConfigError {
-    let e = load_str_with_env(Path::new("tools.toml"), text, &test_env(&[]))
-        .expect_err("expected an error");
+    let e = load_str(Path::new("tools.toml"), text, &test_env(&[])).expect_err("expected an error");
     let shown = e.to_string();
     assert!(!shown.contains('\n'), "not one line: {shown}");
     println!("{shown}");

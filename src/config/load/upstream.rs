@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use toml::Spanned;
 
+use super::error::{ConfigError, Cx};
 use super::values::key_path;
-use super::{ConfigError, Cx};
 use crate::config::raw::RawUpstream;
 use crate::config::{ProviderKind, UpstreamConfig};
 

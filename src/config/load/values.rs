@@ -7,7 +7,9 @@ use std::time::Duration;
 use globset::{Glob, GlobBuilder};
 use toml::Spanned;
 
-use super::{ConfigError, Cx};
+use std::path::{Path, PathBuf};
+
+use super::error::{ConfigError, Cx};
 
 /// Longest accepted `*_s` duration (one year), so that `Instant::now() + d` can never overflow.
 const MAX_SECONDS: i64 = 365 * 24 * 3600;
@@ -51,7 +53,7 @@ impl Cx<'_> {
         span: Range<usize>,
         key: &str,
     ) -> Result<(), ConfigError> {
-        crate::config::env::expand_vars(value, self.env)
+        self.env.expand(value)
             .map(drop)
             .map_err(|var| {
                 self.err(
@@ -264,4 +266,21 @@ pub(super) fn is_name(s: &str) -> bool {
     !s.is_empty()
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// `p` if absolute, else `p` under `base_dir` (the config file's folder); made absolute against
+/// the current directory when that is relative too, so that a path handed to a child that runs
+/// elsewhere (a session server's `{workspace}`, its cwd) still names the same place.
+pub fn resolve_path(base_dir: &Path, p: &Path) -> PathBuf {
+    let joined = if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        base_dir.join(p)
+    };
+    std::path::absolute(&joined).unwrap_or(joined)
+}
+
+/// `mcp_servers.<name>.<k>`
+pub(super) fn mcp_server_key(name: &str, k: &str) -> String {
+    key_path(&["mcp_servers", name, k])
 }

@@ -19,7 +19,7 @@ use oauth2::url::form_urlencoded;
 use super::discovery::{self, AuthServer};
 use super::store::{ClientReg, Saved};
 use super::{tokens, web, OAuth, State};
-use crate::config::IdpConfig;
+use crate::config::{Env, IdpConfig};
 
 pub const TOKEN_EXCHANGE: &str = "urn:ietf:params:oauth:grant-type:token-exchange";
 pub const JWT_BEARER: &str = "urn:ietf:params:oauth:grant-type:jwt-bearer";
@@ -161,10 +161,12 @@ fn refused(who: &str, status: http::StatusCode, v: &serde_json::Value) -> String
 }
 
 /// The identity assertion, read now (a variable, or a file kept fresh by another process).
-fn read_assertion(idp: &IdpConfig) -> Result<String, String> {
+fn read_assertion(idp: &IdpConfig, env: &Env) -> Result<String, String> {
     let text = match (&idp.assertion_env, &idp.assertion_file) {
-        (Some(var), _) => std::env::var(var)
-            .map_err(|_| format!("the identity assertion variable {var} is not set"))?,
+        (Some(var), _) => env
+            .var(var)
+            .map(str::to_string)
+            .ok_or_else(|| format!("the identity assertion variable {var} is not set"))?,
         (None, Some(path)) => {
             use std::io::Read;
             let mut s = String::new();
@@ -203,6 +205,7 @@ async fn idp_token_endpoint(idp: &IdpConfig) -> Result<String, String> {
 /// RFC 8693 at the IdP: the ID-JAG.
 async fn token_exchange(
     idp: &IdpConfig,
+    env: &Env,
     assertion: &str,
     audience: &str,
     resource: &str,
@@ -211,8 +214,9 @@ async fn token_exchange(
     let endpoint = idp_token_endpoint(idp).await?;
     let secret = idp
         .client_secret_env
-        .as_ref()
-        .and_then(|v| std::env::var(v).ok())
+        .as_deref()
+        .and_then(|v| env.var(v))
+        .map(str::to_string)
         .filter(|s| !s.is_empty());
     let form = exchange_form(idp, assertion, audience, resource, scope, secret.is_some());
     let auth = secret.map(|s| basic(&idp.client_id, &s));
@@ -280,13 +284,21 @@ impl OAuth {
         let (found_as, resource) = self.found(st).await?;
         let (client, client_assertion) = self.as_client(&found_as)?;
         let scope = self.scope_or_configured(scope);
-        let assertion = read_assertion(idp)?;
+        let assertion = read_assertion(idp, &self.env)?;
         let audience = if found_as.issuer.is_empty() {
             found_as.token_endpoint.clone()
         } else {
             found_as.issuer.clone()
         };
-        let jag = token_exchange(idp, &assertion, &audience, &resource, scope.as_deref()).await?;
+        let jag = token_exchange(
+            idp,
+            &self.env,
+            &assertion,
+            &audience,
+            &resource,
+            scope.as_deref(),
+        )
+        .await?;
         let saved = jwt_bearer(
             &found_as,
             &client,

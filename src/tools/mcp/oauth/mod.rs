@@ -21,7 +21,7 @@ pub mod web;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::config::{McpServerConfig, McpTransport, OAuthConfig, OAuthGrant, ServerConfig};
+use crate::config::{Env, McpServerConfig, McpTransport, OAuthConfig, OAuthGrant, ServerConfig};
 use discovery::Challenge;
 use store::{ClientReg, Saved, TokenStore};
 
@@ -37,6 +37,8 @@ pub struct OAuth {
     cfg: OAuthConfig,
     store: TokenStore,
     state: tokio::sync::Mutex<State>,
+    /// Where the secrets the config names are read.
+    env: Env,
 }
 
 impl std::fmt::Debug for OAuth {
@@ -76,6 +78,7 @@ impl OAuth {
             cfg.oauth.clone().unwrap_or_default(),
             &server.data_dir,
             server.secret_key_env.as_deref(),
+            &cfg.env,
         )))
     }
 
@@ -85,13 +88,15 @@ impl OAuth {
         cfg: OAuthConfig,
         data_dir: &Path,
         secret_key_env: Option<&str>,
+        env: &Env,
     ) -> OAuth {
         OAuth {
             server: name.to_string(),
             url: url.to_string(),
             cfg,
-            store: TokenStore::new(data_dir, name, url, secret_key_env),
+            store: TokenStore::new(data_dir, name, url, secret_key_env, env),
             state: tokio::sync::Mutex::new(State::default()),
+            env: env.clone(),
         }
     }
 
@@ -335,8 +340,9 @@ impl OAuth {
     fn secret(&self) -> Option<String> {
         self.cfg
             .client_secret_env
-            .as_ref()
-            .and_then(|v| std::env::var(v).ok())
+            .as_deref()
+            .and_then(|v| self.env.var(v))
+            .map(str::to_string)
             .filter(|s| !s.is_empty())
     }
 

@@ -10,6 +10,7 @@ use ring::rand::{SecureRandom, SystemRandom};
 use serde::{Deserialize, Serialize};
 
 use super::discovery::AuthServer;
+use crate::config::Env;
 
 /// A registered (or configured) client.
 #[derive(Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -60,9 +61,15 @@ pub struct TokenStore {
 
 impl TokenStore {
     /// The store of server `name` at `url` under `data_dir/oauth/`.
-    pub fn new(data_dir: &Path, name: &str, url: &str, secret_key_env: Option<&str>) -> TokenStore {
+    pub fn new(
+        data_dir: &Path,
+        name: &str,
+        url: &str,
+        secret_key_env: Option<&str>,
+        env: &Env,
+    ) -> TokenStore {
         let secret = secret_key_env
-            .and_then(|v| std::env::var(v).ok())
+            .and_then(|v| env.var(v))
             .filter(|s| !s.is_empty());
         let no_key = match secret_key_env {
             None => "no [server] secret_key_env is set: OAuth tokens are only stored encrypted; set it to a variable holding a secret".to_string(),
@@ -71,7 +78,7 @@ impl TokenStore {
         TokenStore {
             path: data_dir.join("oauth").join(format!("{name}.tokens")),
             aad: format!("turnstile oauth v1\n{name}\n{url}"),
-            key: secret.map(|s| derive(&s)),
+            key: secret.map(derive),
             no_key,
         }
     }
@@ -190,12 +197,13 @@ mod tests {
     #[test]
     fn tokens_round_trip_encrypted_and_open_only_for_their_server() {
         let dir = tempfile::tempdir().unwrap();
-        std::env::set_var("TURNSTILE_TEST_OAUTH_KEY", "k3y");
+        let env = Env::from_vars([("TURNSTILE_TEST_OAUTH_KEY", "k3y")]);
         let s = TokenStore::new(
             dir.path(),
             "a",
             "https://a/mcp",
             Some("TURNSTILE_TEST_OAUTH_KEY"),
+            &env,
         );
         let saved = Saved {
             access_token: "secret-access-token".into(),
@@ -211,9 +219,10 @@ mod tests {
             "a",
             "https://evil/mcp",
             Some("TURNSTILE_TEST_OAUTH_KEY"),
+            &env,
         );
         assert!(other.load().is_none());
-        let nokey = TokenStore::new(dir.path(), "a", "https://a/mcp", None);
+        let nokey = TokenStore::new(dir.path(), "a", "https://a/mcp", None, &env);
         assert!(nokey.load().is_none());
         assert!(nokey.save(&saved).unwrap_err().contains("secret_key_env"));
     }

@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 
 use super::ordered::ordered;
 use super::{stdio, Handler, Placement, KEPT_ENV};
-use crate::config::{McpServerConfig, McpTransport, SandboxKind};
+use crate::config::{Env, McpServerConfig, McpTransport, SandboxKind};
 use crate::tools::mcp::describe::describe_init_error;
 use crate::tools::mcp::stderr::{self, StderrLog};
 use crate::tools::mcp::{http_client, sandbox};
@@ -52,7 +52,7 @@ pub(super) async fn connect(
                 })
         }
         McpTransport::Http { url, headers } => {
-            let headers = expand_headers(headers)?;
+            let headers = expand_headers(&cfg.env, headers)?;
             let transport =
                 http_client::server_transport(&cfg.name, url, headers, placement.oauth.clone());
             match handler.serve(ordered(transport, relays, logs)).await {
@@ -90,13 +90,13 @@ fn child_command(
     else {
         return Err("not a stdio server".into());
     };
-    let args = child_args(args, placement)?;
-    let env = child_env(env)?;
+    let args = child_args(&cfg.env, args, placement)?;
+    let env = child_env(&cfg.env, env)?;
     let mut cmd = tokio::process::Command::new(command);
     cmd.args(&args);
     cmd.env_clear();
     for k in KEPT_ENV {
-        if let Ok(v) = std::env::var(k) {
+        if let Some(v) = cfg.env.var(k) {
             cmd.env(k, v);
         }
     }
@@ -121,14 +121,14 @@ fn unset(what: &str, var: String) -> String {
 
 /// The arguments: `${VAR}` first (checked at load; a variable unset since is an error naming
 /// it), then `{workspace}`.
-fn child_args(args: &[String], placement: &Placement) -> Result<Vec<String>, String> {
+fn child_args(vars: &Env, args: &[String], placement: &Placement) -> Result<Vec<String>, String> {
     let workspace = placement
         .workspace
         .as_ref()
         .map(|w| w.display().to_string());
     let mut out = Vec::with_capacity(args.len());
     for a in args {
-        let a = expand(a).map_err(|var| unset("an argument", var))?;
+        let a = vars.expand(a).map_err(|var| unset("an argument", var))?;
         out.push(match &workspace {
             Some(w) => a.replace("{workspace}", w),
             None => a,
@@ -138,10 +138,15 @@ fn child_args(args: &[String], placement: &Placement) -> Result<Vec<String>, Str
 }
 
 /// The server's `env` table with `${VAR}` expanded.
-fn child_env(env: &BTreeMap<String, String>) -> Result<BTreeMap<String, String>, String> {
+fn child_env(
+    vars: &Env,
+    env: &BTreeMap<String, String>,
+) -> Result<BTreeMap<String, String>, String> {
     let mut out = BTreeMap::new();
     for (k, v) in env {
-        let v = expand(v).map_err(|var| unset(&format!("env {k}"), var))?;
+        let v = vars
+            .expand(v)
+            .map_err(|var| unset(&format!("env {k}"), var))?;
         out.insert(k.clone(), v);
     }
     Ok(out)
@@ -165,7 +170,7 @@ fn confine(
     let child_env = |k: &str| {
         env.get(k)
             .map(std::ffi::OsString::from)
-            .or_else(|| std::env::var_os(k))
+            .or_else(|| cfg.env.var(k).map(std::ffi::OsString::from))
     };
     let request = sandbox::Request {
         command: command.clone(),
@@ -188,11 +193,12 @@ fn confine(
 
 /// Header values with `${VAR}` replaced from the environment; a missing variable is an error.
 fn expand_headers(
+    vars: &Env,
     headers: &BTreeMap<String, String>,
 ) -> Result<HashMap<http::HeaderName, http::HeaderValue>, String> {
     let mut out = HashMap::new();
     for (k, v) in headers {
-        let value = expand(v).map_err(|var| {
+        let value = vars.expand(v).map_err(|var| {
             format!("header {k} uses ${{{var}}}, which is not set in turnstile's environment")
         })?;
         let name =
@@ -203,24 +209,18 @@ fn expand_headers(
     Ok(out)
 }
 
-/// `${VAR}` expansion from turnstile's environment; the name of the first missing variable on
-/// failure (see [`crate::config::expand_vars`]).
-fn expand(s: &str) -> Result<String, String> {
-    crate::config::expand_env(s)
-}
-
 #[cfg(test)]
 mod tests {
     #[test]
     fn env_expansion() {
-        std::env::set_var("TURNSTILE_TEST_TOKEN", "s3cret");
+        let env = crate::config::Env::from_vars([("TURNSTILE_TEST_TOKEN", "s3cret")]);
         assert_eq!(
-            super::expand("Bearer ${TURNSTILE_TEST_TOKEN}").unwrap(),
+            env.expand("Bearer ${TURNSTILE_TEST_TOKEN}").unwrap(),
             "Bearer s3cret"
         );
-        assert_eq!(super::expand("plain").unwrap(), "plain");
+        assert_eq!(env.expand("plain").unwrap(), "plain");
         assert_eq!(
-            super::expand("${TURNSTILE_NOPE_X}").unwrap_err(),
+            env.expand("${TURNSTILE_NOPE_X}").unwrap_err(),
             "TURNSTILE_NOPE_X"
         );
     }

@@ -1,0 +1,7 @@
+//! Operating turnstile: `check` and `serve`, health and status, metrics, traces, the bench's
+//! smoke run.
+
+mod bench_smoke;
+mod metrics;
+mod operations;
+mod traces;

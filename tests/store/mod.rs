@@ -1,0 +1,8 @@
+//! The event log's stores: what survives a restart or a kill, and the PostgreSQL store with
+//! several instances (leases, the inbox, failover).
+
+mod persistence;
+mod postgres;
+mod postgres_inbox;
+mod postgres_scaleout;
+mod postgres_stress;
