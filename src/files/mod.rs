@@ -1,6 +1,6 @@
 //! The file store: uploads and delivered files. Bytes are content-addressed blobs (named by
 //! their SHA-256, written once): under `data_dir/files/` with the embedded store, in the
-//! database with PostgreSQL (`log/postgres/files.rs`), so that any instance serves them.
+//! database with PostgreSQL (`log/postgres/file_chunks.rs`), so that any instance serves them.
 //! Uploads are staged under `data_dir/files/tmp` either way. Metadata lives in the store.
 //! Files belong to the API key that made them.
 

@@ -22,14 +22,16 @@
 //!   subscribers there have seen exactly the events its writer's had: never after the stored
 //!   event it leads to, never twice.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::{PgStore, Shared};
+use super::delta_state::{Deltas, Wire};
+use super::pg_store::{PgStore, Shared};
+
+pub use super::delta_state::{DeltaTap, RemoteDelta};
 use crate::log::StoreError;
 use crate::sync::lock;
 
@@ -38,20 +40,6 @@ pub(crate) const DELTAS_CHANNEL: &str = "turnstile_deltas";
 
 /// A payload's bytes at most (PostgreSQL refuses 8000 and more).
 pub(crate) const PAYLOAD_BYTES: usize = 7800;
-
-/// A delta another instance streamed, as the listener heard it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RemoteDelta {
-    pub session_id: String,
-    /// The seq of the last stored event the writer's subscribers had been shown before it.
-    pub after_seq: u64,
-    pub turn_id: String,
-    pub thinking: bool,
-    pub text: String,
-}
-
-/// A delta on the wire: (session, after_seq, turn, thinking, text).
-type Wire = (String, u64, String, bool, String);
 
 /// One notification on [`DELTAS_CHANNEL`].
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
@@ -70,68 +58,6 @@ struct Message {
     /// Deltas: (session, after_seq, turn, thinking, text).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     d: Vec<Wire>,
-}
-
-/// The deltas and watches of one store (one instance).
-#[derive(Default)]
-pub(crate) struct Deltas {
-    /// Sessions other instances watch: by session, each watching instance and when its watch
-    /// expires unless renewed.
-    watched: Mutex<HashMap<String, HashMap<String, Instant>>>,
-    /// `watched.len()`: when 0 (nobody watches anything) no lock is taken.
-    n_watched: AtomicUsize,
-    /// This instance's live subscribers, by session.
-    watching: Mutex<HashMap<String, usize>>,
-    /// Held while this instance tells the database of a watch or its end, so that a session
-    /// watched again as its last subscriber leaves ends watched.
-    watch_ops: tokio::sync::Mutex<()>,
-    /// Deltas queued to send.
-    queue: Mutex<Vec<Wire>>,
-    /// Held while a batch is sent (a commit waits for the one under way).
-    sending: tokio::sync::Mutex<()>,
-    /// Woken when the queue gains its first delta.
-    wake: tokio::sync::Notify,
-    /// Whether the listener has listened and read the watches under way once (an instance
-    /// starts serving only then: see [`Deltas::until_listening`]).
-    listening: std::sync::atomic::AtomicBool,
-    listening_now: tokio::sync::Notify,
-    /// Numbers this instance's notifications on the channel.
-    numbered: AtomicU64,
-}
-
-/// What the engine holds to send a session's deltas (`Store::delta_tap`).
-#[derive(Clone)]
-pub struct DeltaTap {
-    deltas: Arc<Deltas>,
-    session_id: Arc<str>,
-}
-
-impl DeltaTap {
-    /// Whether another instance watches the session now. One atomic load when nobody watches
-    /// anything.
-    pub fn watched(&self) -> bool {
-        self.deltas.is_watched(&self.session_id)
-    }
-
-    /// Queue a delta for the instances watching the session (call it under the session's
-    /// lock, in the order its subscribers get them). Never blocks, never fails.
-    pub fn send(&self, after_seq: u64, turn_id: &str, thinking: bool, text: &str) {
-        let d = &self.deltas;
-        if !d.is_watched(&self.session_id) {
-            return;
-        }
-        let mut q = lock(&d.queue);
-        q.push((
-            self.session_id.to_string(),
-            after_seq,
-            turn_id.to_string(),
-            thinking,
-            text.to_string(),
-        ));
-        if q.len() == 1 {
-            d.wake.notify_one();
-        }
-    }
 }
 
 /// This instance watches a session's deltas until dropped (`Store::watch_deltas`).
@@ -165,49 +91,6 @@ impl Drop for DeltaWatch {
                 }
             });
         }
-    }
-}
-
-impl Deltas {
-    fn is_watched(&self, session_id: &str) -> bool {
-        if self.n_watched.load(Ordering::Relaxed) == 0 {
-            return false;
-        }
-        let now = Instant::now();
-        let mut w = lock(&self.watched);
-        let Some(by) = w.get_mut(session_id) else {
-            return false;
-        };
-        by.retain(|_, until| *until > now);
-        if by.is_empty() {
-            w.remove(session_id);
-            self.n_watched.store(w.len(), Ordering::Relaxed);
-            return false;
-        }
-        true
-    }
-
-    fn note_watch(&self, instance: &str, sessions: Vec<String>, until: Instant) {
-        let mut w = lock(&self.watched);
-        for sid in sessions {
-            w.entry(sid)
-                .or_default()
-                .insert(instance.to_string(), until);
-        }
-        self.n_watched.store(w.len(), Ordering::Relaxed);
-    }
-
-    fn note_unwatch(&self, instance: &str, sessions: Vec<String>) {
-        let mut w = lock(&self.watched);
-        for sid in sessions {
-            if let Some(by) = w.get_mut(&sid) {
-                by.remove(instance);
-                if by.is_empty() {
-                    w.remove(&sid);
-                }
-            }
-        }
-        self.n_watched.store(w.len(), Ordering::Relaxed);
     }
 }
 
@@ -498,25 +381,6 @@ pub(super) async fn load_watches(shared: Weak<Shared>) {
     }
     s.deltas.listening.store(true, Ordering::Release);
     s.deltas.listening_now.notify_waiters();
-}
-
-impl Deltas {
-    /// Waits (at most `within`) until the listener listens and knows the watches under way,
-    /// so that a turn started at once sends its first deltas to whoever watches already.
-    pub(super) async fn until_listening(&self, within: Duration) {
-        let _ = tokio::time::timeout(within, async {
-            loop {
-                let now = self.listening_now.notified();
-                let mut now = std::pin::pin!(now);
-                now.as_mut().enable();
-                if self.listening.load(Ordering::Acquire) {
-                    return;
-                }
-                now.await;
-            }
-        })
-        .await;
-    }
 }
 
 /// A notification on [`DELTAS_CHANNEL`]: watches noted here, deltas handed on (in order).

@@ -275,7 +275,7 @@ impl Store {
     }
 
     /// The bytes the store takes in its database: `None` on SQLite (its files are measured
-    /// on disk); on PostgreSQL, the total size of turnstile's tables (see `files.rs`).
+    /// on disk); on PostgreSQL, the total size of turnstile's tables (see `postgres/file_chunks.rs`).
     pub async fn db_bytes(&self) -> Result<Option<u64>, StoreError> {
         match &self.backend {
             Backend::Sqlite(_) => Ok(None),

@@ -17,7 +17,7 @@ use bytes::Bytes;
 use deadpool_postgres::Object;
 use tokio::io::AsyncReadExt;
 
-use super::PgStore;
+use super::pg_store::PgStore;
 use crate::log::StoreError;
 
 /// Bytes per chunk row.
