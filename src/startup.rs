@@ -295,7 +295,7 @@ pub async fn start_with(
                 bound,
                 false,
             );
-            let task = crate::api::metrics::serve(l, engine.clone(), guard, shutdown.clone());
+            let task = crate::api::prometheus::serve(l, engine.clone(), guard, shutdown.clone());
             (Some(bound), Some(tokio::spawn(task)))
         }
         None => (None, None),
