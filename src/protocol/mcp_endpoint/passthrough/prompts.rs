@@ -11,7 +11,7 @@ use rmcp::{ErrorData, RoleServer};
 use super::super::ask::Subject;
 use super::super::gate::Gate;
 use super::super::uri::{expose_prompt, parse_prompt, plain_name, shown};
-use super::{log, or_none, outcome, within, Child};
+use super::child::{log, or_none, outcome, within, Child};
 use crate::config::EndpointNames;
 use crate::tools::mcp::policy;
 

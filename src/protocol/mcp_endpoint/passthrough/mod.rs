@@ -18,115 +18,26 @@
 //! and refuses, `ask` asks the client (elicitation, as for tools) before a read or a prompt;
 //! listing, completing and subscribing (which give no content) need no approval.
 
+mod child;
 mod prompts;
 mod resources;
 
-use std::collections::HashMap;
-use std::future::Future;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-
+#[allow(deprecated)]
+use rmcp::model::SetLevelRequestParams;
 use rmcp::model::{
     CompleteRequestParams, CompleteResult, PromptReference, Reference, ResourceTemplateReference,
     ResourceUpdatedNotificationParam, ServerCapabilities,
 };
-#[allow(deprecated)]
-use rmcp::model::{LoggingLevel, SetLevelRequestParams};
-use rmcp::service::{Peer, RequestContext, RoleClient};
-use rmcp::{ErrorData, RoleServer, ServiceError};
+use rmcp::service::{Peer, RequestContext};
+use rmcp::{ErrorData, RoleServer};
 use tokio::sync::broadcast::error::RecvError;
 
 use super::ask::{self, Subject};
 use super::gate::Gate;
 use crate::config::Verdict;
 use crate::tools::mcp::policy::{self, Decision};
-use crate::tools::mcp::supervisor::{CatalogEvent, Supervisor};
-
-/// The resources one session subscribed to: (server, the server's URI) → the URI as the client
-/// gave it.
-type Subscribed = Arc<Mutex<HashMap<(String, String), String>>>;
-
-/// What one MCP session keeps of the servers' catalogs.
-#[derive(Default)]
-pub struct Kept {
-    subscribed: Subscribed,
-    /// The level its client set (`logging/setLevel`): messages below it are not relayed.
-    #[allow(deprecated)]
-    level: Arc<Mutex<Option<LoggingLevel>>>,
-    /// Set once its own instances' notifications are relayed to its client.
-    relaying: std::sync::OnceLock<()>,
-}
-
-/// A server that is up, shared or this session's own instance: its connection, `timeout_s`
-/// and declared capabilities.
-#[derive(Clone)]
-struct Child {
-    server: String,
-    peer: Peer<RoleClient>,
-    timeout: Duration,
-    caps: ServerCapabilities,
-    /// This session's own instance of a session-scoped server.
-    own: bool,
-}
-
-/// A request to a child, bounded by its `timeout_s`; the child's own JSON-RPC error passes
-/// through.
-async fn within<T>(
-    child: &Child,
-    what: &str,
-    request: impl Future<Output = Result<T, ServiceError>>,
-) -> Result<T, ErrorData> {
-    match tokio::time::timeout(child.timeout, request).await {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(ServiceError::McpError(e))) => Err(e),
-        Ok(Err(e)) => {
-            tracing::warn!(server = %child.server, error = %e, "{what} failed");
-            let why =
-                crate::tools::mcp::describe_error(&format!("MCP server {}", child.server), &e);
-            Err(ErrorData::internal_error(
-                format!("{what} failed: {why}"),
-                None,
-            ))
-        }
-        Err(_) => Err(ErrorData::internal_error(
-            format!(
-                "MCP server {} did not answer {what} within {} s (its timeout_s)",
-                child.server,
-                child.timeout.as_secs()
-            ),
-            None,
-        )),
-    }
-}
-
-fn log(server: &str, what: &str, name: &str, d: &Decision, outcome: &str, started: Instant) {
-    tracing::info!(
-        server,
-        name,
-        verdict = %crate::telemetry::snake(&d.verdict),
-        outcome,
-        duration_ms = started.elapsed().as_millis() as u64,
-        "mcp endpoint {what}"
-    );
-}
-
-/// A child's list, or none when it failed (logged, unless the child does not serve the method).
-fn or_none<T>(child: &Child, what: &str, listed: Result<Vec<T>, ErrorData>) -> Vec<T> {
-    listed.unwrap_or_else(|e| {
-        if e.code != rmcp::model::ErrorCode::METHOD_NOT_FOUND {
-            tracing::warn!(server = %child.server, error = %e.message, "{what} failed");
-        }
-        Vec::new()
-    })
-}
-
-fn outcome<T>(r: &Result<T, ErrorData>) -> &'static str {
-    if r.is_ok() {
-        "ok"
-    } else {
-        "error"
-    }
-}
+use crate::tools::mcp::supervisor::CatalogEvent;
+use child::{child_of, within, Child};
 
 /// Where relayed events come from: a shared server's instance, or the feed of this session's
 /// own instances.
@@ -143,23 +54,6 @@ impl Source {
             Source::Own(feed) => feed.recv().await,
         }
     }
-}
-
-/// `s` as a child, when it is up and passes `wanted`.
-fn child_of(
-    s: &Supervisor,
-    own: bool,
-    wanted: &impl Fn(&ServerCapabilities) -> bool,
-) -> Option<Child> {
-    let peer = s.peer()?;
-    let caps = peer.peer_info()?.capabilities.clone();
-    wanted(&caps).then(|| Child {
-        server: s.name.clone(),
-        peer,
-        timeout: s.timeout(),
-        caps,
-        own,
-    })
 }
 
 impl Gate {

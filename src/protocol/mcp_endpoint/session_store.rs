@@ -331,7 +331,7 @@ impl Sessions {
 /// What an ended session leaves: its session-scoped servers stop and its workspace goes, as an
 /// AAP session's do when it is deleted.
 async fn clean_up(host: &dyn ToolHost, sandboxes: &Path, id: &str) {
-    let key = super::session_key(id);
+    let key = session_key(id);
     host.session_closed(&key).await;
     let workspace = sandboxes.join(&key);
     // Most sessions never had one: no thread of the blocking pool (which would keep the
@@ -524,4 +524,21 @@ impl SessionStore for Sessions {
         // The record went with the session (`close_session`, which rmcp calls first).
         Ok(())
     }
+}
+
+/// The AAP-side session id an MCP session stands for (its workspace folder, its session-scoped
+/// MCP servers): `mcp-<Mcp-Session-Id>`.
+pub fn session_key(mcp_session_id: &str) -> String {
+    let clean: String = mcp_session_id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(80)
+        .collect();
+    format!("mcp-{clean}")
 }

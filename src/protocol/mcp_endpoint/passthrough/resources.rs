@@ -16,7 +16,7 @@ use super::super::gate::Gate;
 use super::super::uri::{
     expose_prompt, expose_uri, parse_uri, shown, template_matches, TEMPLATE_BUDGET,
 };
-use super::{log, or_none, outcome, within, Child};
+use super::child::{log, or_none, outcome, within, Child};
 use crate::tools::mcp::policy;
 use crate::tools::mcp::resource_uri::{canonical, canonical_template};
 
