@@ -2,7 +2,7 @@
 //!
 //! Works with OpenAI and the servers that copy its API (Ollama, vLLM, llama.cpp, LM Studio,
 //! OpenRouter, ...). The response is read frame by frame through the shared
-//! [`SseParser`](super::sse::SseParser) (the HTTP side is in [`transport`](super::transport)); text and
+//! [`SseParser`](crate::outbound::event_stream::SseParser) (the HTTP side is in [`transport`](super::transport)); text and
 //! reasoning fragments go to the [`DeltaSink`] as soon as their chunk is parsed.
 //!
 //! Mapping of the history ([`Message`]) to the wire:
@@ -39,7 +39,7 @@ use serde::{Deserialize, Serialize, Serializer};
 use serde_json::{json, Map, Value};
 
 #[cfg(test)]
-use super::transport::parse_retry_after;
+use super::errors::parse_retry_after;
 use super::transport::{
     body_message, call_id, error_text, parse_event, preview, protocol, tool_input, Accumulate,
     Collected, Endpoint,

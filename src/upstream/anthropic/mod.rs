@@ -1,7 +1,7 @@
 //! The Anthropic Messages provider: `POST {base_url}/messages` with `stream: true`.
 //!
 //! The response is read frame by frame through the shared
-//! [`SseParser`](super::sse::SseParser) (the HTTP side is in [`transport`](super::transport)); text and
+//! [`SseParser`](crate::outbound::event_stream::SseParser) (the HTTP side is in [`transport`](super::transport)); text and
 //! thinking fragments go to the [`DeltaSink`] as soon as their event is parsed. The request is
 //! built in [`request`], the answer read in [`stream`]. Events are
 //! dispatched on their data's `type` (the `event:` line repeats it); unknown event, block and
@@ -64,10 +64,10 @@ use http::HeaderName;
 
 use super::transport::Endpoint;
 use super::{DeltaSink, ModelOutput, ModelRequest, Provider, UpstreamError};
-use request::request_body;
+use messages_request::request_body;
 use stream::{error_message, Acc};
 
-mod request;
+mod messages_request;
 mod stream;
 
 /// The API version this provider speaks.
@@ -145,12 +145,12 @@ mod tests {
 
     use serde_json::{json, Value};
 
-    use super::request::{image_block, request_body, thinking_budget};
+    use super::messages_request::{image_block, request_body, thinking_budget};
     use super::stream::error_message;
     use super::*;
     use crate::message::{Block, Content, Message, SignedThinking, ToolCall, Usage};
     use crate::testkit::fake_anthropic::{FakeAnthropic, Gate, Reply};
-    use crate::upstream::transport::parse_retry_after;
+    use crate::upstream::errors::parse_retry_after;
     use crate::upstream::ToolDef;
     use crate::upstream::{ModelStop, UpstreamErrorKind};
     use std::sync::Arc;

@@ -41,7 +41,7 @@ use rmcp::transport::streamable_http_client::{
 use rmcp::transport::StreamableHttpClientTransport;
 
 use super::oauth::OAuth;
-use crate::net::{https_client, HttpsClient};
+use crate::outbound::{https_client, HttpsClient};
 use answers::{auth_error, media_type_is, post_failure, preview, read_bounded, status_error};
 use sse::sse_events;
 

@@ -295,7 +295,7 @@ pub(super) fn image_block(url: &str) -> Value {
                     .filter(|c| !c.is_ascii_whitespace())
                     .collect()
             } else {
-                STANDARD.encode(crate::net::percent_decode(payload))
+                STANDARD.encode(crate::outbound::percent_decode(payload))
             };
             let media_type = if media_type.is_empty() {
                 sniff_media_type(&data).to_string()

@@ -27,7 +27,7 @@ use tower_service::Service;
 
 use crate::sync::lock;
 
-type Io = MaybeHttpsStream<crate::net::Stream>;
+type Io = MaybeHttpsStream<super::connect::Stream>;
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Idle connections kept, and for how long.
@@ -45,9 +45,9 @@ pub(crate) enum CallError {
     Send(BoxError),
 }
 
-/// Connections to an upstream (made by [`crate::net::connector`]), kept for reuse.
+/// Connections to an upstream (made by [`super::connect::connector`]), kept for reuse.
 pub(crate) struct Pool {
-    connector: HttpsConnector<crate::net::Connector>,
+    connector: HttpsConnector<super::connect::Connector>,
     idle: Mutex<Vec<Idle>>,
 }
 
@@ -62,7 +62,7 @@ struct Idle {
 impl Pool {
     pub(crate) fn new() -> Arc<Pool> {
         Arc::new(Pool {
-            connector: crate::net::connector(None),
+            connector: super::connect::connector(None),
             idle: Mutex::new(Vec::new()),
         })
     }
