@@ -10,32 +10,9 @@
 
 use std::sync::Arc;
 
-use futures_util::future::BoxFuture;
 use serde_json::{Map, Value};
 
-/// A server's question, as whoever answers it sees it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Question {
-    /// The `[mcp_servers.X]` name.
-    pub server: String,
-    pub message: String,
-    /// The requested schema: an object of primitive-typed properties.
-    pub schema: Value,
-}
-
-/// An answer to a [`Question`].
-#[derive(Debug, Clone, PartialEq)]
-pub enum Answer {
-    Accept(Map<String, Value>),
-    Decline,
-    Cancel,
-}
-
-/// Someone who can answer a session's elicitations.
-pub trait Elicitor: Send + Sync {
-    /// Ask; `Err` says why no answer can come (then the question is declined).
-    fn ask(&self, question: Question) -> BoxFuture<'static, Result<Answer, String>>;
-}
+pub use crate::tools::call::{Answer, Elicitor, Question};
 
 /// The answerer of a call: the session it belongs to and who can answer for it, if anyone.
 #[derive(Clone, Default)]

@@ -30,25 +30,7 @@ use crate::upstream::{ModelOutput, ModelRequest, ModelStop, Provider, Tuning};
 /// Stop sequences passed on from a request (OpenAI takes at most 4).
 pub const MAX_STOP_SEQUENCES: usize = 4;
 
-/// What a server may ask for: its `[mcp_servers.X]` sampling keys.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Budget {
-    pub server: String,
-    /// `sampling_max_tokens`: the cap on each request's `maxTokens`.
-    pub max_tokens: u32,
-    /// `sampling_calls_per_turn`.
-    pub calls_per_turn: u32,
-}
-
-/// Someone who can answer a call's sampling requests.
-pub trait Sampler: Send + Sync {
-    /// Answer one request within `budget`; `Err` is the refusal or failure the server is told.
-    fn sample<'a>(
-        &'a self,
-        budget: &'a Budget,
-        request: CreateMessageRequestParams,
-    ) -> BoxFuture<'a, Result<CreateMessageResult, String>>;
-}
+pub use crate::tools::call::{Budget, Sampler};
 
 /// What a turn's sampling came to: added to its `usage` and its log line when it ends.
 #[derive(Debug, Clone, Default, PartialEq)]

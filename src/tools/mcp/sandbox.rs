@@ -257,19 +257,10 @@ fn resolve(p: &Path) -> Option<PathBuf> {
     Some(parent.join(p.file_name()?))
 }
 
-/// Resolve a request into rules (reads the file system: symlinks, folder entries).
-pub fn plan(req: &Request) -> Plan {
-    let mut private: Vec<PathBuf> = req.private.iter().filter_map(|p| resolve(p)).collect();
-    for file in private.clone() {
-        if file.is_file() {
-            if let Some(dir) = file.parent() {
-                beside(dir, &mut private);
-            }
-        }
-    }
-    // The folders an operator names: looked through for state before they are allowed.
-    let named: Vec<(PathBuf, Rights)> = req
-        .read_write
+/// The folders an operator names (`read_write`, and the absolute paths in the args): looked
+/// through for state before they are allowed.
+fn named_folders(req: &Request) -> Vec<(PathBuf, Rights)> {
+    req.read_write
         .iter()
         .map(|p| (p.clone(), Rights::ReadWrite))
         .chain(req.args.iter().filter_map(|a| {
@@ -280,7 +271,15 @@ pub fn plan(req: &Request) -> Plan {
             let dir = if p.is_dir() { p } else { p.parent()? };
             Some((dir.to_path_buf(), Rights::Read))
         }))
-        .collect();
+        .collect()
+}
+
+/// Folders with the rights they are allowed, and folders refused with why.
+type Checked = (Vec<(PathBuf, Rights)>, Vec<(PathBuf, String)>);
+
+/// The named folders that hold none of turnstile's state (`private`, to which the state files
+/// found are added), and the ones refused with why.
+fn check_named(named: Vec<(PathBuf, Rights)>, private: &mut Vec<PathBuf>) -> Checked {
     let mut refused = Vec::new();
     let mut budget = MAX_CHECKED;
     let mut found = Vec::new();
@@ -299,7 +298,7 @@ pub fn plan(req: &Request) -> Plan {
             checked.push((dir, rights));
             continue;
         }
-        match find_state(&dir, &private, &mut budget, &mut found) {
+        match find_state(&dir, private, &mut budget, &mut found) {
             Ok(()) => checked.push((dir, rights)),
             Err(()) => refused.push((
                 dir,
@@ -310,6 +309,20 @@ pub fn plan(req: &Request) -> Plan {
         }
     }
     private.extend(found);
+    (checked, refused)
+}
+
+/// Resolve a request into rules (reads the file system: symlinks, folder entries).
+pub fn plan(req: &Request) -> Plan {
+    let mut private: Vec<PathBuf> = req.private.iter().filter_map(|p| resolve(p)).collect();
+    for file in private.clone() {
+        if file.is_file() {
+            if let Some(dir) = file.parent() {
+                beside(dir, &mut private);
+            }
+        }
+    }
+    let (checked, refused) = check_named(named_folders(req), &mut private);
     let mut rules = Vec::new();
     if let Some(ws) = req.workspace.as_ref().and_then(|w| resolve(w)) {
         // Its own workspace may lie inside a private folder (turnstile puts it there); it

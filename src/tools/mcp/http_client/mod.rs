@@ -24,10 +24,9 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::Stream;
+
 use http::header::{ACCEPT, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
@@ -35,59 +34,22 @@ use hyper::body::Incoming;
 use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
 use rmcp::transport::common::client_side_sse::BoxedSseResponse;
 use rmcp::transport::streamable_http_client::{
-    StreamableHttpClient, StreamableHttpClientTransportConfig, StreamableHttpError,
-    StreamableHttpPostResponse, StreamableHttpResponseLimits,
+    StreamableHttpClient, StreamableHttpClientTransportConfig, StreamableHttpPostResponse,
+    StreamableHttpResponseLimits,
 };
 use rmcp::transport::StreamableHttpClientTransport;
 
 use super::oauth::OAuth;
 use crate::outbound::{https_client, HttpsClient};
-use answers::{auth_error, media_type_is, post_failure, preview, read_bounded, status_error};
-use sse::sse_events;
+use bounded_events::sse_events;
+use responses::{auth_error, media_type_is, post_failure, preview, read_bounded, status_error};
+use wire::{Error, CONNECT_TIMEOUT, EVENT_STREAM, JSON, LAST_EVENT_ID, RESERVED, SESSION_ID};
 
-mod answers;
-mod sse;
+mod bounded_events;
+mod responses;
+mod wire;
 
-const JSON: &str = "application/json";
-const EVENT_STREAM: &str = "text/event-stream";
-const SESSION_ID: &str = "mcp-session-id";
-const LAST_EVENT_ID: &str = "last-event-id";
-/// Headers the client sets itself; a custom header may not replace them (as in rmcp's clients).
-const RESERVED: [&str; 3] = ["accept", SESSION_ID, LAST_EVENT_ID];
-/// How long a TCP connect may take before the request fails, rather than hang on a dead host.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// `sse_stream::Sse`, which rmcp does not re-export (and turnstile does not depend on):
-/// named as the `Ok` item of rmcp's public SSE stream alias.
-type Sse = <<BoxedSseResponse as Stream>::Item as OkOf>::Ok;
-trait OkOf {
-    type Ok;
-}
-impl<T, E> OkOf for Result<T, E> {
-    type Ok = T;
-}
-
-type Error = StreamableHttpError<HyperMcpError>;
-
-/// Why a request to a remote MCP server failed below the protocol: rmcp's `Client` errors.
-#[derive(Debug, thiserror::Error)]
-pub enum HyperMcpError {
-    /// The URL or a header does not make a valid request.
-    #[error("invalid request: {0}")]
-    Request(#[from] http::Error),
-    /// Connecting or sending failed (DNS, TCP, TLS, connection closed).
-    #[error("request failed: {0}")]
-    Send(#[from] hyper_util::client::legacy::Error),
-    /// Reading the response body failed.
-    #[error("reading the response failed: {0}")]
-    Body(#[from] hyper::Error),
-    /// The message could not be encoded.
-    #[error("encoding the message failed: {0}")]
-    Encode(#[from] serde_json::Error),
-    /// A status no other error stands for, with (for the log) the start of the body.
-    #[error("HTTP {status}: {body}")]
-    Status { status: StatusCode, body: String },
-}
+pub use wire::HyperMcpError;
 
 /// An MCP streamable-HTTP client over hyper (http and https), with TCP_NODELAY and a connection pool.
 #[derive(Clone)]
@@ -152,6 +114,47 @@ impl HyperMcpClient {
             builder = builder.header(name, value);
         }
         Ok(builder)
+    }
+
+    /// A JSON answer to a POST, read within `max` bytes: the server's message, or (over the
+    /// bound) the JSON-RPC error answer its request gets instead.
+    async fn json_answer(
+        &self,
+        response: Response<Incoming>,
+        message: &ClientJsonRpcMessage,
+        new_session: Option<String>,
+        content_length: Option<u64>,
+        max: usize,
+    ) -> Result<StreamableHttpPostResponse, Error> {
+        // Notifications, responses and errors leave nothing outstanding: any 2xx will do.
+        let awaits_no_response = !matches!(message, ClientJsonRpcMessage::Request(_));
+        let too_large = |size: Option<u64>| {
+            let ClientJsonRpcMessage::Request(request) = message else {
+                tracing::warn!(server = %self.server, size_bytes = size, "an MCP server's answer to a notification was over the size an MCP message may have: dropped");
+                return Ok(StreamableHttpPostResponse::Accepted);
+            };
+            tracing::warn!(server = %self.server, size_bytes = size, max_bytes = max, "an MCP server's answer was over the size an MCP message may have: its call ended with the reason");
+            let who = format!("MCP server {}", self.server);
+            let error = super::too_large::error_data(&who, size);
+            let reply = ServerJsonRpcMessage::error(error, Some(request.id.clone()));
+            Ok(StreamableHttpPostResponse::Json(reply, new_session.clone()))
+        };
+        if content_length.is_some_and(|n| n > max as u64) {
+            return too_large(content_length);
+        }
+        let body = match read_bounded(response.into_body(), max).await {
+            Ok(body) => body,
+            Err(Error::ResponseBodyTooLarge { .. }) => return too_large(None),
+            Err(e) => return Err(e),
+        };
+        match serde_json::from_slice::<ServerJsonRpcMessage>(&body) {
+            Ok(reply) => Ok(StreamableHttpPostResponse::Json(reply, new_session)),
+            Err(_) if awaits_no_response => Ok(StreamableHttpPostResponse::Accepted),
+            Err(e) => Err(Error::UnexpectedServerResponse(Cow::Owned(format!(
+                "could not parse JSON response as ServerJsonRpcMessage: {e}: {}",
+                preview(&body, 256)
+            )))),
+        }
     }
 
     /// Send a request built by `build` (given the bearer token); on a 401/403 challenge that
@@ -318,33 +321,8 @@ impl StreamableHttpClient for HyperMcpClient {
             return Err(Error::UnexpectedContentType(ct));
         }
         let max = limits.max_json_response_size;
-        let too_large = |size: Option<u64>| {
-            let ClientJsonRpcMessage::Request(request) = &message else {
-                tracing::warn!(server = %self.server, size_bytes = size, "an MCP server's answer to a notification was over the size an MCP message may have: dropped");
-                return Ok(StreamableHttpPostResponse::Accepted);
-            };
-            tracing::warn!(server = %self.server, size_bytes = size, max_bytes = max, "an MCP server's answer was over the size an MCP message may have: its call ended with the reason");
-            let who = format!("MCP server {}", self.server);
-            let error = super::too_large::error_data(&who, size);
-            let reply = ServerJsonRpcMessage::error(error, Some(request.id.clone()));
-            Ok(StreamableHttpPostResponse::Json(reply, new_session.clone()))
-        };
-        if content_length.is_some_and(|n| n > max as u64) {
-            return too_large(content_length);
-        }
-        let body = match read_bounded(response.into_body(), max).await {
-            Ok(body) => body,
-            Err(Error::ResponseBodyTooLarge { .. }) => return too_large(None),
-            Err(e) => return Err(e),
-        };
-        match serde_json::from_slice::<ServerJsonRpcMessage>(&body) {
-            Ok(reply) => Ok(StreamableHttpPostResponse::Json(reply, new_session)),
-            Err(_) if awaits_no_response => Ok(StreamableHttpPostResponse::Accepted),
-            Err(e) => Err(Error::UnexpectedServerResponse(Cow::Owned(format!(
-                "could not parse JSON response as ServerJsonRpcMessage: {e}: {}",
-                preview(&body, 256)
-            )))),
-        }
+        self.json_answer(response, &message, new_session, content_length, max)
+            .await
     }
 
     async fn delete_session(
@@ -478,11 +456,14 @@ pub fn server_transport(
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use http::HeaderMap;
     use http_body_util::BodyExt;
 
-    use super::answers::challenge_scope;
-    use super::sse::SseParser;
+    use super::bounded_events::SseParser;
+    use super::responses::challenge_scope;
+    use super::wire::Sse;
     use std::sync::Mutex;
 
     use hyper::server::conn::http1;

@@ -17,8 +17,9 @@
 use oauth2::url::form_urlencoded;
 
 use super::discovery::{self, AuthServer};
+use super::server_oauth::{OAuth, State};
 use super::store::{ClientReg, Saved};
-use super::{tokens, web, OAuth, State};
+use super::{tokens, web};
 use crate::config::IdpConfig;
 
 pub const TOKEN_EXCHANGE: &str = "urn:ietf:params:oauth:grant-type:token-exchange";

@@ -12,7 +12,7 @@ use rmcp::transport::streamable_http_client::{
     StreamableHttpResponseLimits,
 };
 
-use super::{Error, HyperMcpError, SESSION_ID};
+use super::wire::{Error, HyperMcpError, SESSION_ID};
 
 /// Whether a `Content-Type` names `mime`, ignoring case and parameters such as `charset`.
 pub(super) fn media_type_is(value: &HeaderValue, mime: &str) -> bool {

@@ -16,7 +16,7 @@ use rmcp::transport::streamable_http_client::SseError;
 use serde_json::json;
 
 use super::super::too_large::{self, GLIMPSE};
-use super::Sse;
+use super::wire::Sse;
 
 /// The events of an SSE body, each at most `max_event_size` raw bytes (comments excluded).
 pub(super) fn sse_events(
