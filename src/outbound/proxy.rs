@@ -60,8 +60,8 @@ impl Proxy {
 }
 
 /// `%XX` decoding (RFC 3986): each `%` followed by two hex digits becomes that byte, anything
-/// else is kept as it is (`+` included: form decoding is the caller's). The one decoder of the
-/// crate: proxy credentials, `data:` URIs, query parameters.
+/// else is kept as it is (`+` included). For proxy credentials and `data:` URIs; query strings
+/// are form-decoded with `form_urlencoded` (`http/query.rs`).
 pub(crate) fn percent_decode(s: &str) -> Vec<u8> {
     let b = s.as_bytes();
     let hex = |c: u8| (c as char).to_digit(16);
