@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use prometheus_client::metrics::gauge::Gauge;
 
-use super::registry::{StateLabels, METRICS};
+use super::families::{StateLabels, METRICS};
 
 /// Adds one to a gauge while it lives.
 pub struct GaugeGuard(Gauge);

@@ -11,19 +11,19 @@
 //! kept in a small map looked up by `&str`; recording is then an atomic add or a histogram's
 //! uncontended lock.
 
+mod families;
 mod gauges;
-mod registry;
 mod tool_metrics;
 mod turn_metrics;
 
 #[cfg(test)]
 mod tests;
 
+pub use families::{
+    inc, render, CONNECTIONS_REFUSED, CONNECTIONS_TIMED_OUT, CONTENT_TYPE, TURNS_STARTED,
+};
 pub use gauges::{
     connection_open, mcp_endpoint_session, store_commit, store_commit_took, stream_open, GaugeGuard,
-};
-pub use registry::{
-    inc, render, CONNECTIONS_REFUSED, CONNECTIONS_TIMED_OUT, CONTENT_TYPE, TURNS_STARTED,
 };
 pub use tool_metrics::{mcp, mcp_sampling, tool, McpMetrics, NotRun, ToolDirectory, ToolLabels};
 pub use turn_metrics::{turns, upstream, TurnMetrics, TurnOutcome};

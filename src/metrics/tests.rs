@@ -3,7 +3,7 @@ use std::time::Instant;
 
 use prometheus_client::metrics::counter::Counter;
 
-use super::registry::{hist, METRICS, TOOL_BUCKETS};
+use super::families::{hist, METRICS, TOOL_BUCKETS};
 use super::tool_metrics::{NotRun, ToolMetrics};
 use super::turn_metrics::upstream;
 

@@ -9,10 +9,10 @@ use prometheus_client::metrics::histogram::Histogram;
 
 use prometheus_client::metrics::gauge::Gauge;
 
-use super::gauges::GaugeGuard;
-use super::registry::{
+use super::families::{
     Handles, SamplingLabels, ServerLabels, ServerToolLabels, ToolCallLabels, METRICS,
 };
+use super::gauges::GaugeGuard;
 
 /// The tool metrics resolved so far, by federated name.
 static BY_TOOL: LazyLock<Handles<ToolMetrics>> = LazyLock::new(Handles::default);

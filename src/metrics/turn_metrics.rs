@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::Histogram;
 
-use super::registry::{AgentLabels, CallLabels, Handles, ModelLabels, TurnLabels, METRICS};
+use super::families::{AgentLabels, CallLabels, Handles, ModelLabels, TurnLabels, METRICS};
 
 /// The turn metrics resolved so far, by agent.
 static BY_AGENT: LazyLock<Handles<TurnMetrics>> = LazyLock::new(Handles::default);
