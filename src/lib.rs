@@ -18,7 +18,8 @@
 //! server in-process), `config`, the `engine` and its `log`, `tools`, `upstream`, `files`,
 //! `message`, `clock`, `ids`, `telemetry`, `memory` (the binary's say in giving memory back)
 //! and, behind the `testkit` feature, the fake upstreams. The serving layers (`api`, `http`,
-//! `protocol`) and `metrics`, `net` are private to the crate.
+//! `protocol`) and `metrics` are private to the crate; `outbound` (outbound HTTP) is public for
+//! its event-stream parser, which the tests fuzz.
 
 pub(crate) mod api;
 pub mod clock;
@@ -31,7 +32,7 @@ pub mod log;
 pub mod memory;
 pub mod message;
 pub(crate) mod metrics;
-pub(crate) mod net;
+pub mod outbound;
 pub(crate) mod protocol;
 pub mod startup;
 mod sync;

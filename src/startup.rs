@@ -249,7 +249,7 @@ async fn serve_metrics(
         bound,
         false,
     );
-    let task = crate::api::metrics::serve(l, engine.clone(), guard, shutdown.clone());
+    let task = crate::api::prometheus::serve(l, engine.clone(), guard, shutdown.clone());
     Ok((bound, tokio::spawn(task)))
 }
 

@@ -371,7 +371,7 @@ pub mod otlp {
         S: tracing::Subscriber + for<'a> LookupSpan<'a> + Send + Sync,
     {
         let client = Client {
-            inner: crate::net::https_client(Some(Duration::from_secs(5))),
+            inner: crate::outbound::https_client(Some(Duration::from_secs(5))),
             runtime,
         };
         let mut builder = opentelemetry_otlp::SpanExporter::builder()
@@ -404,7 +404,7 @@ pub mod otlp {
     /// Sends an export on the server's runtime (the exporter calls from a thread of its own).
     #[derive(Debug)]
     struct Client {
-        inner: crate::net::HttpsClient,
+        inner: crate::outbound::HttpsClient,
         runtime: tokio::runtime::Handle,
     }
 

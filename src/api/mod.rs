@@ -2,7 +2,7 @@
 //! handler, with auth and the body limit checked first. The arrows run one way: `api` imports
 //! the protocols and `http`; the protocols import `http` and the engine; `http` imports neither.
 
-pub mod metrics;
+pub mod prometheus;
 pub mod routes;
 
 use std::sync::Arc;
@@ -12,7 +12,7 @@ use tracing::Instrument;
 
 use crate::http::{json_response, ApiError, Request, Response};
 use crate::protocol::context::{App, Caller};
-use crate::protocol::{aap, console, events, files, operator, runs};
+use crate::protocol::{aap, console, events, files_api, operator, runs};
 use routes::{resolve, Endpoint};
 
 /// Serve one request, in a span of its own (see [`crate::telemetry::request_span`]) that ends
@@ -77,7 +77,7 @@ async fn dispatch(
         )),
         Endpoint::Readyz => operator::readyz(app).await,
         Endpoint::Status => operator::status(app).await,
-        Endpoint::Metrics => Ok(metrics::response(&app.engine)),
+        Endpoint::Metrics => Ok(prometheus::response(&app.engine)),
         Endpoint::Meta => Ok(aap::sessions::meta(app)),
         Endpoint::Tools => Ok(operator::tools(app)),
         Endpoint::ListSessions => aap::sessions::list(app, &caller, &req).await,
@@ -96,10 +96,10 @@ async fn dispatch(
         Endpoint::PlanConfirm(id) => runs::confirm(app, &caller, &id, req).await,
         Endpoint::PlanReject(id) => runs::reject(app, &caller, &id, req).await,
         Endpoint::Interrupt(id) => runs::interrupt(app, &caller, &id).await,
-        Endpoint::Upload => files::upload(app, &caller, req).await,
-        Endpoint::File(id) => files::metadata(app, &caller, &id).await,
-        Endpoint::DeleteFile(id) => files::delete(app, &caller, &id).await,
-        Endpoint::FileContent(id) => files::content(app, &caller, &id, &req).await,
+        Endpoint::Upload => files_api::upload(app, &caller, req).await,
+        Endpoint::File(id) => files_api::metadata(app, &caller, &id).await,
+        Endpoint::DeleteFile(id) => files_api::delete(app, &caller, &id).await,
+        Endpoint::FileContent(id) => files_api::content(app, &caller, &id, &req).await,
         Endpoint::Console(asset) => console::asset(&asset, &req),
         Endpoint::ConsolePending => console::pending(app, &caller, &req).await,
         Endpoint::Mcp(agent) => app.mcp.handle(agent.as_deref(), caller.owner, req).await,

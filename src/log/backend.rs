@@ -89,112 +89,13 @@
 //! `OpenPostgres` (at start) and `Postgres` (a read) carry the server's message.
 
 use std::future::Future;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::event::Event;
 use super::group::GroupCommit;
-
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("cannot open the store at {path}: {source}")]
-    Open {
-        path: PathBuf,
-        source: rusqlite::Error,
-    },
-    #[error("store error: {0}")]
-    Sql(#[from] rusqlite::Error),
-    #[error("a write to the store failed: {0}")]
-    WriteFailed(String),
-    #[error("a stored event is corrupt: {0}")]
-    Corrupt(String),
-    /// PostgreSQL: cannot connect, migrate, or the schema is newer than this build (at start).
-    #[error("cannot open the postgres store: {0}")]
-    OpenPostgres(String),
-    /// PostgreSQL: an error on a read (or getting a connection for one).
-    #[error("postgres store error: {0}")]
-    Postgres(String),
-}
-
-impl From<tokio_postgres::Error> for StoreError {
-    fn from(e: tokio_postgres::Error) -> StoreError {
-        StoreError::Postgres(pg_error_text(&e))
-    }
-}
-
-impl From<deadpool_postgres::PoolError> for StoreError {
-    fn from(e: deadpool_postgres::PoolError) -> StoreError {
-        StoreError::Postgres(e.to_string())
-    }
-}
-
-/// A PostgreSQL error with the server's own message when there is one (`Display` alone says
-/// only "db error").
-pub(crate) fn pg_error_text(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => format!("{}: {}", db.code().code(), db.message()),
-        None => e.to_string(),
-    }
-}
-
-/// A session row: its id, owner, creation time and its record (JSON, owned by the engine).
-#[derive(Debug, Clone)]
-pub struct SessionRow {
-    pub id: String,
-    pub owner: Option<String>,
-    pub created_at: String,
-    pub record: String,
-}
-
-/// What one owner's stored files take: how many, and their bytes as counted against a quota.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct FileUsage {
-    pub files: u64,
-    pub bytes: u64,
-}
-
-/// A stored file's metadata (the bytes are a blob named by `sha256`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FileRow {
-    pub id: String,
-    pub owner: Option<String>,
-    pub filename: String,
-    pub mime_type: String,
-    pub size_bytes: u64,
-    pub sha256: String,
-    pub created_at: String,
-}
-
-/// A write waiting in a backend's queue for the next commit.
-pub(crate) enum WriteOp {
-    Event {
-        session_id: Arc<str>,
-        seq: u64,
-        id: String,
-        turn_id: String,
-        /// The event's type as stored (`user.message`, `turn.completed`, ...): the reads that
-        /// filter on it (`unfinished_sessions`, `awaiting_client`, the file scans) use these.
-        kind: &'static str,
-        json: Arc<str>,
-    },
-    PutSession(SessionRow),
-    DeleteSession(String),
-    PutFile(FileRow),
-    DeleteFile(String),
-}
-
-impl WriteOp {
-    pub(crate) fn event(session_id: &Arc<str>, ev: &Event) -> WriteOp {
-        WriteOp::Event {
-            session_id: session_id.clone(),
-            seq: ev.seq,
-            id: ev.id.clone(),
-            turn_id: ev.turn_id.clone(),
-            kind: ev.body.type_name(),
-            json: ev.json.clone(),
-        }
-    }
-}
+pub(crate) use super::rows::pg_error_text;
+pub(crate) use super::rows::WriteOp;
+pub use super::rows::{FileRow, FileUsage, SessionRow, StoreError};
 
 /// What a store backend implements: the event log, the session table and file records, with
 /// group commit. See the [module documentation](self) for the model and the invariants.

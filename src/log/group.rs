@@ -15,7 +15,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use super::backend::{StoreError, WriteOp};
+use super::rows::{StoreError, WriteOp};
 use crate::sync::lock;
 
 /// Failed commits remembered, so that the callers whose writes they held learn of it.

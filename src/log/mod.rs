@@ -2,9 +2,10 @@
 //! truth: AAP history, the turns stream, the run stream and the event stream all render it.
 //!
 //! - `event.rs`: the events and how they are stored (JSON).
-//! - `store.rs`: [`Store`], the handle the crate holds, dispatching to a backend.
+//! - `store_handle.rs`: [`Store`], the handle the crate holds, dispatching to a backend.
 //! - `backend.rs`: `StoreBackend`, the seam a backend implements (group commit,
-//!   durability watermark, invariants), and the rows and errors all backends share.
+//!   durability watermark, invariants).
+//! - `rows.rs`: the rows, queued writes and errors all backends share.
 //! - `group.rs`: the backend-neutral half of group commit (queue, tickets, watermark, failed
 //!   commits, waking the flushes that wait on another's commit).
 //! - `sqlite/`: the embedded backend (schema, group commit, reads, file records, test hooks).
@@ -16,12 +17,13 @@ pub(crate) mod backend;
 pub mod event;
 pub(crate) mod group;
 pub(crate) mod postgres;
+pub(crate) mod rows;
 pub(crate) mod sqlite;
-pub mod store;
+pub mod store_handle;
 
-pub use backend::{FileRow, FileUsage, SessionRow, StoreError};
 pub use event::{Event, EventBody, FailReason, FileRef, StopReason};
 pub use postgres::deltas::{DeltaTap, DeltaWatch, RemoteDelta};
 pub use postgres::inbox::{InboxRow, Posted, Released};
 pub use postgres::lease::{ClaimGuard, Heard, LeaseTaken};
-pub use store::Store;
+pub use rows::{FileRow, FileUsage, SessionRow, StoreError};
+pub use store_handle::Store;

@@ -5,7 +5,7 @@ pub mod aap;
 pub mod console;
 pub mod context;
 pub mod events;
-pub mod files;
+pub mod files_api;
 pub mod mcp_endpoint;
 pub mod operator;
 pub mod runs;

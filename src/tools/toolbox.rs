@@ -146,3 +146,54 @@ impl ToolHost for Toolbox {
         self.mcp.shutdown()
     }
 }
+
+/// The federation alone as a tool host (the [`Toolbox`] adds the built-in tools to it).
+impl ToolHost for McpHost {
+    fn tools(&self) -> Arc<Vec<ServerTool>> {
+        self.listing()
+    }
+
+    fn call<'a>(
+        &'a self,
+        ctx: &'a CallContext,
+        name: &'a str,
+        input: Value,
+    ) -> BoxFuture<'a, ToolOutput> {
+        Box::pin(async move {
+            match self.call_server(ctx, name, input).await {
+                Ok(result) => super::mcp::content::to_output(result),
+                Err(failed) => failed,
+            }
+        })
+    }
+
+    fn call_verbatim<'a>(
+        &'a self,
+        ctx: &'a CallContext,
+        name: &'a str,
+        input: Value,
+    ) -> BoxFuture<'a, Reply> {
+        Box::pin(async move {
+            match self.call_server(ctx, name, input).await {
+                Ok(result) => Reply::Mcp(result),
+                Err(failed) => Reply::Output(failed),
+            }
+        })
+    }
+
+    fn generation(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.tool_generation()
+    }
+
+    fn servers(&self) -> Vec<ServerReport> {
+        self.status()
+    }
+
+    fn session_closed<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, ()> {
+        self.close_session(session_id)
+    }
+
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        self.stop_all()
+    }
+}

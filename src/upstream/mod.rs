@@ -6,9 +6,8 @@
 
 pub mod anthropic;
 pub mod echo;
-mod http1;
+mod errors;
 pub mod openai;
-pub mod sse;
 pub mod transport;
 
 use std::time::Duration;

@@ -1872,7 +1872,7 @@ fn random_toml_text_loads_or_fails_in_one_line() {
 /// split into chunks.
 #[test]
 fn sse_parser_is_split_invariant_and_never_panics() {
-    use turnstile::upstream::sse::SseParser;
+    use turnstile::outbound::event_stream::SseParser;
     let piece = prop_oneof![
         select(vec![
             "data: ",
@@ -1936,7 +1936,7 @@ fn sse_parser_is_split_invariant_and_never_panics() {
             let split = run(chunks);
             // An error ends the stream; which event it cut may depend on the split when the
             // limit is hit, so compare the events before the first error.
-            let ok = |v: &[Result<_, _>]| -> Vec<turnstile::upstream::sse::SseEvent> {
+            let ok = |v: &[Result<_, _>]| -> Vec<turnstile::outbound::event_stream::SseEvent> {
                 v.iter().map_while(|r| r.clone().ok()).collect()
             };
             let (w, s) = (ok(&whole), ok(&split));

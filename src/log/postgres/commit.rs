@@ -26,7 +26,7 @@ use std::task::Poll;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Statement};
 
-use super::{PgStore, EVENTS_CHANNEL};
+use super::pg_store::{PgStore, EVENTS_CHANNEL};
 use crate::log::backend::{pg_error_text, WriteOp};
 use crate::log::StoreError;
 

@@ -22,14 +22,16 @@
 //!   subscribers there have seen exactly the events its writer's had: never after the stored
 //!   event it leads to, never twice.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::{PgStore, Shared};
+use super::delta_state::{Deltas, Wire};
+use super::pg_store::{PgStore, Shared};
+
+pub use super::delta_state::{DeltaTap, RemoteDelta};
 use crate::log::StoreError;
 use crate::sync::lock;
 
@@ -38,20 +40,6 @@ pub(crate) const DELTAS_CHANNEL: &str = "turnstile_deltas";
 
 /// A payload's bytes at most (PostgreSQL refuses 8000 and more).
 pub(crate) const PAYLOAD_BYTES: usize = 7800;
-
-/// A delta another instance streamed, as the listener heard it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RemoteDelta {
-    pub session_id: String,
-    /// The seq of the last stored event the writer's subscribers had been shown before it.
-    pub after_seq: u64,
-    pub turn_id: String,
-    pub thinking: bool,
-    pub text: String,
-}
-
-/// A delta on the wire: (session, after_seq, turn, thinking, text).
-type Wire = (String, u64, String, bool, String);
 
 /// One notification on [`DELTAS_CHANNEL`].
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
@@ -70,68 +58,6 @@ struct Message {
     /// Deltas: (session, after_seq, turn, thinking, text).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     d: Vec<Wire>,
-}
-
-/// The deltas and watches of one store (one instance).
-#[derive(Default)]
-pub(crate) struct Deltas {
-    /// Sessions other instances watch: by session, each watching instance and when its watch
-    /// expires unless renewed.
-    watched: Mutex<HashMap<String, HashMap<String, Instant>>>,
-    /// `watched.len()`: when 0 (nobody watches anything) no lock is taken.
-    n_watched: AtomicUsize,
-    /// This instance's live subscribers, by session.
-    watching: Mutex<HashMap<String, usize>>,
-    /// Held while this instance tells the database of a watch or its end, so that a session
-    /// watched again as its last subscriber leaves ends watched.
-    watch_ops: tokio::sync::Mutex<()>,
-    /// Deltas queued to send.
-    queue: Mutex<Vec<Wire>>,
-    /// Held while a batch is sent (a commit waits for the one under way).
-    sending: tokio::sync::Mutex<()>,
-    /// Woken when the queue gains its first delta.
-    wake: tokio::sync::Notify,
-    /// Whether the listener has listened and read the watches under way once (an instance
-    /// starts serving only then: see [`Deltas::until_listening`]).
-    listening: std::sync::atomic::AtomicBool,
-    listening_now: tokio::sync::Notify,
-    /// Numbers this instance's notifications on the channel.
-    numbered: AtomicU64,
-}
-
-/// What the engine holds to send a session's deltas (`Store::delta_tap`).
-#[derive(Clone)]
-pub struct DeltaTap {
-    deltas: Arc<Deltas>,
-    session_id: Arc<str>,
-}
-
-impl DeltaTap {
-    /// Whether another instance watches the session now. One atomic load when nobody watches
-    /// anything.
-    pub fn watched(&self) -> bool {
-        self.deltas.is_watched(&self.session_id)
-    }
-
-    /// Queue a delta for the instances watching the session (call it under the session's
-    /// lock, in the order its subscribers get them). Never blocks, never fails.
-    pub fn send(&self, after_seq: u64, turn_id: &str, thinking: bool, text: &str) {
-        let d = &self.deltas;
-        if !d.is_watched(&self.session_id) {
-            return;
-        }
-        let mut q = lock(&d.queue);
-        q.push((
-            self.session_id.to_string(),
-            after_seq,
-            turn_id.to_string(),
-            thinking,
-            text.to_string(),
-        ));
-        if q.len() == 1 {
-            d.wake.notify_one();
-        }
-    }
 }
 
 /// This instance watches a session's deltas until dropped (`Store::watch_deltas`).
@@ -165,49 +91,6 @@ impl Drop for DeltaWatch {
                 }
             });
         }
-    }
-}
-
-impl Deltas {
-    fn is_watched(&self, session_id: &str) -> bool {
-        if self.n_watched.load(Ordering::Relaxed) == 0 {
-            return false;
-        }
-        let now = Instant::now();
-        let mut w = lock(&self.watched);
-        let Some(by) = w.get_mut(session_id) else {
-            return false;
-        };
-        by.retain(|_, until| *until > now);
-        if by.is_empty() {
-            w.remove(session_id);
-            self.n_watched.store(w.len(), Ordering::Relaxed);
-            return false;
-        }
-        true
-    }
-
-    fn note_watch(&self, instance: &str, sessions: Vec<String>, until: Instant) {
-        let mut w = lock(&self.watched);
-        for sid in sessions {
-            w.entry(sid)
-                .or_default()
-                .insert(instance.to_string(), until);
-        }
-        self.n_watched.store(w.len(), Ordering::Relaxed);
-    }
-
-    fn note_unwatch(&self, instance: &str, sessions: Vec<String>) {
-        let mut w = lock(&self.watched);
-        for sid in sessions {
-            if let Some(by) = w.get_mut(&sid) {
-                by.remove(instance);
-                if by.is_empty() {
-                    w.remove(&sid);
-                }
-            }
-        }
-        self.n_watched.store(w.len(), Ordering::Relaxed);
     }
 }
 
@@ -500,25 +383,6 @@ pub(super) async fn load_watches(shared: Weak<Shared>) {
     s.deltas.listening_now.notify_waiters();
 }
 
-impl Deltas {
-    /// Waits (at most `within`) until the listener listens and knows the watches under way,
-    /// so that a turn started at once sends its first deltas to whoever watches already.
-    pub(super) async fn until_listening(&self, within: Duration) {
-        let _ = tokio::time::timeout(within, async {
-            loop {
-                let now = self.listening_now.notified();
-                let mut now = std::pin::pin!(now);
-                now.as_mut().enable();
-                if self.listening.load(Ordering::Acquire) {
-                    return;
-                }
-                now.await;
-            }
-        })
-        .await;
-    }
-}
-
 /// A notification on [`DELTAS_CHANNEL`]: watches noted here, deltas handed on (in order).
 pub(super) fn heard(s: &Shared, payload: &str) -> Vec<RemoteDelta> {
     let Ok(msg) = serde_json::from_str::<Message>(payload) else {
@@ -549,107 +413,4 @@ pub(super) fn heard(s: &Shared, payload: &str) -> Vec<RemoteDelta> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn payloads_stay_under_the_limit_keep_order_and_cut_long_texts_at_char_boundaries() {
-        let long = "é\"\u{1}x".repeat(3000);
-        let deltas: Vec<_> = (0..200)
-            .map(|i| {
-                (
-                    "sess_a".to_string(),
-                    i,
-                    "turn_1".to_string(),
-                    false,
-                    format!("{i} "),
-                )
-            })
-            .chain([("sess_b".into(), 7, "turn_2".into(), true, long.clone())])
-            .collect();
-        let out = payloads("inst_x", 5, deltas);
-        assert!(out.len() > 2);
-        let mut all = Vec::new();
-        for (k, p) in out.iter().enumerate() {
-            assert!(p.len() < PAYLOAD_BYTES, "{}", p.len());
-            let m: Message = serde_json::from_str(p).unwrap();
-            assert_eq!((m.i.as_str(), m.n), ("inst_x", 5 + k as u64));
-            all.extend(m.d);
-        }
-        let texts: String = all
-            .iter()
-            .filter(|d| d.0 == "sess_a")
-            .map(|d| d.4.as_str())
-            .collect();
-        assert_eq!(texts, (0..200).map(|i| format!("{i} ")).collect::<String>());
-        let b: String = all
-            .iter()
-            .filter(|d| d.0 == "sess_b")
-            .map(|d| d.4.as_str())
-            .collect();
-        assert_eq!(b, long);
-        assert!(all.iter().filter(|d| d.0 == "sess_b").count() > 1);
-    }
-
-    #[test]
-    fn a_tap_queues_only_while_another_instance_watches_and_costs_a_load_otherwise() {
-        let deltas = Arc::new(Deltas::default());
-        let tap = DeltaTap {
-            deltas: deltas.clone(),
-            session_id: "sess_a".into(),
-        };
-        let started = Instant::now();
-        for _ in 0..1_000_000 {
-            tap.send(3, "turn_1", false, "some text");
-        }
-        let each = started.elapsed() / 1_000_000;
-        assert!(
-            lock(&deltas.queue).is_empty(),
-            "nobody watches: nothing queued"
-        );
-        println!("an unwatched session's delta costs its writer {each:?}");
-        // Another session watched: this one still queues nothing.
-        deltas.note_watch(
-            "b",
-            vec!["sess_z".into()],
-            Instant::now() + Duration::from_secs(60),
-        );
-        tap.send(3, "turn_1", false, "x");
-        assert!(lock(&deltas.queue).is_empty());
-        deltas.note_watch(
-            "b",
-            vec!["sess_a".into()],
-            Instant::now() + Duration::from_secs(60),
-        );
-        tap.send(3, "turn_1", true, "thought");
-        assert_eq!(
-            *lock(&deltas.queue),
-            [("sess_a".into(), 3, "turn_1".into(), true, "thought".into())]
-        );
-    }
-
-    #[test]
-    fn watches_expire_and_are_withdrawn() {
-        let d = Deltas::default();
-        assert!(!d.is_watched("s"));
-        d.note_watch(
-            "b",
-            vec!["s".into()],
-            Instant::now() + Duration::from_secs(60),
-        );
-        d.note_watch(
-            "c",
-            vec!["s".into()],
-            Instant::now() + Duration::from_secs(60),
-        );
-        assert!(d.is_watched("s"));
-        d.note_unwatch("b", vec!["s".into()]);
-        assert!(d.is_watched("s"), "c still watches");
-        d.note_unwatch("c", vec!["s".into()]);
-        assert!(!d.is_watched("s"));
-        assert_eq!(d.n_watched.load(Ordering::Relaxed), 0);
-        d.note_watch("b", vec!["t".into()], Instant::now());
-        assert!(!d.is_watched("t"), "expired");
-        assert_eq!(d.n_watched.load(Ordering::Relaxed), 0);
-    }
-}
+mod tests;

@@ -17,7 +17,7 @@
 //!   rows waiting, so whichever instance takes the lease first runs them.
 //! - An expired lease taken over (its holder died) is then released, which finds the rows.
 
-use super::PgStore;
+use super::pg_store::PgStore;
 use crate::log::StoreError;
 
 /// The channel the inbox notifies on: payload `<session id> <holder>` (no holder: anyone).

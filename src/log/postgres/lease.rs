@@ -24,23 +24,11 @@ use tokio::sync::broadcast;
 
 use super::deltas::{self, DELTAS_CHANNEL};
 use super::inbox::{Released, INBOX_CHANNEL};
-use super::{PgStore, Shared, EVENTS_CHANNEL};
+use super::pg_store::{PgStore, Shared, EVENTS_CHANNEL};
+
+pub use super::heard::Heard;
 use crate::log::StoreError;
 use crate::sync::lock;
-
-/// What the listener heard.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Heard {
-    /// A commit (of any instance, this one included) wrote this session's events up to `seq`.
-    Commit { session_id: String, seq: u64 },
-    /// The listening connection was lost and is back: re-read what is followed.
-    Resync,
-    /// Requests for this session wait in the inbox (`inbox.rs`), for `holder` (empty: for
-    /// whichever instance takes the lease).
-    Inbox { session_id: String, holder: String },
-    /// A delta another instance streamed (`deltas.rs`), heard in order with the commits.
-    Delta(super::deltas::RemoteDelta),
-}
 
 /// The outcome of [`PgStore::take_lease`].
 #[derive(Debug, Clone, PartialEq, Eq)]

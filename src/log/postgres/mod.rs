@@ -21,19 +21,21 @@
 //! contract) can wait on it from any thread without starving the connection it waits for.
 //!
 //! - `deltas.rs`: streamed deltas to the instances that watch a session (`NOTIFY`).
-//! - `files.rs`: stored files' bytes, chunked in the database, so any instance serves them.
+//! - `file_chunks.rs`: stored files' bytes, chunked in the database, so any instance serves them.
 
 mod commit;
+mod delta_state;
 pub(crate) mod deltas;
-pub(crate) mod files;
+pub(crate) mod file_chunks;
+mod heard;
 pub(crate) mod inbox;
 pub(crate) mod lease;
+mod pg_store;
 mod read;
 mod schema;
 
 use std::collections::HashSet;
-use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,92 +45,9 @@ use tokio_postgres::NoTls;
 use super::backend::{FileRow, FileUsage, SessionRow, StoreBackend, StoreError};
 use super::event::Event;
 use super::group::GroupCommit;
+use pg_store::{block_on, Rt, Shared, POOL_SIZE};
 
-/// The channel commits notify on: payload `<session id> <last committed seq>`.
-pub(crate) const EVENTS_CHANNEL: &str = "turnstile_events";
-
-/// Connections in the pool (the writer's and readers').
-const POOL_SIZE: usize = 16;
-
-/// The PostgreSQL backend; cheap to clone.
-#[derive(Clone)]
-pub(crate) struct PgStore {
-    shared: Arc<Shared>,
-}
-
-struct Shared {
-    /// The queue, its tickets, the watermark and the failed commits (`log/group.rs`).
-    group: GroupCommit,
-    /// The leader's lock, holding every ticket up to which a commit has been tried.
-    writer: tokio::sync::Mutex<u64>,
-    /// Whether the last commit failed (`/readyz`).
-    last_failed: AtomicBool,
-    pool: Pool,
-    /// This instance's name in lease rows (`inst_…`, new at every start).
-    instance: String,
-    /// `[store] lease_s`.
-    lease: Duration,
-    /// The sessions whose lease this instance holds (renewed by `lease::renew_loop`), each with
-    /// the mark of its last take (see `PgStore::release_lease`).
-    held: std::sync::Mutex<std::collections::HashMap<String, u64>>,
-    /// Sessions whose lease was newly taken and not yet read back by the engine
-    /// (`PgStore::lease_read_back`).
-    unread: std::sync::Mutex<HashSet<String>>,
-    /// Takes and releases of leases, one at a time: a release decided before a take (of the
-    /// same session) that comes first sees the take's mark and does not happen.
-    lease_ops: tokio::sync::Mutex<u64>,
-    /// Sessions with a claim under way (a lease taken for a turn not started yet), and how
-    /// many: their lease is not released meanwhile.
-    claiming: std::sync::Mutex<std::collections::HashMap<String, usize>>,
-    /// What the listener hears (`lease::listen_loop`).
-    heard: tokio::sync::broadcast::Sender<lease::Heard>,
-    /// Deltas to and from other instances, and who watches what (`deltas.rs`).
-    deltas: Arc<deltas::Deltas>,
-    /// Testing only: commits to fail, commits counted.
-    #[cfg(any(test, feature = "testkit"))]
-    pub(crate) faults: Faults,
-    /// Last: the runtime goes once nothing above needs it.
-    rt: Rt,
-}
-
-/// The store's own runtime, shut down without waiting when the store is dropped (which may
-/// happen on an async thread, where a runtime cannot be dropped the blocking way).
-struct Rt(Option<tokio::runtime::Runtime>);
-
-impl Rt {
-    fn handle(&self) -> &tokio::runtime::Handle {
-        self.0.as_ref().expect("runtime until dropped").handle()
-    }
-}
-
-impl Drop for Rt {
-    fn drop(&mut self) {
-        if let Some(rt) = self.0.take() {
-            rt.shutdown_background();
-        }
-    }
-}
-
-/// Test hooks: how many of the next commits fail, and the commits that wrote something.
-#[cfg(any(test, feature = "testkit"))]
-#[derive(Default)]
-pub(crate) struct Faults {
-    pub(crate) fail_next: std::sync::atomic::AtomicU32,
-    pub(crate) commits: std::sync::atomic::AtomicU64,
-}
-
-/// Runs `fut` on the store's runtime and blocks this thread for its output.
-fn block_on<T: Send + 'static>(
-    rt: &tokio::runtime::Handle,
-    fut: impl Future<Output = Result<T, StoreError>> + Send + 'static,
-) -> Result<T, StoreError> {
-    let (tx, rx) = std::sync::mpsc::sync_channel(1);
-    rt.spawn(async move {
-        let _ = tx.send(fut.await);
-    });
-    rx.recv()
-        .map_err(|_| StoreError::WriteFailed("the store's task ended early".into()))?
-}
+pub(crate) use pg_store::PgStore;
 
 impl PgStore {
     /// Connect to the database at `url`, migrate it, and keep a pool; renew this instance's
@@ -140,36 +59,8 @@ impl PgStore {
         lease: Duration,
         instance: Option<String>,
     ) -> Result<PgStore, StoreError> {
-        let mut cfg: tokio_postgres::Config = url.parse().map_err(|e| {
-            StoreError::OpenPostgres(format!("the connection string does not parse: {e}"))
-        })?;
-        cfg.application_name("turnstile");
-        if cfg.get_connect_timeout().is_none() {
-            cfg.connect_timeout(Duration::from_secs(10));
-        }
-        if fsync {
-            cfg.options("-c synchronous_commit=on");
-        }
-        let listen_cfg = cfg.clone();
-        let manager = Manager::from_config(
-            cfg,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(POOL_SIZE)
-            .runtime(deadpool_postgres::Runtime::Tokio1)
-            .build()
-            .map_err(|e| StoreError::OpenPostgres(e.to_string()))?;
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("turnstile-pg")
-            .enable_all()
-            .build()
-            .map_err(|e| StoreError::OpenPostgres(format!("cannot start its runtime: {e}")))?;
-        let rt = Rt(Some(rt));
+        let (pool, listen_cfg) = pool(url, fsync)?;
+        let rt = runtime()?;
         let p = pool.clone();
         block_on(rt.handle(), async move {
             let mut client = p
@@ -180,23 +71,7 @@ impl PgStore {
         })?;
         let (heard, _) = tokio::sync::broadcast::channel(4096);
         let store = PgStore {
-            shared: Arc::new(Shared {
-                group: GroupCommit::default(),
-                writer: tokio::sync::Mutex::new(0),
-                last_failed: AtomicBool::new(false),
-                pool,
-                instance: instance.unwrap_or_else(|| crate::ids::new("inst")),
-                lease,
-                held: Default::default(),
-                unread: Default::default(),
-                lease_ops: Default::default(),
-                claiming: Default::default(),
-                heard: heard.clone(),
-                deltas: Default::default(),
-                #[cfg(any(test, feature = "testkit"))]
-                faults: Faults::default(),
-                rt,
-            }),
+            shared: Arc::new(Shared::new(pool, instance, lease, heard.clone(), rt)),
         };
         let weak = Arc::downgrade(&store.shared);
         let handle = store.shared.rt.handle();
@@ -212,33 +87,44 @@ impl PgStore {
     }
 }
 
-/// Testing: the hooks `Store::commits` and `Store::fail_commits` dispatch to.
-#[cfg(any(test, feature = "testkit"))]
-impl PgStore {
-    pub(crate) fn commits(&self) -> u64 {
-        self.shared.faults.commits.load(Ordering::Relaxed)
+/// A pool of connections to the database at `url` (not connected yet), and the settings the
+/// listener connects with.
+fn pool(url: &str, fsync: bool) -> Result<(Pool, tokio_postgres::Config), StoreError> {
+    let mut cfg: tokio_postgres::Config = url.parse().map_err(|e| {
+        StoreError::OpenPostgres(format!("the connection string does not parse: {e}"))
+    })?;
+    cfg.application_name("turnstile");
+    if cfg.get_connect_timeout().is_none() {
+        cfg.connect_timeout(Duration::from_secs(10));
     }
-
-    pub(crate) fn fail_commits(&self, n: u32) {
-        self.shared.faults.fail_next.store(n, Ordering::Relaxed);
+    if fsync {
+        cfg.options("-c synchronous_commit=on");
     }
+    let listen_cfg = cfg.clone();
+    let manager = Manager::from_config(
+        cfg,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    let pool = Pool::builder(manager)
+        .max_size(POOL_SIZE)
+        .runtime(deadpool_postgres::Runtime::Tokio1)
+        .build()
+        .map_err(|e| StoreError::OpenPostgres(e.to_string()))?;
+    Ok((pool, listen_cfg))
 }
 
-impl PgStore {
-    /// Runs `f` with the pool on the store's runtime.
-    async fn run<T, Fut>(&self, f: impl FnOnce(Pool) -> Fut) -> Result<T, StoreError>
-    where
-        T: Send + 'static,
-        Fut: Future<Output = Result<T, StoreError>> + Send + 'static,
-    {
-        let fut = f(self.shared.pool.clone());
-        self.shared
-            .rt
-            .handle()
-            .spawn(fut)
-            .await
-            .map_err(|e| StoreError::Postgres(format!("store task failed: {e}")))?
-    }
+/// The store's own runtime (two threads).
+fn runtime() -> Result<Rt, StoreError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("turnstile-pg")
+        .enable_all()
+        .build()
+        .map_err(|e| StoreError::OpenPostgres(format!("cannot start its runtime: {e}")))?;
+    Ok(Rt(Some(rt)))
 }
 
 impl StoreBackend for PgStore {

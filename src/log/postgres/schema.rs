@@ -62,7 +62,7 @@ const MIGRATIONS: &[&str] = &[
         created_at timestamptz NOT NULL DEFAULT now()
     );
     CREATE INDEX inbox_by_session ON inbox (session_id, seq);",
-    // 3: stored files' bytes, chunked (`files.rs`: one row per 1 MiB of a blob, named by its
+    // 3: stored files' bytes, chunked (`file_chunks.rs`: one row per 1 MiB of a blob, named by its
     // SHA-256 as on disk), and which instances watch which sessions' deltas (`deltas.rs`: an
     // instance starting learns the watches already under way).
     "CREATE TABLE file_chunks (

@@ -13,10 +13,10 @@
 //! being killed (`kill -9`); with `fsync = true` every commit is also synced to disk
 //! (`synchronous = FULL`), which survives power loss at the cost of one fsync per group.
 //!
-//! Reads go through one reader connection on a blocking thread (`read.rs`, `files.rs`).
+//! Reads go through one reader connection on a blocking thread (`read.rs`, `file_records.rs`).
 
 mod commit;
-mod files;
+mod file_records;
 mod read;
 mod schema;
 mod testing;
@@ -208,7 +208,7 @@ impl StoreBackend for SqliteStore {
 
     async fn file(&self, id: &str) -> Result<Option<FileRow>, StoreError> {
         let id = id.to_string();
-        self.read(move |c| files::file(c, &id)).await
+        self.read(move |c| file_records::file(c, &id)).await
     }
 
     async fn file_usage_of(
@@ -216,22 +216,24 @@ impl StoreBackend for SqliteStore {
         owner: Option<String>,
         min_bytes: u64,
     ) -> Result<FileUsage, StoreError> {
-        self.read(move |c| files::file_usage_of(c, owner.as_deref(), min_bytes))
+        self.read(move |c| file_records::file_usage_of(c, owner.as_deref(), min_bytes))
             .await
     }
 
     async fn blob_in_use(&self, sha256: &str) -> Result<bool, StoreError> {
         let sha = sha256.to_string();
-        self.read(move |c| files::blob_in_use(c, &sha)).await
+        self.read(move |c| file_records::blob_in_use(c, &sha)).await
     }
 
     async fn session_file_ids(&self, session_id: &str) -> Result<Vec<String>, StoreError> {
         let sid = session_id.to_string();
-        self.read(move |c| files::session_file_ids(c, &sid)).await
+        self.read(move |c| file_records::session_file_ids(c, &sid))
+            .await
     }
 
     async fn files_referenced(&self, ids: Vec<String>) -> Result<HashSet<String>, StoreError> {
-        self.read(move |c| files::files_referenced(c, &ids)).await
+        self.read(move |c| file_records::files_referenced(c, &ids))
+            .await
     }
 }
 

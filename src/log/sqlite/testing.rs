@@ -42,7 +42,7 @@ mod hooks {
     use std::sync::atomic::Ordering::Relaxed;
 
     use crate::log::sqlite::SqliteStore;
-    use crate::log::store::Backend;
+    use crate::log::store_handle::Backend;
     use crate::log::{Store, StoreError};
     use crate::sync::lock;
 

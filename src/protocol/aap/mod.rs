@@ -23,9 +23,6 @@ use crate::protocol::context::{App, Caller};
 use render::TurnRenderer;
 use request::StreamMode;
 
-/// The AAP protocol version served.
-pub const VERSION: u32 = 3;
-
 /// Translate a turn request's messages into the engine's input.
 fn turn_input(messages: Vec<request::TurnMessage>) -> Result<TurnInput, ApiError> {
     use request::TurnMessage as M;

@@ -9,6 +9,9 @@ use serde_json::Value;
 use crate::engine::ToolGrant;
 use crate::message::{Content, Message, ToolSpec};
 
+/// The AAP protocol version served.
+pub const VERSION: u32 = 3;
+
 /// `stream`: how the turn's response is sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]

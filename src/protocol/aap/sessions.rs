@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use http::StatusCode;
 use serde_json::{json, Value};
 
-use super::{request, VERSION};
+use super::request::{self, VERSION};
 use crate::config::{AgentConfig, Verdict};
 use crate::engine::{AgentChoice, NewSession, SessionView};
 use crate::http::{body, json_response, query_param, ApiError, Request, Response};

@@ -30,12 +30,27 @@ use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::{json, Value};
 
 use super::ask::{self, Subject};
-use super::content::{refused, to_result};
-use super::sessions::{Busy, Sessions};
+use super::session_store::{Busy, Sessions};
+use super::tool_result::{refused, to_result};
 use super::uri::{plain_name, shown};
 use crate::config::{AgentConfig, Config, EndpointNames, Verdict};
 use crate::tools::relay::{Progress, PROGRESS};
 use crate::tools::{CallContext, Reply, ServerTool, ToolHost, ToolOutput};
+
+/// The resources one session subscribed to: (server, the server's URI) → the URI as the client
+/// gave it.
+type Subscribed = Arc<std::sync::Mutex<std::collections::HashMap<(String, String), String>>>;
+
+/// What one MCP session keeps of the servers' catalogs.
+#[derive(Default)]
+pub struct Kept {
+    pub(super) subscribed: Subscribed,
+    /// The level its client set (`logging/setLevel`): messages below it are not relayed.
+    #[allow(deprecated)]
+    pub(super) level: Arc<std::sync::Mutex<Option<rmcp::model::LoggingLevel>>>,
+    /// Set once its own instances' notifications are relayed to its client.
+    pub(super) relaying: std::sync::OnceLock<()>,
+}
 
 /// Who opened the session (put into each request's extensions by the endpoint).
 #[derive(Debug, Clone)]
@@ -49,7 +64,7 @@ pub struct Gate {
     pub agent: Arc<AgentConfig>,
     pub host: Arc<dyn ToolHost>,
     /// What it keeps of the servers' catalogs (subscriptions, its log level, relays).
-    pub kept: super::catalog::Kept,
+    pub kept: Kept,
     /// Cancelled when the session's server is dropped (its relays end with it).
     pub ended: tokio_util::sync::CancellationToken,
     _ending: tokio_util::sync::DropGuard,
@@ -167,7 +182,7 @@ impl Gate {
             .and_then(|p| p.headers.get("mcp-session-id"))
             .and_then(|v| v.to_str().ok())
             .unwrap_or("none");
-        let session_id = super::session_key(sid);
+        let session_id = super::session_store::session_key(sid);
         CallContext {
             workspace: self.config.server.sandboxes.join(&session_id),
             session_id,

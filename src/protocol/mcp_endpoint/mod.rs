@@ -6,15 +6,15 @@
 //! our HTTP layer: the same API keys, a session visible only to the key that opened it (404 to
 //! any other, as for AAP sessions), bodies bounded by `[server] max_body_bytes`. `/mcp` serves
 //! the first agent of `[mcp_endpoint] agents`, `/mcp/<agent>` each listed one. See [`gate`] for
-//! what a session offers, [`catalog`] for the servers' resources and prompts, and [`sessions`]
-//! for what a session costs while idle and when it ends.
+//! what a session offers, [`passthrough`] for the servers' resources and prompts, and
+//! [`session_store`] for what a session costs while idle and when it ends.
 
 mod ask;
-pub mod catalog;
-pub mod content;
 pub mod gate;
-mod sessions;
+pub mod passthrough;
+mod session_store;
 mod to_client;
+pub mod tool_result;
 pub mod uri;
 
 use std::sync::Arc;
@@ -26,24 +26,7 @@ use crate::config::Config;
 use crate::http::{ApiError, Request, Response};
 use crate::tools::ToolHost;
 use gate::{Gate, McpCaller};
-use sessions::{Busy, Refused, Sessions};
-
-/// The AAP-side session id an MCP session stands for (its workspace folder, its session-scoped
-/// MCP servers): `mcp-<Mcp-Session-Id>`.
-pub fn session_key(mcp_session_id: &str) -> String {
-    let clean: String = mcp_session_id
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .take(80)
-        .collect();
-    format!("mcp-{clean}")
-}
+use session_store::{Busy, Refused, Sessions};
 
 type Service = StreamableHttpService<Gate, Sessions>;
 
@@ -78,7 +61,7 @@ impl Endpoint {
         // With PostgreSQL, instances may share one `sandboxes` folder (see README "Several
         // instances"): another instance's sessions may be using what is there.
         if config.store.backend != crate::config::StoreBackendKind::Postgres {
-            sessions::remove_stale_workspaces(&config.server.sandboxes);
+            session_store::remove_stale_workspaces(&config.server.sandboxes);
         }
         let agents = if ep.enabled {
             ep.agents
@@ -98,7 +81,7 @@ impl Endpoint {
                         )
                         .with_cancellation_token(shutdown.child_token())
                         .disable_allowed_hosts();
-                    // A parked session is restored from its record (see `sessions`).
+                    // A parked session is restored from its record (see `session_store`).
                     http.session_store = Some(sessions.clone());
                     let (config, agent_cfg, host) =
                         (config.clone(), Arc::new(agent.clone()), host.clone());

@@ -7,8 +7,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 use super::discovery::{self, Challenge};
+use super::server_oauth::{pick_method, union, OAuth};
 use super::store::{ClientReg, Saved};
-use super::{pick_method, tokens, union, OAuth};
+use super::tokens;
 
 /// How long the loopback listener waits for the browser's redirect.
 const WAIT_FOR_REDIRECT: Duration = Duration::from_secs(300);
@@ -236,12 +237,7 @@ async fn receive(listener: &TcpListener, state: &str) -> Result<String, String> 
         let head = String::from_utf8_lossy(&buf[..n]);
         let target = head.split_whitespace().nth(1).unwrap_or("");
         let query = target.split_once('?').map(|(_, q)| q).unwrap_or("");
-        let params: Vec<(String, String)> = query
-            .split('&')
-            .filter_map(|kv| kv.split_once('='))
-            .map(|(k, v)| (decode(k), decode(v)))
-            .collect();
-        let get = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        let get = |k: &str| param(query, k);
         let (status, text, outcome) = match (get("code"), get("state"), get("error")) {
             (_, _, Some(err)) => (
                 "400 Bad Request",
@@ -271,38 +267,25 @@ async fn receive(listener: &TcpListener, state: &str) -> Result<String, String> 
     }
 }
 
-/// Percent-decoding of a query component (`+` is a space).
-fn decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < b.len() => {
-                match std::str::from_utf8(&b[i + 1..(i + 3).min(b.len())])
-                    .ok()
-                    .and_then(|h| u8::from_str_radix(h, 16).ok())
-                {
-                    Some(v) => {
-                        out.push(v);
-                        i += 2;
-                    }
-                    None => out.push(b'%'),
-                }
-            }
-            c => out.push(c),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+/// The first value of `name` in a query string, decoded (`+` is a space, then `%XX`).
+fn param(query: &str, name: &str) -> Option<String> {
+    form_urlencoded::parse(query.as_bytes())
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.into_owned())
 }
 
 #[cfg(test)]
 mod tests {
     #[test]
     fn query_decoding() {
-        assert_eq!(super::decode("a%20b+c%2F"), "a b c/");
-        assert_eq!(super::decode("%zz%4"), "%zz%4");
+        assert_eq!(
+            super::param("code=a%20b+c%2F", "code").as_deref(),
+            Some("a b c/")
+        );
+        assert_eq!(
+            super::param("x=1&state=%zz%4", "state").as_deref(),
+            Some("%zz%4")
+        );
+        assert_eq!(super::param("error=denied", "code"), None);
     }
 }

@@ -14,6 +14,7 @@
 pub mod discovery;
 mod identity;
 mod login;
+mod server_oauth;
 pub mod store;
 mod tokens;
 pub mod web;
@@ -23,41 +24,10 @@ use std::sync::Arc;
 
 use crate::config::{Env, McpServerConfig, McpTransport, OAuthConfig, OAuthGrant, ServerConfig};
 use discovery::Challenge;
+use server_oauth::{State, REFRESH_AHEAD_S};
 use store::{ClientReg, Saved, TokenStore};
 
-/// Step-ups (a new token for a challenged scope) in a row before giving up.
-pub const STEP_UPS: u32 = 3;
-/// A token this close to its expiry is refreshed first.
-const REFRESH_AHEAD_S: u64 = 60;
-
-/// One server's OAuth state.
-pub struct OAuth {
-    pub server: String,
-    url: String,
-    cfg: OAuthConfig,
-    store: TokenStore,
-    state: tokio::sync::Mutex<State>,
-    /// Where the secrets the config names are read.
-    env: Env,
-}
-
-impl std::fmt::Debug for OAuth {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OAuth")
-            .field("server", &self.server)
-            .finish_non_exhaustive()
-    }
-}
-
-#[derive(Default)]
-struct State {
-    saved: Option<Saved>,
-    stamp: Option<std::time::SystemTime>,
-    step_ups: u32,
-    refreshed_for_401: bool,
-    /// Why a login is needed, when it is.
-    needs_login: Option<String>,
-}
+pub use server_oauth::{pick_method, union, OAuth, STEP_UPS};
 
 impl OAuth {
     /// The OAuth handling of an HTTP server (`None` for stdio, or when the operator set an
@@ -369,34 +339,6 @@ impl OAuth {
         login::remember_scope(&self.store_dir(), &self.server, None);
         Ok(scope.unwrap_or_default())
     }
-}
-
-/// The space-separated union of two scope lists, in order.
-pub fn union(a: Option<&str>, b: Option<&str>) -> Option<String> {
-    let mut out: Vec<&str> = Vec::new();
-    for s in a.into_iter().chain(b).flat_map(str::split_whitespace) {
-        if !out.contains(&s) {
-            out.push(s);
-        }
-    }
-    (!out.is_empty()).then(|| out.join(" "))
-}
-
-/// The token endpoint auth method to use among what the server supports (RFC 8414's default
-/// when it says nothing: `client_secret_basic`).
-pub fn pick_method(supported: Option<&Vec<String>>, has_secret: bool) -> String {
-    let supports = |m: &str| supported.is_none_or(|s| s.iter().any(|x| x == m));
-    if has_secret {
-        for m in ["client_secret_basic", "client_secret_post"] {
-            if supports(m) {
-                return m.to_string();
-            }
-        }
-    }
-    if supported.is_some_and(|s| s.iter().any(|x| x == "none")) || !has_secret {
-        return "none".to_string();
-    }
-    "client_secret_basic".to_string()
 }
 
 #[cfg(test)]

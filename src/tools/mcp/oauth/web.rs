@@ -1,5 +1,5 @@
 //! The OAuth side's HTTP: small JSON and form requests to authorization servers over
-//! [`crate::net`], bounded, as the `oauth2` crate's async HTTP client too.
+//! [`crate::outbound`], bounded, as the `oauth2` crate's async HTTP client too.
 
 use std::time::Duration;
 
@@ -17,9 +17,9 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 #[error("{0}")]
 pub struct WebError(pub String);
 
-fn client() -> &'static crate::net::HttpsClient {
-    static CLIENT: std::sync::OnceLock<crate::net::HttpsClient> = std::sync::OnceLock::new();
-    CLIENT.get_or_init(|| crate::net::https_client(Some(Duration::from_secs(10))))
+fn client() -> &'static crate::outbound::HttpsClient {
+    static CLIENT: std::sync::OnceLock<crate::outbound::HttpsClient> = std::sync::OnceLock::new();
+    CLIENT.get_or_init(|| crate::outbound::https_client(Some(Duration::from_secs(10))))
 }
 
 /// Send a request; the whole response, its body bounded.

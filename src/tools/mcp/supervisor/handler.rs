@@ -32,7 +32,7 @@ pub(super) struct Handler {
     /// The calls whose progress is relayed (delivered by `ordered.rs`, in the server's order).
     pub(super) relays: Relays,
     /// Resource and prompt notifications, for `/mcp`.
-    pub(super) events: super::catalog::Events,
+    pub(super) events: super::catalog_events::Events,
     /// A session-scoped instance's root: its session's workspace (`None`: no roots declared).
     pub(super) root: Option<PathBuf>,
     /// Set once the server has asked for the roots.

@@ -10,12 +10,30 @@ use std::sync::{Arc, Mutex};
 use rmcp::service::{RoleClient, ServiceExt};
 use tokio::task::JoinHandle;
 
+use super::handler::Handler;
 use super::ordered::ordered;
-use super::{stdio, Handler, Placement, KEPT_ENV};
+use super::stdio;
 use crate::config::{Env, McpServerConfig, McpTransport, SandboxKind};
 use crate::tools::mcp::describe::describe_init_error;
 use crate::tools::mcp::stderr::{self, StderrLog};
 use crate::tools::mcp::{http_client, sandbox};
+
+/// Variables a child keeps from our environment; everything else is cleared.
+const KEPT_ENV: &[&str] = &[
+    "PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ", "USER", "SHELL",
+];
+
+/// Where an instance runs: its working folder and the value of `{workspace}` in its args.
+#[derive(Debug, Clone, Default)]
+pub struct Placement {
+    pub cwd: Option<PathBuf>,
+    pub workspace: Option<PathBuf>,
+    /// What a confined child must never reach, turnstile's own state
+    /// ([`crate::tools::mcp::sandbox::own_state`]).
+    pub private: Vec<PathBuf>,
+    /// An HTTP server's OAuth (shared by its instances).
+    pub oauth: Option<Arc<crate::tools::mcp::oauth::OAuth>>,
+}
 
 /// A connection that has done its handshake.
 pub(super) type Service = rmcp::service::RunningService<RoleClient, Handler>;

@@ -9,7 +9,6 @@
 //! drained until EOF and logged with bounds (see [`super::stderr`]).
 
 use std::ops::ControlFlow;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::elicit::Asker;
 
-mod catalog;
+mod catalog_events;
 mod handler;
 mod launch;
 mod line_limit;
@@ -30,8 +29,9 @@ mod stdio;
 use crate::config::McpServerConfig;
 use crate::tools::relay::Relays;
 use crate::tools::ToolOutput;
-pub use catalog::{CatalogEvent, SessionFeed};
+pub use catalog_events::{CatalogEvent, SessionFeed};
 use handler::{Calls, Handler, Registered};
+pub use launch::Placement;
 
 /// A tool as its server lists it.
 #[derive(Debug, Clone, PartialEq)]
@@ -52,11 +52,6 @@ pub enum Link {
     Down(String),
     Stopped,
 }
-
-/// Variables a child keeps from our environment; everything else is cleared.
-const KEPT_ENV: &[&str] = &[
-    "PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ", "USER", "SHELL",
-];
 
 /// Restart backoff: from this, doubling, capped; reset after sustained uptime.
 const BACKOFF_START: Duration = Duration::from_millis(100);
@@ -153,18 +148,6 @@ fn rfc3339(t: std::time::SystemTime) -> Option<String> {
         .ok()
 }
 
-/// Where an instance runs: its working folder and the value of `{workspace}` in its args.
-#[derive(Debug, Clone, Default)]
-pub struct Placement {
-    pub cwd: Option<PathBuf>,
-    pub workspace: Option<PathBuf>,
-    /// What a confined child must never reach, turnstile's own state
-    /// ([`super::sandbox::own_state`]).
-    pub private: Vec<PathBuf>,
-    /// An HTTP server's OAuth (shared by its instances).
-    pub oauth: Option<Arc<super::oauth::OAuth>>,
-}
-
 /// The handle of a running server instance.
 pub struct Supervisor {
     pub name: String,
@@ -182,7 +165,7 @@ pub struct Supervisor {
     /// Calls whose progress is relayed, by their progress token.
     relays: Relays,
     /// Its resource and prompt notifications (for `/mcp`).
-    events: catalog::Events,
+    events: catalog_events::Events,
 }
 
 impl Supervisor {
@@ -195,7 +178,7 @@ impl Supervisor {
         let tracker = Arc::new(std::sync::Mutex::new(Tracker::new()));
         let calls: Calls = Arc::default();
         let relays = Relays::default();
-        let events = catalog::events();
+        let events = catalog_events::events();
         let sup = Arc::new(Supervisor {
             name: cfg.name.clone(),
             link,
@@ -300,35 +283,7 @@ impl Supervisor {
             id,
         };
         let deadline = tokio::time::Instant::now() + self.timeout;
-        let mut link = self.link.clone();
-        let peer = loop {
-            let state = link.borrow_and_update().clone();
-            match state {
-                Link::Ready(peer) => break peer,
-                Link::Stopped => {
-                    return Err(ToolOutput::error(format!(
-                        "MCP server {} is stopped",
-                        self.name
-                    )))
-                }
-                Link::Starting | Link::Down(_) => {
-                    match tokio::time::timeout_at(deadline, link.changed()).await {
-                        Ok(Ok(())) => continue,
-                        _ => {
-                            let why = match &*link.borrow() {
-                                Link::Down(why) => why.clone(),
-                                _ => "it is starting".to_string(),
-                            };
-                            return Err(ToolOutput::error(format!(
-                                "MCP server {} is not available ({why}); the call timed out after {} s",
-                                self.name,
-                                self.timeout.as_secs()
-                            )));
-                        }
-                    }
-                }
-            }
-        };
+        let peer = self.up_by(deadline).await?;
         let args = match input {
             Value::Object(map) => Some(map),
             Value::Null => None,
@@ -372,6 +327,58 @@ impl Supervisor {
         }
     }
 
+    /// The connection, while the server is up.
+    pub fn peer(&self) -> Option<Peer<RoleClient>> {
+        match &*self.link.borrow() {
+            Link::Ready(peer) => Some(peer.clone()),
+            _ => None,
+        }
+    }
+
+    /// The server's `timeout_s`, for requests made on [`Self::peer`].
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The server's resource and prompt notifications from now on.
+    pub fn catalog_events(&self) -> tokio::sync::broadcast::Receiver<CatalogEvent> {
+        self.events.subscribe()
+    }
+
+    /// The connection once the server is up, waiting for it (a restart) until `deadline`; else
+    /// the error output the call gets.
+    async fn up_by(&self, deadline: tokio::time::Instant) -> Result<Peer<RoleClient>, ToolOutput> {
+        let mut link = self.link.clone();
+        loop {
+            let state = link.borrow_and_update().clone();
+            match state {
+                Link::Ready(peer) => return Ok(peer),
+                Link::Stopped => {
+                    return Err(ToolOutput::error(format!(
+                        "MCP server {} is stopped",
+                        self.name
+                    )))
+                }
+                Link::Starting | Link::Down(_) => {
+                    match tokio::time::timeout_at(deadline, link.changed()).await {
+                        Ok(Ok(())) => continue,
+                        _ => {
+                            let why = match &*link.borrow() {
+                                Link::Down(why) => why.clone(),
+                                _ => "it is starting".to_string(),
+                            };
+                            return Err(ToolOutput::error(format!(
+                                "MCP server {} is not available ({why}); the call timed out after {} s",
+                                self.name,
+                                self.timeout.as_secs()
+                            )));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// Stop the instance: close the connection and end the child's process group.
     pub async fn stop(&self) {
         self.shutdown.cancel();
@@ -405,7 +412,7 @@ struct Run {
     stderr_log: Arc<std::sync::Mutex<super::stderr::StderrLog>>,
     metrics: Arc<crate::metrics::McpMetrics>,
     calls: Calls,
-    events: catalog::Events,
+    events: catalog_events::Events,
 }
 
 impl Run {

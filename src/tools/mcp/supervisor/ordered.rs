@@ -12,7 +12,7 @@ use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::{IntoTransport, Transport};
 use rmcp::RoleClient;
 
-use super::catalog::{CatalogEvent, Events};
+use super::catalog_events::{CatalogEvent, Events};
 use crate::tools::relay::{self, Relays};
 
 pub(super) struct Ordered<T> {
