@@ -23,6 +23,9 @@
 //! binary is built first if it is missing. `--serve CONFIG` (internal) runs turnstile alone, so
 //! that the bench can read the server's own memory.
 
+// A tool for measuring and testing, not the server: a panic is its error message.
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)]
+
 #[path = "bench/lib.rs"]
 mod bench_lib;
 

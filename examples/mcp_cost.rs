@@ -15,6 +15,9 @@
 //! instructions per call, run it under callgrind at two N and divide the difference of the
 //! totals (without the client thread's) by the difference of the N.
 
+// A tool for measuring and testing, not the server: a panic is its error message.
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)]
+
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
 use std::io::{Read as _, Write as _};

@@ -32,6 +32,9 @@
 //!
 //! Every start writes `mcp_example: started (stdio|http)` to stderr.
 
+// A tool for measuring and testing, not the server: a panic is its error message.
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)]
+
 use std::convert::Infallible;
 use std::io::Write as _;
 use std::net::SocketAddr;

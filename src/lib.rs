@@ -38,6 +38,11 @@ pub mod startup;
 mod sync;
 pub mod telemetry;
 #[cfg(any(test, feature = "testkit"))]
+#[allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test fakes: a panic is the failure"
+)]
 pub mod testkit;
 pub mod tools;
 pub mod upstream;

@@ -6,6 +6,10 @@
 //! `common::TestServer::start_with_env` and `turnstile::config::Env`), never set in the
 //! process environment.
 
+// Helpers outside #[test] functions unwrap too (a panic there is the failure message), and
+// nothing here is a public API.
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)]
+
 mod common;
 
 mod aap;

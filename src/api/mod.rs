@@ -2,8 +2,8 @@
 //! handler, with auth and the body limit checked first. The arrows run one way: `api` imports
 //! the protocols and `http`; the protocols import `http` and the engine; `http` imports neither.
 
-pub mod prometheus;
-pub mod routes;
+pub(crate) mod prometheus;
+pub(crate) mod routes;
 
 use std::sync::Arc;
 
@@ -17,7 +17,7 @@ use routes::{resolve, Endpoint};
 
 /// Serve one request, in a span of its own (see [`crate::telemetry::request_span`]) that ends
 /// with one log line.
-pub async fn handle(app: Arc<App>, req: Request) -> Response {
+pub(crate) async fn handle(app: Arc<App>, req: Request) -> Response {
     let started = std::time::Instant::now();
     let method = req.method().clone();
     let route = resolve(&method, req.uri().path());

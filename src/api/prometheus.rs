@@ -11,7 +11,7 @@ use crate::http::{text_response, ApiError, Request, Response};
 use crate::metrics::{render, CONTENT_TYPE};
 
 /// The metrics in the Prometheus text format, the engine's gauges sampled now.
-pub fn response(engine: &Engine) -> Response {
+pub(crate) fn response(engine: &Engine) -> Response {
     let (sessions, pending) = engine.gauges();
     text_response(StatusCode::OK, CONTENT_TYPE, render(sessions, pending))
 }
@@ -38,7 +38,7 @@ fn answer(engine: &Engine, guard: &Guard, req: &Request) -> Response {
 
 /// Serve `GET /metrics` alone, without API keys, on `[server] metrics_listen` (a port for the
 /// scraper, kept off the API's), until `shutdown`.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
     engine: Engine,
     guard: Guard,

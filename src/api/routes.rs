@@ -7,7 +7,7 @@ use crate::http::ApiError;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 /// One thing the server answers: a method on a path, with the ids the path names.
-pub enum Endpoint {
+pub(crate) enum Endpoint {
     Healthz,
     Readyz,
     Status,
@@ -43,7 +43,7 @@ pub enum Endpoint {
 
 impl Endpoint {
     /// Endpoints that answer without a key.
-    pub fn is_public(&self, public_meta: bool, mcp_enabled: bool) -> bool {
+    pub(crate) fn is_public(&self, public_meta: bool, mcp_enabled: bool) -> bool {
         match self {
             Endpoint::Healthz | Endpoint::Readyz | Endpoint::Console(_) => true,
             Endpoint::Meta => public_meta,
@@ -55,7 +55,7 @@ impl Endpoint {
 
     /// The route's path with its ids as `{id}`: what logs and traces name a request by (one
     /// value per route, not per id).
-    pub fn template(&self) -> &'static str {
+    pub(crate) fn template(&self) -> &'static str {
         match self {
             Endpoint::Healthz => "/healthz",
             Endpoint::Readyz => "/readyz",
@@ -87,7 +87,7 @@ impl Endpoint {
     }
 
     /// The session the path names, if it names one.
-    pub fn session_id(&self) -> Option<&str> {
+    pub(crate) fn session_id(&self) -> Option<&str> {
         match self {
             Endpoint::GetSession(id)
             | Endpoint::DeleteSession(id)
@@ -109,7 +109,7 @@ impl Endpoint {
 
 /// Map a method and path to an endpoint: 404 for an unknown path, 405 for a known path with
 /// another method.
-pub fn resolve(method: &Method, path: &str) -> Result<Endpoint, ApiError> {
+pub(crate) fn resolve(method: &Method, path: &str) -> Result<Endpoint, ApiError> {
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     let Some((endpoint, allowed)) = top_level(method, &segs) else {
         return Err(ApiError::not_found(format!(

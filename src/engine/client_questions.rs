@@ -31,10 +31,10 @@ use crate::tools::{CallContext, ToolHost, ToolOutput};
 const TOOL_PARALLELISM: usize = 8;
 
 /// The result of a question asked before a restart, which cannot be answered now.
-pub const RESTARTED: &str = "Declined: the server restarted while this question waited; the MCP call that asked it cannot be resumed.";
+pub(super) const RESTARTED: &str = "Declined: the server restarted while this question waited; the MCP call that asked it cannot be resumed.";
 
 /// The result of a question not answered within the agent's `approval_ttl_s` (declined).
-pub const EXPIRED: &str = "Declined: not answered within approval_ttl_s.";
+pub(super) const EXPIRED: &str = "Declined: not answered within approval_ttl_s.";
 
 /// A question from a call in flight, with where its answer goes.
 pub(crate) struct Asked {

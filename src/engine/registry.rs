@@ -17,7 +17,7 @@ use crate::message::ToolSpec;
 use crate::sync::lock;
 
 /// Sessions per page of `list_sessions`.
-pub const PAGE_SIZE: usize = 50;
+pub(super) const PAGE_SIZE: usize = 50;
 
 /// `Retry-After` (seconds) of a key at its session quota: it must delete sessions first.
 const SESSIONS_RETRY_AFTER: u64 = 60;

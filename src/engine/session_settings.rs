@@ -109,7 +109,11 @@ pub(crate) fn agent_names(config: &Config) -> String {
 }
 
 /// The AAP options an agent offers: `thinking` always, `model` when `models` is set.
-pub fn validate_option(agent: &AgentConfig, key: &str, value: &str) -> Result<(), EngineError> {
+pub(super) fn validate_option(
+    agent: &AgentConfig,
+    key: &str,
+    value: &str,
+) -> Result<(), EngineError> {
     match key {
         "thinking" if value == "on" || value == "off" => Ok(()),
         "thinking" => Err(EngineError::Invalid(format!(

@@ -38,14 +38,14 @@ pub enum StopCause {
 
 /// The handle of a running turn.
 #[derive(Debug)]
-pub struct TurnControl {
+pub(crate) struct TurnControl {
     pub turn_id: String,
     pub token: CancellationToken,
     cause: Mutex<Option<StopCause>>,
 }
 
 impl TurnControl {
-    pub fn new(turn_id: String) -> Arc<TurnControl> {
+    pub(crate) fn new(turn_id: String) -> Arc<TurnControl> {
         Arc::new(TurnControl {
             turn_id,
             token: CancellationToken::new(),
@@ -54,13 +54,13 @@ impl TurnControl {
     }
 
     /// Ask the turn to stop; the first cause wins.
-    pub fn stop(&self, cause: StopCause) {
+    pub(crate) fn stop(&self, cause: StopCause) {
         let mut c = lock(&self.cause);
         c.get_or_insert(cause);
         self.token.cancel();
     }
 
-    pub fn cause(&self) -> Option<StopCause> {
+    pub(crate) fn cause(&self) -> Option<StopCause> {
         *lock(&self.cause)
     }
 }

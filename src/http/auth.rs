@@ -8,7 +8,7 @@ use super::{ApiError, Request};
 
 /// The configured keys, as digests.
 #[derive(Clone, Default)]
-pub struct Keys {
+pub(crate) struct Keys {
     digests: Vec<[u8; 32]>,
 }
 
@@ -20,7 +20,7 @@ fn sha256(s: &str) -> [u8; 32] {
 
 impl Keys {
     /// Keys from a comma-separated list (blank entries ignored).
-    pub fn parse(list: &str) -> Keys {
+    pub(crate) fn parse(list: &str) -> Keys {
         Keys {
             digests: list
                 .split(',')
@@ -31,12 +31,12 @@ impl Keys {
         }
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.digests.is_empty()
     }
 
     /// The owner id of the request's key; `None` when no keys are configured.
-    pub fn owner(&self, req: &Request) -> Result<Option<String>, ApiError> {
+    pub(crate) fn owner(&self, req: &Request) -> Result<Option<String>, ApiError> {
         if self.digests.is_empty() {
             return Ok(None);
         }

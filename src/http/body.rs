@@ -25,7 +25,7 @@ use super::error::ApiError;
 static STALL_MS: AtomicU64 = AtomicU64::new(60_000);
 
 /// Set how long a request body may stall (process-wide: the server calls it once at start).
-pub fn set_stall_timeout(d: Duration) {
+pub(crate) fn set_stall_timeout(d: Duration) {
     STALL_MS.store(d.as_millis().max(1) as u64, Ordering::Relaxed);
 }
 
@@ -36,7 +36,7 @@ fn stall_timeout() -> Duration {
 /// A request whose declared `Content-Length` is over `limit` bytes: 413 at once, before any
 /// of its body is read. `key` names the config key that sets the limit, `kind` is the error type
 /// (the route's own for a body over its limit, e.g. `file_too_large`).
-pub fn check_declared_length(
+pub(crate) fn check_declared_length(
     headers: &http::HeaderMap,
     limit: u64,
     key: &str,
@@ -60,7 +60,7 @@ pub fn check_declared_length(
 
 /// The body stalled: no bytes for the stall timeout.
 #[derive(Debug)]
-pub struct Stalled(Duration);
+pub(crate) struct Stalled(Duration);
 
 impl std::fmt::Display for Stalled {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -77,7 +77,7 @@ impl std::error::Error for Stalled {}
 /// A body that fails with [`Stalled`] when no frame comes for the stall timeout. The timer is
 /// made only when a frame is not ready at once (a small body that came with its head never
 /// makes one), and is re-armed, not re-made, between frames.
-pub struct Patient<B> {
+pub(crate) struct Patient<B> {
     body: B,
     stall: Duration,
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
@@ -86,7 +86,7 @@ pub struct Patient<B> {
 }
 
 /// `body`, cut off with [`Stalled`] when it sends nothing for `[server] idle_timeout_s`.
-pub fn patient<B>(body: B) -> Patient<B> {
+pub(crate) fn patient<B>(body: B) -> Patient<B> {
     Patient {
         body,
         stall: stall_timeout(),
@@ -145,7 +145,7 @@ where
 }
 
 /// The whole body, refusing more than `limit` bytes (413) and a body that stalls (408).
-pub async fn read_limited(body: Incoming, limit: u64) -> Result<Bytes, ApiError> {
+pub(crate) async fn read_limited(body: Incoming, limit: u64) -> Result<Bytes, ApiError> {
     match Limited::new(patient(body), limit as usize).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
@@ -167,7 +167,7 @@ pub async fn read_limited(body: Incoming, limit: u64) -> Result<Bytes, ApiError>
 }
 
 /// Parse a JSON body into `T`; an empty body parses as `{}`.
-pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
         b"{}"
     } else {
@@ -181,7 +181,7 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
 }
 
 /// Read and parse a JSON body.
-pub async fn json<T: DeserializeOwned>(body: Incoming, limit: u64) -> Result<T, ApiError> {
+pub(crate) async fn json<T: DeserializeOwned>(body: Incoming, limit: u64) -> Result<T, ApiError> {
     let bytes = read_limited(body, limit).await?;
     parse_json(&bytes)
 }

@@ -33,7 +33,7 @@ enum Hosts {
 
 /// The checks of the module documentation, for one listener.
 #[derive(Debug, Clone)]
-pub struct Guard {
+pub(crate) struct Guard {
     hosts: Hosts,
     /// `[server] allowed_hosts`: an `Origin` naming one of them is the server's own too (behind
     /// a proxy that rewrites `Host`).
@@ -43,7 +43,7 @@ pub struct Guard {
 impl Guard {
     /// The guard of a listener on `listen`: `allowed` is `[server] allowed_hosts` (`*` in it:
     /// any host), `keyed` whether API keys are required there.
-    pub fn new(allowed: Option<&[String]>, listen: SocketAddr, keyed: bool) -> Guard {
+    pub(crate) fn new(allowed: Option<&[String]>, listen: SocketAddr, keyed: bool) -> Guard {
         let list: Vec<String> = allowed
             .unwrap_or_default()
             .iter()
@@ -63,7 +63,7 @@ impl Guard {
 
     /// Refuse what a web page could have sent (see the module documentation); `navigable`:
     /// the route is a page a link may lead to.
-    pub fn check(&self, req: &Request, navigable: bool) -> Result<(), ApiError> {
+    pub(crate) fn check(&self, req: &Request, navigable: bool) -> Result<(), ApiError> {
         check_parts(self, req.method(), req.headers(), navigable)
     }
 
@@ -156,7 +156,7 @@ fn is_loopback_name(name: &str) -> bool {
 }
 
 /// A `POST` with a body must be JSON (see the module documentation); 415 otherwise.
-pub fn require_json(req: &Request) -> Result<(), ApiError> {
+pub(crate) fn require_json(req: &Request) -> Result<(), ApiError> {
     json_body(req.method(), req.headers())
 }
 

@@ -35,7 +35,7 @@ use super::Body;
 /// What one connection is doing, shared by its IO wrapper, its responses and its watchdog
 /// (all on the connection's task: the atomics are for `Send`, not for contention).
 #[derive(Debug)]
-pub struct Activity {
+pub(crate) struct Activity {
     start: Instant,
     /// Responses not yet fully sent (their bodies are alive).
     busy: AtomicU32,
@@ -53,7 +53,7 @@ pub struct Activity {
 
 impl Activity {
     /// A fresh connection: it owes its first request head.
-    pub fn new() -> Arc<Activity> {
+    pub(crate) fn new() -> Arc<Activity> {
         Arc::new(Activity {
             start: Instant::now(),
             busy: AtomicU32::new(0),
@@ -70,7 +70,7 @@ impl Activity {
 
     /// A request head is complete and its handler starts: the connection is busy until the
     /// returned guard (kept in the response body) is dropped.
-    pub fn begin(self: &Arc<Activity>) -> Busy {
+    pub(crate) fn begin(self: &Arc<Activity>) -> Busy {
         self.busy.fetch_add(1, Relaxed);
         self.head.store(false, Relaxed);
         Busy(self.clone())
@@ -90,7 +90,7 @@ impl Activity {
 /// Keeps its connection busy (not idle) while alive; the response body carries it, so that a
 /// stream keeps its connection until its last frame is sent.
 #[derive(Debug)]
-pub struct Busy(Arc<Activity>);
+pub(crate) struct Busy(Arc<Activity>);
 
 impl Drop for Busy {
     fn drop(&mut self) {
@@ -102,13 +102,13 @@ impl Drop for Busy {
 
 /// A response body that keeps its connection busy until hyper drops it (sent, or the
 /// connection gone). Forwards everything, `size_hint` included (it sets `Content-Length`).
-pub struct Tracked {
+pub(crate) struct Tracked {
     body: Body,
     _busy: Busy,
 }
 
 impl Tracked {
-    pub fn new(body: Body, busy: Busy) -> Tracked {
+    pub(crate) fn new(body: Body, busy: Busy) -> Tracked {
         Tracked { body, _busy: busy }
     }
 }
@@ -134,13 +134,13 @@ impl HttpBody for Tracked {
 }
 
 /// The socket, noting the first byte of each request head and whether writes are blocked.
-pub struct Watched<T> {
+pub(crate) struct Watched<T> {
     io: T,
     activity: Arc<Activity>,
 }
 
 impl<T> Watched<T> {
-    pub fn new(io: T, activity: Arc<Activity>) -> Watched<T> {
+    pub(crate) fn new(io: T, activity: Arc<Activity>) -> Watched<T> {
         Watched { io, activity }
     }
 
@@ -222,7 +222,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
 
 /// Why a connection was closed by its watchdog.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Expired {
+pub(crate) enum Expired {
     /// A request head was not complete within `[server] header_timeout_s`.
     Head,
     /// No request for `[server] idle_timeout_s`.
@@ -232,7 +232,7 @@ pub enum Expired {
 }
 
 impl Expired {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Expired::Head => "request head not complete within [server] header_timeout_s",
             Expired::Idle => "idle for [server] idle_timeout_s",
@@ -279,7 +279,7 @@ fn deadline(s: Snapshot, now: u64, header: u64, idle: u64) -> Result<Option<u64>
 /// Returns when the connection has broken one of its timeouts; the caller then drops the
 /// connection (closing the socket). Never returns while a response is being sent to a
 /// reading client.
-pub async fn watchdog(activity: &Activity, header: Duration, idle: Duration) -> Expired {
+pub(crate) async fn watchdog(activity: &Activity, header: Duration, idle: Duration) -> Expired {
     // A state change (a head starting, a response ending, writes blocking) is noticed within
     // `tick`; from then on the exact deadline is slept to, so timeouts are exact.
     let tick = header.min(idle);

@@ -9,12 +9,12 @@ use tracing::Instrument;
 use super::{ApiError, Response};
 
 /// Where detached work sends its answer; it may go on after sending.
-pub type Reply = oneshot::Sender<Result<Response, ApiError>>;
+pub(crate) type Reply = oneshot::Sender<Result<Response, ApiError>>;
 
 /// Run `work` on a task of its own (in the request's span) and answer with what it sends over
 /// its [`Reply`]. Work that ends without answering (a panic) is a 500 naming `what` ("the
 /// turn", "the run").
-pub async fn detached<F, Fut>(what: &'static str, work: F) -> Result<Response, ApiError>
+pub(crate) async fn detached<F, Fut>(what: &'static str, work: F) -> Result<Response, ApiError>
 where
     F: FnOnce(Reply) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,

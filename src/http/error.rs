@@ -11,7 +11,7 @@ use crate::engine::EngineError;
 use crate::files::FileError;
 
 #[derive(Debug, Clone)]
-pub struct ApiError {
+pub(crate) struct ApiError {
     pub status: StatusCode,
     pub kind: &'static str,
     pub message: String,
@@ -26,7 +26,11 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
+    pub(crate) fn new(
+        status: StatusCode,
+        kind: &'static str,
+        message: impl Into<String>,
+    ) -> ApiError {
         ApiError {
             status,
             kind,
@@ -38,23 +42,23 @@ impl ApiError {
     }
 
     /// A 500: `message` says what failed and points at the server log (where the cause is).
-    pub fn internal(message: impl Into<String>) -> ApiError {
+    pub(crate) fn internal(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal_error", message)
     }
 
-    pub fn bad_request(message: impl Into<String>) -> ApiError {
+    pub(crate) fn bad_request(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", message)
     }
 
-    pub fn not_found(message: impl Into<String>) -> ApiError {
+    pub(crate) fn not_found(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
     }
 
-    pub fn conflict(message: impl Into<String>) -> ApiError {
+    pub(crate) fn conflict(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::CONFLICT, "conflict", message)
     }
 
-    pub fn into_response(self) -> Response {
+    pub(crate) fn into_response(self) -> Response {
         let mut error = json!({"type": self.kind, "message": self.message});
         if let Some(serde_json::Value::Object(extra)) = self.extra.map(|e| *e) {
             for (k, v) in extra {

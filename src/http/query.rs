@@ -3,7 +3,7 @@
 use super::response::Request;
 
 /// The first query parameter `name`, decoded.
-pub fn query_param(req: &Request, name: &str) -> Option<String> {
+pub(crate) fn query_param(req: &Request, name: &str) -> Option<String> {
     param(req.uri().query()?, name)
 }
 

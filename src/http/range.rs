@@ -2,14 +2,17 @@
 
 /// A `Range` that cannot be satisfied (416).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Unsatisfiable {
+pub(crate) struct Unsatisfiable {
     /// The size of what was asked for, for the `Content-Range` of the answer.
     pub size: u64,
 }
 
 /// A single `bytes=` range against `size`: `Ok(None)` for no (or an ignorable) Range header,
 /// `Err(Unsatisfiable)` when it cannot be satisfied.
-pub fn parse_range(header: Option<&str>, size: u64) -> Result<Option<(u64, u64)>, Unsatisfiable> {
+pub(crate) fn parse_range(
+    header: Option<&str>,
+    size: u64,
+) -> Result<Option<(u64, u64)>, Unsatisfiable> {
     let bad = Unsatisfiable { size };
     let Some(spec) = header.and_then(|h| h.trim().strip_prefix("bytes=")) else {
         return Ok(None);

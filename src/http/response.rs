@@ -8,12 +8,15 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Empty, Full};
 
 /// Every response body: a full buffer or a stream (SSE).
-pub type Body = UnsyncBoxBody<Bytes, Infallible>;
-pub type Response = http::Response<Body>;
-pub type Request = http::Request<hyper::body::Incoming>;
+pub(crate) type Body = UnsyncBoxBody<Bytes, Infallible>;
+pub(crate) type Response = http::Response<Body>;
+pub(crate) type Request = http::Request<hyper::body::Incoming>;
 
 /// A JSON response.
-pub fn json_response<T: serde::Serialize + ?Sized>(status: StatusCode, value: &T) -> Response {
+pub(crate) fn json_response<T: serde::Serialize + ?Sized>(
+    status: StatusCode,
+    value: &T,
+) -> Response {
     let bytes = serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec());
     let mut resp = http::Response::new(Full::new(Bytes::from(bytes)).boxed_unsync());
     *resp.status_mut() = status;
@@ -25,14 +28,18 @@ pub fn json_response<T: serde::Serialize + ?Sized>(status: StatusCode, value: &T
 }
 
 /// A response with no body.
-pub fn empty_response(status: StatusCode) -> Response {
+pub(crate) fn empty_response(status: StatusCode) -> Response {
     let mut resp = http::Response::new(Empty::new().boxed_unsync());
     *resp.status_mut() = status;
     resp
 }
 
 /// A plain-text response.
-pub fn text_response(status: StatusCode, content_type: &'static str, text: String) -> Response {
+pub(crate) fn text_response(
+    status: StatusCode,
+    content_type: &'static str,
+    text: String,
+) -> Response {
     let mut resp = http::Response::new(Full::new(Bytes::from(text)).boxed_unsync());
     *resp.status_mut() = status;
     resp.headers_mut()

@@ -24,7 +24,7 @@ const REFUSED_WARN_EVERY: Duration = Duration::from_secs(10);
 /// Serve every request with `handle` until `shutdown` is cancelled, then stop accepting and
 /// give open connections `grace` to finish (streams of running turns end when their turns end).
 /// `server` gives the connection limits and timeouts.
-pub async fn serve<H, F>(
+pub(crate) async fn serve<H, F>(
     listener: TcpListener,
     server: ServerConfig,
     handle: H,

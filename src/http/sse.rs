@@ -20,10 +20,10 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use super::Response;
 
 /// A comment line about every this often, so that proxies keep the connection open.
-pub const KEEPALIVE: Duration = Duration::from_secs(15);
+pub(crate) const KEEPALIVE: Duration = Duration::from_secs(15);
 
 /// One SSE event in wire form.
-pub fn format_event(name: &str, data: &str, id: Option<&str>) -> Bytes {
+pub(crate) fn format_event(name: &str, data: &str, id: Option<&str>) -> Bytes {
     let mut b = BytesMut::with_capacity(name.len() + data.len() + 32);
     if let Some(id) = id {
         b.put_slice(b"id: ");
@@ -40,7 +40,7 @@ pub fn format_event(name: &str, data: &str, id: Option<&str>) -> Bytes {
 
 /// An SSE response sending what `events` yields (each item one or more events in wire form, see
 /// [`format_event`]) until it ends, or `stop` is cancelled and it has nothing ready.
-pub fn response(
+pub(crate) fn response(
     events: impl Stream<Item = Bytes> + Send + 'static,
     stop: &CancellationToken,
 ) -> Response {

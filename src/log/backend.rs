@@ -95,7 +95,7 @@ use super::event::Event;
 use super::group::GroupCommit;
 pub(crate) use super::rows::pg_error_text;
 pub(crate) use super::rows::WriteOp;
-pub use super::rows::{FileRow, FileUsage, SessionRow, StoreError};
+pub(crate) use super::rows::{FileRow, FileUsage, SessionRow, StoreError};
 
 /// What a store backend implements: the event log, the session table and file records, with
 /// group commit. See the [module documentation](self) for the model and the invariants.

@@ -12,14 +12,14 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 /// Turns accepted (started or queued).
-pub static TURNS_STARTED: LazyLock<Counter> = LazyLock::new(Counter::default);
+pub(crate) static TURNS_STARTED: LazyLock<Counter> = LazyLock::new(Counter::default);
 /// Connections closed at once because `[server] max_connections` were open.
-pub static CONNECTIONS_REFUSED: LazyLock<Counter> = LazyLock::new(Counter::default);
+pub(crate) static CONNECTIONS_REFUSED: LazyLock<Counter> = LazyLock::new(Counter::default);
 /// Connections closed for `[server] header_timeout_s` or `idle_timeout_s`.
-pub static CONNECTIONS_TIMED_OUT: LazyLock<Counter> = LazyLock::new(Counter::default);
+pub(crate) static CONNECTIONS_TIMED_OUT: LazyLock<Counter> = LazyLock::new(Counter::default);
 
 /// Add one to a counter.
-pub fn inc(c: &Counter) {
+pub(crate) fn inc(c: &Counter) {
     c.inc();
 }
 
@@ -220,7 +220,7 @@ impl<H> Handles<H> {
 
 /// Every metric in the Prometheus text format, with the engine's gauges as sampled now by the
 /// caller (sessions in memory, tool calls waiting for permission).
-pub fn render(sessions: usize, pending_approvals: usize) -> String {
+pub(crate) fn render(sessions: usize, pending_approvals: usize) -> String {
     let m = &*METRICS;
     m.sessions.set(sessions as i64);
     m.pending_approvals.set(pending_approvals as i64);
@@ -232,4 +232,4 @@ pub fn render(sessions: usize, pending_approvals: usize) -> String {
 }
 
 /// The `Content-Type` of [`render`]'s text.
-pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+pub(crate) const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;

@@ -8,7 +8,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use super::families::{StateLabels, METRICS};
 
 /// Adds one to a gauge while it lives.
-pub struct GaugeGuard(Gauge);
+pub(crate) struct GaugeGuard(Gauge);
 
 impl GaugeGuard {
     pub(super) fn new(g: &Gauge) -> GaugeGuard {
@@ -24,18 +24,18 @@ impl Drop for GaugeGuard {
 }
 
 /// An open HTTP connection, counted until dropped.
-pub fn connection_open() -> GaugeGuard {
+pub(crate) fn connection_open() -> GaugeGuard {
     GaugeGuard::new(&METRICS.connections)
 }
 
 /// An open event stream, counted until dropped.
-pub fn stream_open() -> GaugeGuard {
+pub(crate) fn stream_open() -> GaugeGuard {
     GaugeGuard::new(&METRICS.streams)
 }
 
 /// An open `/mcp` session moved from state `from` to `to` ("live" or "parked"; `None`: opened
 /// or ended).
-pub fn mcp_endpoint_session(from: Option<&'static str>, to: Option<&'static str>) {
+pub(crate) fn mcp_endpoint_session(from: Option<&'static str>, to: Option<&'static str>) {
     let m = &METRICS.mcp_endpoint_sessions;
     if let Some(state) = from {
         m.get_or_create(&StateLabels { state }).dec();
@@ -46,7 +46,7 @@ pub fn mcp_endpoint_session(from: Option<&'static str>, to: Option<&'static str>
 }
 
 /// Time `commit` (one group commit of the event log).
-pub fn store_commit<T>(commit: impl FnOnce() -> T) -> T {
+pub(crate) fn store_commit<T>(commit: impl FnOnce() -> T) -> T {
     let started = Instant::now();
     let out = commit();
     METRICS
@@ -56,6 +56,6 @@ pub fn store_commit<T>(commit: impl FnOnce() -> T) -> T {
 }
 
 /// Record one group commit timed by its caller (an async commit: PostgreSQL's).
-pub fn store_commit_took(elapsed: std::time::Duration) {
+pub(crate) fn store_commit_took(elapsed: std::time::Duration) {
     METRICS.store_commit_seconds.observe(elapsed.as_secs_f64());
 }

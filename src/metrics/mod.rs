@@ -19,11 +19,13 @@ mod turn_metrics;
 #[cfg(test)]
 mod tests;
 
-pub use families::{
+pub(crate) use families::{
     inc, render, CONNECTIONS_REFUSED, CONNECTIONS_TIMED_OUT, CONTENT_TYPE, TURNS_STARTED,
 };
-pub use gauges::{
+pub(crate) use gauges::{
     connection_open, mcp_endpoint_session, store_commit, store_commit_took, stream_open, GaugeGuard,
 };
-pub use tool_metrics::{mcp, mcp_sampling, tool, McpMetrics, NotRun, ToolDirectory, ToolLabels};
-pub use turn_metrics::{turns, upstream, TurnMetrics, TurnOutcome};
+pub(crate) use tool_metrics::{
+    mcp, mcp_sampling, tool, McpMetrics, NotRun, ToolDirectory, ToolLabels,
+};
+pub(crate) use turn_metrics::{turns, upstream, TurnMetrics, TurnOutcome};

@@ -20,7 +20,7 @@ static BY_TOOL: LazyLock<Handles<ToolMetrics>> = LazyLock::new(Handles::default)
 static BY_SERVER: LazyLock<Handles<McpMetrics>> = LazyLock::new(Handles::default);
 
 /// The metrics of one server tool.
-pub struct ToolMetrics {
+pub(crate) struct ToolMetrics {
     pub(super) ok: Counter,
     pub(super) error: Counter,
     pub(super) cancelled: Counter,
@@ -32,7 +32,7 @@ pub struct ToolMetrics {
 
 /// Why a tool call was not run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NotRun {
+pub(crate) enum NotRun {
     /// The client denied permission.
     Denied,
     /// The policy or the catalog refused it (denied tool, unknown or disabled tool).
@@ -43,13 +43,13 @@ pub enum NotRun {
 
 /// What the tool metrics need to know of a tool host (implemented in the tools module, so that
 /// this module imports none): where a federated tool name comes from.
-pub trait ToolDirectory {
+pub(crate) trait ToolDirectory {
     /// The labels of the tool federated as `name`; `None` for a name the host does not list.
     fn labels_of(&self, name: &str) -> Option<ToolLabels>;
 }
 
 /// The labels of one server tool's metrics.
-pub struct ToolLabels {
+pub(crate) struct ToolLabels {
     /// The MCP server's name (`builtin` for built-in tools).
     pub server: String,
     /// The tool's own name on its server.
@@ -60,7 +60,7 @@ pub struct ToolLabels {
 
 /// The handle of the metrics of the server tool federated as `name`. A name the host does not
 /// list is counted as server `unknown`, tool `unknown` (a model may make names up).
-pub fn tool<H: ToolDirectory + ?Sized>(host: &H, name: &str) -> Arc<ToolMetrics> {
+pub(crate) fn tool<H: ToolDirectory + ?Sized>(host: &H, name: &str) -> Arc<ToolMetrics> {
     let m = &*METRICS;
     let make = |server: &str, tool: &str, verdict: &'static str| {
         let c = |outcome| {
@@ -102,7 +102,7 @@ pub fn tool<H: ToolDirectory + ?Sized>(host: &H, name: &str) -> Arc<ToolMetrics>
 impl ToolMetrics {
     /// A call starts: its outcome is counted when [`ToolCall::done`] is called, or as
     /// `cancelled` when the call is dropped before.
-    pub fn start(self: Arc<Self>) -> ToolCall {
+    pub(crate) fn start(self: Arc<Self>) -> ToolCall {
         ToolCall {
             metrics: self,
             started: Instant::now(),
@@ -111,7 +111,7 @@ impl ToolMetrics {
     }
 
     /// A call that was not run.
-    pub fn not_run(&self, why: NotRun) {
+    pub(crate) fn not_run(&self, why: NotRun) {
         match why {
             NotRun::Denied => &self.denied,
             NotRun::Refused => &self.refused,
@@ -122,7 +122,7 @@ impl ToolMetrics {
 }
 
 /// A tool call under way.
-pub struct ToolCall {
+pub(crate) struct ToolCall {
     metrics: Arc<ToolMetrics>,
     started: Instant,
     done: bool,
@@ -130,7 +130,7 @@ pub struct ToolCall {
 
 impl ToolCall {
     /// The call gave a result (`is_error`: an error result).
-    pub fn done(mut self, is_error: bool) {
+    pub(crate) fn done(mut self, is_error: bool) {
         self.done = true;
         let m = &self.metrics;
         if is_error { &m.error } else { &m.ok }.inc();
@@ -150,13 +150,13 @@ impl Drop for ToolCall {
 }
 
 /// The metrics of one MCP server (all its instances).
-pub struct McpMetrics {
+pub(crate) struct McpMetrics {
     up: Gauge,
     restarts: Counter,
 }
 
 /// The handle of MCP server `server`'s metrics.
-pub fn mcp(server: &str) -> Arc<McpMetrics> {
+pub(crate) fn mcp(server: &str) -> Arc<McpMetrics> {
     let m = &*METRICS;
     BY_SERVER.get("", server, || {
         let labels = ServerLabels {
@@ -171,19 +171,23 @@ pub fn mcp(server: &str) -> Arc<McpMetrics> {
 
 impl McpMetrics {
     /// An instance is up until the guard is dropped.
-    pub fn up(&self) -> GaugeGuard {
+    pub(crate) fn up(&self) -> GaugeGuard {
         GaugeGuard::new(&self.up)
     }
 
     /// An instance is being restarted.
-    pub fn restarted(&self) {
+    pub(crate) fn restarted(&self) {
         self.restarts.inc();
     }
 }
 
 /// A sampling request of MCP server `server` ended so (`ok`, `refused`, `error`), with the
 /// tokens of the upstream call that answered it. Not on a hot path: labels are built per call.
-pub fn mcp_sampling(server: &str, outcome: &'static str, usage: Option<crate::message::Usage>) {
+pub(crate) fn mcp_sampling(
+    server: &str,
+    outcome: &'static str,
+    usage: Option<crate::message::Usage>,
+) {
     let m = &*METRICS;
     let server = server.to_string();
     if let Some(u) = usage {

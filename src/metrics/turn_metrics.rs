@@ -14,7 +14,7 @@ static BY_AGENT: LazyLock<Handles<TurnMetrics>> = LazyLock::new(Handles::default
 static BY_MODEL: LazyLock<Handles<Upstream>> = LazyLock::new(Handles::default);
 
 /// The turn metrics of one agent.
-pub struct TurnMetrics {
+pub(crate) struct TurnMetrics {
     completed: Counter,
     failed: Counter,
     cancelled: Counter,
@@ -23,14 +23,14 @@ pub struct TurnMetrics {
 
 /// How a turn ended, as `turnstile_turns_total{outcome}` counts it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TurnOutcome {
+pub(crate) enum TurnOutcome {
     Completed,
     Failed,
     Cancelled,
 }
 
 /// The handle of `agent`'s turn metrics.
-pub fn turns(agent: &str) -> Arc<TurnMetrics> {
+pub(crate) fn turns(agent: &str) -> Arc<TurnMetrics> {
     let m = &*METRICS;
     BY_AGENT.get("", agent, || {
         let c = |outcome| {
@@ -52,7 +52,7 @@ pub fn turns(agent: &str) -> Arc<TurnMetrics> {
 
 impl TurnMetrics {
     /// A turn ended; `ran`: how long it ran (`None` for a queued turn that never started).
-    pub fn ended(&self, outcome: TurnOutcome, ran: Option<Duration>) {
+    pub(crate) fn ended(&self, outcome: TurnOutcome, ran: Option<Duration>) {
         match outcome {
             TurnOutcome::Completed => &self.completed,
             TurnOutcome::Failed => &self.failed,
@@ -66,7 +66,7 @@ impl TurnMetrics {
 }
 
 /// The upstream metrics of one provider and model.
-pub struct Upstream {
+pub(crate) struct Upstream {
     ok: Counter,
     error: Counter,
     first_token: Histogram,
@@ -76,7 +76,7 @@ pub struct Upstream {
 }
 
 /// The handle of the upstream metrics for `model` at `provider`.
-pub fn upstream(provider: &'static str, model: &str) -> Arc<Upstream> {
+pub(crate) fn upstream(provider: &'static str, model: &str) -> Arc<Upstream> {
     let m = &*METRICS;
     BY_MODEL.get(provider, model, || {
         let labels = ModelLabels {
@@ -104,7 +104,7 @@ pub fn upstream(provider: &'static str, model: &str) -> Arc<Upstream> {
 impl Upstream {
     /// One call ended: sent at `started`, first fragment at `first` (if any streamed), with
     /// the usage it reported when it succeeded.
-    pub fn call(
+    pub(crate) fn call(
         &self,
         started: Instant,
         first: Option<Instant>,

@@ -4,6 +4,7 @@ use std::sync::{Arc, OnceLock};
 
 /// TLS for outbound connections: the webpki roots plus the system's (`SSL_CERT_FILE`,
 /// `SSL_CERT_DIR`, else the distribution's bundle), built once.
+#[expect(clippy::expect_used, reason = "ring supports TLS 1.3 on every build")]
 pub fn tls_config() -> rustls::ClientConfig {
     static CONFIG: OnceLock<rustls::ClientConfig> = OnceLock::new();
     CONFIG

@@ -17,7 +17,7 @@ use crate::http::{json_response, query_param, ApiError, Request, Response};
 use crate::protocol::context::{App, Caller};
 
 /// No inline script or style, nothing from another origin, no framing, no form posts.
-pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
+pub(crate) const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
      img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'none'; \
      frame-ancestors 'none'";
 
@@ -52,7 +52,7 @@ const ASSETS: &[Asset] = &[
 ];
 
 /// `GET /console/{asset}`: an embedded asset, or a 404 naming where the console is.
-pub fn asset(name: &str, req: &Request) -> Result<Response, ApiError> {
+pub(crate) fn asset(name: &str, req: &Request) -> Result<Response, ApiError> {
     match ASSETS.iter().find(|a| a.name == name) {
         Some(asset) => Ok(asset_response(asset, req)),
         None => Err(ApiError::not_found(format!(
@@ -113,7 +113,11 @@ fn asset_response(asset: &Asset, req: &Request) -> Response {
 /// `GET /console/pending[?session=ID]`: `{"pending": [{"session", "agent", "toolCallId", "name",
 /// "input", "expires_at", "expired"?, "server", "tool", "verdict", "rule"}]}`, the permissions
 /// that the caller's sessions (or that one) wait for, newest session first.
-pub async fn pending(app: &App, caller: &Caller, req: &Request) -> Result<Response, ApiError> {
+pub(crate) async fn pending(
+    app: &App,
+    caller: &Caller,
+    req: &Request,
+) -> Result<Response, ApiError> {
     let owner = caller.owner.as_deref();
     let mut ids = Vec::new();
     if let Some(id) = query_param(req, "session") {

@@ -7,7 +7,7 @@ use crate::files::FileStore;
 use crate::http::auth::Keys;
 
 /// The server's shared state, one per server: the engine, the keys and the file store.
-pub struct App {
+pub(crate) struct App {
     pub engine: Engine,
     pub keys: Keys,
     /// Whether `GET /meta` is served without a key.
@@ -23,13 +23,13 @@ pub struct App {
 
 impl App {
     /// The largest JSON request body (`[server] max_body_bytes`).
-    pub fn max_body(&self) -> u64 {
+    pub(crate) fn max_body(&self) -> u64 {
         self.engine.config().server.max_body_bytes
     }
 }
 
 /// Who is calling: the owner id of their key (`None` without keys).
 #[derive(Debug, Clone)]
-pub struct Caller {
+pub(crate) struct Caller {
     pub owner: Option<String>,
 }

@@ -47,7 +47,7 @@ struct Cancel {
 
 /// `POST /sessions/{id}/messages`: queue a turn; `202 {"turn_id"}`. Several instances on one
 /// store: queued on the one that runs the session (see `engine/scaleout/`).
-pub async fn send_message(
+pub(crate) async fn send_message(
     app: &App,
     caller: &Caller,
     id: &str,
@@ -135,7 +135,7 @@ async fn attachments(
 }
 
 /// `GET /sessions/{id}/events/history?after=&limit=`.
-pub async fn history(
+pub(crate) async fn history(
     app: &App,
     caller: &Caller,
     id: &str,
@@ -179,7 +179,7 @@ pub async fn history(
 }
 
 /// `GET /sessions/{id}/events/stream`: replay after `Last-Event-ID` (or `?after=`), then live.
-pub async fn stream(
+pub(crate) async fn stream(
     app: &App,
     caller: &Caller,
     id: &str,
@@ -226,7 +226,7 @@ pub async fn stream(
 }
 
 /// `POST /sessions/{id}/cancel` (`{"turn_id"}` optional): `200 {"cancelled": [turn ids]}`.
-pub async fn cancel(
+pub(crate) async fn cancel(
     app: &App,
     caller: &Caller,
     id: &str,

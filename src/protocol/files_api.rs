@@ -124,7 +124,7 @@ fn put_error(e: FileError, max_bytes: u64) -> ApiError {
 
 /// `POST /files`: the bytes go to disk as they come (never more than a small buffer in memory),
 /// at most `[files] max_bytes` of them, within the key's `[limits] disk_bytes_per_key`.
-pub async fn upload(app: &App, caller: &Caller, req: Request) -> Result<Response, ApiError> {
+pub(crate) async fn upload(app: &App, caller: &Caller, req: Request) -> Result<Response, ApiError> {
     let content_type = req
         .headers()
         .get(header::CONTENT_TYPE)
@@ -203,13 +203,13 @@ pub async fn upload(app: &App, caller: &Caller, req: Request) -> Result<Response
 
 /// `DELETE /files/{id}`: the owner's file, its record and (unless another record shares them)
 /// its bytes. Copies already in session workspaces stay.
-pub async fn delete(app: &App, caller: &Caller, id: &str) -> Result<Response, ApiError> {
+pub(crate) async fn delete(app: &App, caller: &Caller, id: &str) -> Result<Response, ApiError> {
     app.files.delete(caller.owner.as_deref(), id).await?;
     Ok(crate::http::empty_response(StatusCode::NO_CONTENT))
 }
 
 /// `GET /files/{id}`.
-pub async fn metadata(app: &App, caller: &Caller, id: &str) -> Result<Response, ApiError> {
+pub(crate) async fn metadata(app: &App, caller: &Caller, id: &str) -> Result<Response, ApiError> {
     let row = app.files.get(caller.owner.as_deref(), id).await?;
     let mut v = serde_json::to_value(to_ref(&row)).unwrap_or_default();
     v["created_at"] = serde_json::Value::String(row.created_at);
@@ -218,7 +218,7 @@ pub async fn metadata(app: &App, caller: &Caller, id: &str) -> Result<Response, 
 
 /// Types a browser would run or render with scripts (HTML, SVG, XML, JavaScript): always
 /// downloaded as attachments, never shown inline, and sandboxed should a browser open them.
-pub fn is_active(mime_type: &str) -> bool {
+pub(crate) fn is_active(mime_type: &str) -> bool {
     let essence = mime_type
         .split(';')
         .next()
@@ -243,7 +243,7 @@ pub fn is_active(mime_type: &str) -> bool {
 }
 
 /// RFC 6266 (every download is an attachment, whatever its type): an ASCII fallback and, for other names, `filename*` in UTF-8.
-pub fn content_disposition(name: &str) -> String {
+pub(crate) fn content_disposition(name: &str) -> String {
     let ascii: String = name
         .chars()
         .map(|c| {
@@ -269,7 +269,7 @@ pub fn content_disposition(name: &str) -> String {
 }
 
 /// `GET /files/{id}/content`.
-pub async fn content(
+pub(crate) async fn content(
     app: &App,
     caller: &Caller,
     id: &str,

@@ -11,7 +11,7 @@ use crate::tools::mcp::supervisor::ServerState;
 use crate::tools::ServerTool;
 
 /// One tool as `GET /tools` and `check` show it.
-pub fn tool_json(t: &ServerTool) -> serde_json::Value {
+pub(crate) fn tool_json(t: &ServerTool) -> serde_json::Value {
     json!({
         "name": t.spec.name,
         "server": t.server,
@@ -23,7 +23,7 @@ pub fn tool_json(t: &ServerTool) -> serde_json::Value {
 }
 
 /// `GET /tools`.
-pub fn tools(app: &App) -> Response {
+pub(crate) fn tools(app: &App) -> Response {
     let tools: Vec<_> = app.engine.host_tools().iter().map(tool_json).collect();
     json_response(StatusCode::OK, &json!({ "tools": tools }))
 }
@@ -34,7 +34,7 @@ const READY_RETRY_AFTER: u16 = 5;
 /// `GET /readyz`: 200 when the store is writable and every shared MCP server is up (or
 /// restarting within its budget, see [`crate::tools::mcp::supervisor::RESTART_BUDGET`]); else 503
 /// naming what is not ready. No key needed, like `/healthz`.
-pub async fn readyz(app: &App) -> Result<Response, ApiError> {
+pub(crate) async fn readyz(app: &App) -> Result<Response, ApiError> {
     let store = app.engine.store().clone();
     let store_ok = tokio::task::spawn_blocking(move || store.probe_writable())
         .await
@@ -100,7 +100,7 @@ fn state_name(s: ServerState) -> &'static str {
 
 /// `GET /status`: every MCP server's state, active turns by agent, the store's size on disk
 /// (the SQLite files under `data_dir`, or the PostgreSQL database's).
-pub async fn status(app: &App) -> Result<Response, ApiError> {
+pub(crate) async fn status(app: &App) -> Result<Response, ApiError> {
     let data_dir = app.engine.config().server.data_dir.clone();
     let (db_bytes, files_bytes) = tokio::task::spawn_blocking(move || {
         let db: u64 = ["turnstile.db", "turnstile.db-wal", "turnstile.db-shm"]

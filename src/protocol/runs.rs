@@ -92,7 +92,7 @@ fn finish(body: &EventBody) -> (&'static str, &'static str) {
 /// turn (its `user.message` carries a `plan_decision` block, shown as a user `message`) goes on
 /// the same run.
 #[derive(Default)]
-pub struct RunRenderer {
+pub(crate) struct RunRenderer {
     /// The last turn ended on a plan that waits for a decision.
     awaiting_plan: bool,
     step: u32,
@@ -110,7 +110,7 @@ impl RunRenderer {
     }
 
     /// The run-stream events (name, data) for one feed item.
-    pub fn render(&mut self, item: &Feed) -> Vec<(&'static str, Value)> {
+    pub(crate) fn render(&mut self, item: &Feed) -> Vec<(&'static str, Value)> {
         match item {
             Feed::Delta {
                 kind: DeltaKind::Message,
@@ -223,7 +223,7 @@ impl RunRenderer {
 /// `POST /run`: a one-off run in a session that is deleted afterwards. On a task of its own,
 /// like a turn request: a client that goes away must not cut the run short of deleting its
 /// session.
-pub async fn run(app: Arc<App>, caller: Caller, req: Request) -> Result<Response, ApiError> {
+pub(crate) async fn run(app: Arc<App>, caller: Caller, req: Request) -> Result<Response, ApiError> {
     detached("the run", move |reply| async move {
         let _ = reply.send(run_detached(&app, &caller, req).await);
     })
@@ -328,7 +328,7 @@ fn run_result(end: &EventBody, projector: Projector, steps: u32) -> Value {
 }
 
 /// `POST /sessions/{id}/run {"goal", "plan"?}`: `202 {"turn_id"}`; progress on `/events`.
-pub async fn session_run(
+pub(crate) async fn session_run(
     app: &App,
     caller: &Caller,
     id: &str,
@@ -353,7 +353,7 @@ pub async fn session_run(
 }
 
 /// `GET /sessions/{id}/events`: the current (or last) run from its first event, then live.
-pub async fn events(app: &App, caller: &Caller, id: &str) -> Result<Response, ApiError> {
+pub(crate) async fn events(app: &App, caller: &Caller, id: &str) -> Result<Response, ApiError> {
     let session = app.engine.session(caller.owner.as_deref(), id).await?;
     // The run's first turn on (a plan decision's turn goes on its plan's run).
     let start = session.run_start().saturating_sub(1);
@@ -376,7 +376,7 @@ pub async fn events(app: &App, caller: &Caller, id: &str) -> Result<Response, Ap
 }
 
 /// `POST /sessions/{id}/plan/confirm {"edits"?}`.
-pub async fn confirm(
+pub(crate) async fn confirm(
     app: &App,
     caller: &Caller,
     id: &str,
@@ -399,7 +399,7 @@ pub async fn confirm(
 }
 
 /// `POST /sessions/{id}/plan/reject {"reason"?}`.
-pub async fn reject(
+pub(crate) async fn reject(
     app: &App,
     caller: &Caller,
     id: &str,
@@ -424,7 +424,7 @@ pub async fn reject(
 }
 
 /// `POST /sessions/{id}/interrupt`: the runs API's name for cancelling everything.
-pub async fn interrupt(app: &App, caller: &Caller, id: &str) -> Result<Response, ApiError> {
+pub(crate) async fn interrupt(app: &App, caller: &Caller, id: &str) -> Result<Response, ApiError> {
     let session = app.engine.session(caller.owner.as_deref(), id).await?;
     let cancelled = app.engine.cancel(&session, None).await?;
     Ok(json_response(

@@ -234,7 +234,7 @@ pub(crate) struct Server<W: Wire> {
 
 impl<W: Wire> Server<W> {
     /// Binds `127.0.0.1:0` and starts serving.
-    pub async fn start() -> Server<W> {
+    pub(super) async fn start() -> Server<W> {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("fake upstream: bind 127.0.0.1:0");
@@ -248,47 +248,47 @@ impl<W: Wire> Server<W> {
         }
     }
 
-    pub fn addr(&self) -> SocketAddr {
+    pub(super) fn addr(&self) -> SocketAddr {
         self.addr
     }
 
     /// `http://127.0.0.1:PORT/v1`.
-    pub fn base_url(&self) -> String {
+    pub(super) fn base_url(&self) -> String {
         format!("http://{}/v1", self.addr)
     }
 
-    pub fn push(&self, reply: W::Reply) {
+    pub(super) fn push(&self, reply: W::Reply) {
         lock(&self.state.replies).push_back(reply);
     }
 
-    pub fn set_fallback(&self, reply: Option<W::Reply>) {
+    pub(super) fn set_fallback(&self, reply: Option<W::Reply>) {
         *lock(&self.state.fallback) = reply;
     }
 
-    pub fn record_requests(&self, on: bool) {
+    pub(super) fn record_requests(&self, on: bool) {
         self.state.record.store(on, Ordering::SeqCst);
     }
 
-    pub fn request_count(&self) -> u64 {
+    pub(super) fn request_count(&self) -> u64 {
         self.state.received.load(Ordering::SeqCst)
     }
 
-    pub fn pending_replies(&self) -> usize {
+    pub(super) fn pending_replies(&self) -> usize {
         lock(&self.state.replies).len()
     }
 
-    pub fn connections(&self) -> u64 {
+    pub(super) fn connections(&self) -> u64 {
         self.state.connections.load(Ordering::SeqCst)
     }
 
-    pub fn requests(&self) -> Vec<Value> {
+    pub(super) fn requests(&self) -> Vec<Value> {
         lock(&self.state.requests)
             .iter()
             .map(|(_, b)| b.clone())
             .collect()
     }
 
-    pub fn request_headers(&self) -> Vec<HeaderMap> {
+    pub(super) fn request_headers(&self) -> Vec<HeaderMap> {
         lock(&self.state.requests)
             .iter()
             .map(|(h, _)| h.clone())
@@ -296,7 +296,7 @@ impl<W: Wire> Server<W> {
     }
 
     /// Waits until at least `n` requests have been recorded, then returns them all.
-    pub async fn wait_requests(&self, n: usize) -> Vec<Value> {
+    pub(super) async fn wait_requests(&self, n: usize) -> Vec<Value> {
         loop {
             let arrived = self.state.arrived.notified();
             tokio::pin!(arrived);

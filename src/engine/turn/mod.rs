@@ -36,7 +36,7 @@ use crate::sync::lock;
 use crate::tools::ToolOutput;
 
 /// The result of a call the session waited on when a new message went on without its answer.
-pub const NOT_ANSWERED: &str = "Not answered: the session went on with a new message.";
+pub(super) const NOT_ANSWERED: &str = "Not answered: the session went on with a new message.";
 
 /// How long an event of a turn may wait to be committed while the turn waits on a model call or
 /// server tool calls: when it is due, what the turn has said is committed and published while

@@ -173,6 +173,10 @@ async fn produce(
 }
 
 impl BlobLock {
+    #[expect(
+        clippy::expect_used,
+        reason = "the connection is taken only by release(self)"
+    )]
     fn conn(&self) -> &Object {
         self.conn.as_ref().expect("held until released")
     }

@@ -97,6 +97,7 @@ impl Shared {
 pub(super) struct Rt(pub(super) Option<tokio::runtime::Runtime>);
 
 impl Rt {
+    #[expect(clippy::expect_used, reason = "taken only by Drop")]
     pub(super) fn handle(&self) -> &tokio::runtime::Handle {
         self.0.as_ref().expect("runtime until dropped").handle()
     }

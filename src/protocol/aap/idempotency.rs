@@ -23,15 +23,15 @@ use crate::http::ApiError;
 use crate::sync::lock;
 
 /// Keys kept per session (the oldest is forgotten first).
-pub const MAX_KEYS: usize = 64;
+pub(crate) const MAX_KEYS: usize = 64;
 /// How long a key is kept.
-pub const TTL: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const TTL: Duration = Duration::from_secs(24 * 3600);
 /// The longest key accepted.
-pub const MAX_KEY_LEN: usize = 255;
+pub(crate) const MAX_KEY_LEN: usize = 255;
 
 /// Where a keyed request stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Progress {
+pub(crate) enum Progress {
     /// Being validated; its turn not started yet.
     Reserved,
     /// It started this turn; the turn's events come after `after_seq` in the session's log.
@@ -49,12 +49,12 @@ struct Entry {
 
 /// One session's keys.
 #[derive(Default)]
-pub struct Keys {
+pub(crate) struct Keys {
     entries: Mutex<VecDeque<Entry>>,
 }
 
 /// What to do with a keyed request.
-pub enum Claim {
+pub(crate) enum Claim {
     /// The first with this key: go on, and report how it went through the ticket.
     First(Ticket),
     /// A repeat: wait on this for the first's turn.
@@ -62,13 +62,13 @@ pub enum Claim {
 }
 
 /// The first request's hold on its key.
-pub struct Ticket {
+pub(crate) struct Ticket {
     progress: Option<watch::Sender<Progress>>,
 }
 
 impl Ticket {
     /// The request started this turn.
-    pub fn started(mut self, turn_id: &str, after_seq: u64) {
+    pub(crate) fn started(mut self, turn_id: &str, after_seq: u64) {
         if let Some(tx) = self.progress.take() {
             tx.send_replace(Progress::Started {
                 turn_id: turn_id.to_string(),
@@ -89,7 +89,7 @@ impl Drop for Ticket {
 
 /// The `Idempotency-Key` header: `None` without one; 400 for one that is empty, too long or
 /// not visible ASCII.
-pub fn key_of(headers: &http::HeaderMap) -> Result<Option<String>, ApiError> {
+pub(crate) fn key_of(headers: &http::HeaderMap) -> Result<Option<String>, ApiError> {
     let Some(v) = headers.get("idempotency-key") else {
         return Ok(None);
     };
@@ -106,14 +106,14 @@ pub fn key_of(headers: &http::HeaderMap) -> Result<Option<String>, ApiError> {
 }
 
 /// SHA-256 (hex) of a request body.
-pub fn fingerprint(body: &[u8]) -> String {
+pub(crate) fn fingerprint(body: &[u8]) -> String {
     let d = ring::digest::digest(&ring::digest::SHA256, body);
     d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 impl Keys {
     /// Claim `key` for a request whose body has this fingerprint.
-    pub fn claim(&self, key: &str, fingerprint: &str) -> Result<Claim, ApiError> {
+    pub(crate) fn claim(&self, key: &str, fingerprint: &str) -> Result<Claim, ApiError> {
         let mut entries = lock(&self.entries);
         let now = Instant::now();
         entries.retain(|e| {
@@ -147,7 +147,7 @@ impl Keys {
 
 /// The turn a repeat replays: `None` when the first request was refused (the repeat then goes
 /// on as a first).
-pub async fn wait_started(mut rx: watch::Receiver<Progress>) -> Option<(String, u64)> {
+pub(crate) async fn wait_started(mut rx: watch::Receiver<Progress>) -> Option<(String, u64)> {
     loop {
         match &*rx.borrow_and_update() {
             Progress::Started { turn_id, after_seq } => return Some((turn_id.clone(), *after_seq)),
@@ -161,7 +161,7 @@ pub async fn wait_started(mut rx: watch::Receiver<Progress>) -> Option<(String, 
 }
 
 /// The 409 for a repeat of a streamed turn that still runs.
-pub fn in_progress(turn_id: &str) -> ApiError {
+pub(crate) fn in_progress(turn_id: &str) -> ApiError {
     ApiError {
         extra: Some(Box::new(json!({ "turn_id": turn_id }))),
         ..ApiError::new(

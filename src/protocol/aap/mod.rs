@@ -1,10 +1,10 @@
 //! AAP v3 (spec 000 and the AAP endpoint pages): turns here; `/meta`, sessions and history in
 //! [`sessions`].
 
-pub mod idempotency;
-pub mod render;
-pub mod request;
-pub mod sessions;
+pub(crate) mod idempotency;
+pub(crate) mod render;
+pub(crate) mod request;
+pub(crate) mod sessions;
 
 use std::sync::Arc;
 
@@ -92,7 +92,7 @@ fn turn_input(messages: Vec<request::TurnMessage>) -> Result<TurnInput, ApiError
 }
 
 /// `POST /sessions/{id}/turns`.
-pub async fn turns(
+pub(crate) async fn turns(
     app: Arc<App>,
     caller: Caller,
     id: String,

@@ -15,7 +15,7 @@ use crate::engine::{DeltaKind, Feed};
 use crate::log::{Event, EventBody, StopReason};
 
 /// The AAP `stopReason` of a terminal event, and an error object for failures.
-pub fn stop_reason(body: &EventBody) -> (&'static str, Option<Value>) {
+pub(crate) fn stop_reason(body: &EventBody) -> (&'static str, Option<Value>) {
     match body {
         EventBody::TurnCompleted { stop_reason, .. } => (
             match stop_reason {
@@ -43,7 +43,7 @@ pub fn stop_reason(body: &EventBody) -> (&'static str, Option<Value>) {
 
 /// Follows one turn's feed.
 #[derive(Default)]
-pub struct TurnRenderer {
+pub(crate) struct TurnRenderer {
     /// Calls whose results the client sent in this turn.
     client_results: HashSet<String>,
     /// This turn's events as history (`none` mode).
@@ -85,7 +85,7 @@ impl TurnRenderer {
     }
 
     /// The SSE events (name, data) for one feed item in `delta` or `message` mode.
-    pub fn sse(&mut self, mode: StreamMode, item: &Feed) -> Option<(&'static str, String)> {
+    pub(crate) fn sse(&mut self, mode: StreamMode, item: &Feed) -> Option<(&'static str, String)> {
         let (name, data) = match item {
             Feed::Fragment { kind, text } if mode == StreamMode::Delta => match kind {
                 DeltaKind::Message => {
@@ -159,7 +159,7 @@ impl TurnRenderer {
     }
 
     /// Fold one item for the JSON response; the `AgentResponse` once the turn has ended.
-    pub fn collect(&mut self, item: &Feed) -> Option<Value> {
+    pub(crate) fn collect(&mut self, item: &Feed) -> Option<Value> {
         let Feed::Event(ev) = item else { return None };
         self.note(ev);
         match &ev.body {

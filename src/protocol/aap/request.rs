@@ -10,12 +10,12 @@ use crate::engine::ToolGrant;
 use crate::message::{Content, Message, ToolSpec};
 
 /// The AAP protocol version served.
-pub const VERSION: u32 = 3;
+pub(crate) const VERSION: u32 = 3;
 
 /// `stream`: how the turn's response is sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
-pub enum StreamMode {
+pub(crate) enum StreamMode {
     Delta,
     Message,
     #[default]
@@ -25,7 +25,7 @@ pub enum StreamMode {
 /// AAP `AgentConfig`: the agent a session picks (`name` required at creation, forbidden to change later).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct AgentSelection {
+pub(crate) struct AgentSelection {
     pub name: Option<String>,
     pub tools: Option<Vec<ToolGrant>>,
     pub options: Option<BTreeMap<String, String>>,
@@ -34,7 +34,7 @@ pub struct AgentSelection {
 /// `POST /sessions`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct CreateSession {
+pub(crate) struct CreateSession {
     pub agent: Option<AgentSelection>,
     #[serde(default)]
     pub messages: Vec<Message>,
@@ -49,7 +49,7 @@ pub struct CreateSession {
 /// One message of a turn request.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(tag = "role", rename_all = "snake_case", deny_unknown_fields)]
-pub enum TurnMessage {
+pub(crate) enum TurnMessage {
     User {
         content: Content,
     },
@@ -82,7 +82,7 @@ pub enum TurnMessage {
 /// `POST /sessions/{id}/turns`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct StartTurn {
+pub(crate) struct StartTurn {
     pub agent: Option<AgentSelection>,
     #[serde(default)]
     pub stream: StreamMode,

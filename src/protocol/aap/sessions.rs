@@ -14,7 +14,7 @@ use crate::message::{Block, Content, Message};
 use crate::protocol::context::{App, Caller};
 
 /// `GET /meta`.
-pub fn meta(app: &App) -> Response {
+pub(crate) fn meta(app: &App) -> Response {
     let config = app.engine.config();
     let agents: Vec<Value> = config.agents.iter().map(|a| agent_info(app, a)).collect();
     json_response(
@@ -136,7 +136,7 @@ fn session_info(app: &App, view: &SessionView) -> Value {
 }
 
 /// `POST /sessions`.
-pub async fn create(app: &App, caller: &Caller, req: Request) -> Result<Response, ApiError> {
+pub(crate) async fn create(app: &App, caller: &Caller, req: Request) -> Result<Response, ApiError> {
     let body: request::CreateSession = body::json(req.into_body(), app.max_body()).await?;
     let agent = match body.agent {
         None => None,
@@ -204,7 +204,7 @@ pub(super) fn check_user_blocks(blocks: &[Block]) -> Result<(), ApiError> {
 }
 
 /// `GET /sessions?after=`.
-pub async fn list(app: &App, caller: &Caller, req: &Request) -> Result<Response, ApiError> {
+pub(crate) async fn list(app: &App, caller: &Caller, req: &Request) -> Result<Response, ApiError> {
     let after = query_param(req, "after");
     let (views, next) = app
         .engine
@@ -229,14 +229,14 @@ pub async fn list(app: &App, caller: &Caller, req: &Request) -> Result<Response,
 }
 
 /// `GET /sessions/{id}`.
-pub async fn get(app: &App, caller: &Caller, id: &str) -> Result<Response, ApiError> {
+pub(crate) async fn get(app: &App, caller: &Caller, id: &str) -> Result<Response, ApiError> {
     let session = app.engine.session(caller.owner.as_deref(), id).await?;
     let view = app.engine.view(&session);
     Ok(json_response(StatusCode::OK, &session_info(app, &view)))
 }
 
 /// `DELETE /sessions/{id}`.
-pub async fn delete(app: &App, caller: &Caller, id: &str) -> Result<Response, ApiError> {
+pub(crate) async fn delete(app: &App, caller: &Caller, id: &str) -> Result<Response, ApiError> {
     app.engine
         .delete_session(caller.owner.as_deref(), id)
         .await?;
@@ -244,7 +244,7 @@ pub async fn delete(app: &App, caller: &Caller, id: &str) -> Result<Response, Ap
 }
 
 /// `GET /sessions/{id}/history?type=full|compacted`.
-pub async fn history(
+pub(crate) async fn history(
     app: &App,
     caller: &Caller,
     id: &str,

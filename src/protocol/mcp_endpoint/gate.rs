@@ -43,7 +43,7 @@ type Subscribed = Arc<std::sync::Mutex<std::collections::HashMap<(String, String
 
 /// What one MCP session keeps of the servers' catalogs.
 #[derive(Default)]
-pub struct Kept {
+pub(crate) struct Kept {
     pub(super) subscribed: Subscribed,
     /// The level its client set (`logging/setLevel`): messages below it are not relayed.
     #[allow(deprecated)]
@@ -54,12 +54,12 @@ pub struct Kept {
 
 /// Who opened the session (put into each request's extensions by the endpoint).
 #[derive(Debug, Clone)]
-pub struct McpCaller {
+pub(crate) struct McpCaller {
     pub owner: Option<String>,
 }
 
 /// The server of one MCP session (while it is in memory: see [`Sessions`]).
-pub struct Gate {
+pub(crate) struct Gate {
     pub config: Arc<Config>,
     pub agent: Arc<AgentConfig>,
     pub host: Arc<dyn ToolHost>,
@@ -73,7 +73,7 @@ pub struct Gate {
 }
 
 impl Gate {
-    pub fn new(
+    pub(crate) fn new(
         config: Arc<Config>,
         agent: Arc<AgentConfig>,
         host: Arc<dyn ToolHost>,
@@ -120,7 +120,7 @@ fn shown_names(all: &[ServerTool], names: EndpointNames) -> Vec<String> {
 
 /// The tools an MCP client of `agent` sees, by the names it sees them by: its exposed ones
 /// (denied ones left out).
-pub fn listed(
+pub(crate) fn listed(
     agent: &AgentConfig,
     host: &dyn ToolHost,
     names: EndpointNames,

@@ -10,12 +10,12 @@
 //! [`session_store`] for what a session costs while idle and when it ends.
 
 mod ask;
-pub mod gate;
-pub mod passthrough;
+pub(crate) mod gate;
+pub(crate) mod passthrough;
 mod session_store;
 mod to_client;
-pub mod tool_result;
-pub mod uri;
+pub(crate) mod tool_result;
+pub(crate) mod uri;
 
 use std::sync::Arc;
 
@@ -38,7 +38,7 @@ struct AgentEndpoint {
 }
 
 /// The `/mcp` endpoint: off (every path a 404) unless `[mcp_endpoint] enabled = true`.
-pub struct Endpoint {
+pub(crate) struct Endpoint {
     agents: Vec<AgentEndpoint>,
     /// Open MCP sessions one key may hold (`[limits] sessions_per_key`, counted apart from its
     /// AAP sessions).
@@ -52,7 +52,7 @@ impl Endpoint {
     /// rmcp's own `Host` check is off: the API's browser guard ([`crate::http::browser`]) has
     /// checked `Host`, `Origin` and the content type of every request before it comes here.
     /// Workspaces of MCP sessions an earlier run left behind are removed.
-    pub fn new(
+    pub(crate) fn new(
         config: &Arc<Config>,
         host: &Arc<dyn ToolHost>,
         shutdown: &tokio_util::sync::CancellationToken,
@@ -115,12 +115,12 @@ impl Endpoint {
         }
     }
 
-    pub fn enabled(&self) -> bool {
+    pub(crate) fn enabled(&self) -> bool {
         !self.agents.is_empty()
     }
 
     /// Serve one request to `/mcp` (`agent: None`) or `/mcp/<agent>`.
-    pub async fn handle(
+    pub(crate) async fn handle(
         &self,
         agent: Option<&str>,
         owner: Option<String>,

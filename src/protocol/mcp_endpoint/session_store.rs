@@ -88,7 +88,7 @@ struct Record {
 
 /// Why a request cannot go to its session.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Refused {
+pub(crate) enum Refused {
     /// No such session, or another key's.
     Unknown,
     /// It is still parking after [`PARKING_WAIT`].
@@ -96,7 +96,7 @@ pub enum Refused {
 }
 
 /// One agent's sessions: rmcp's session manager and session store, with our records.
-pub struct Sessions {
+pub(crate) struct Sessions {
     live: LocalSessionManager,
     /// By session id.
     records: Mutex<HashMap<Box<str>, Record>>,
@@ -113,7 +113,7 @@ pub struct Sessions {
 impl Sessions {
     /// Sessions that park after `park_after` and end after `idle_after` unused; an ended one's
     /// servers are stopped on `host` and its workspace under `sandboxes` removed.
-    pub fn new(
+    pub(crate) fn new(
         host: Arc<dyn ToolHost>,
         sandboxes: PathBuf,
         park_after: Duration,
@@ -137,12 +137,12 @@ impl Sessions {
 
     /// Run `handling` (rmcp serving a request that has no session id) with `owner` as the
     /// owner of the session it opens, if any.
-    pub async fn opening<F: Future>(owner: Option<String>, handling: F) -> F::Output {
+    pub(crate) async fn opening<F: Future>(owner: Option<String>, handling: F) -> F::Output {
         OPENER.scope(owner, handling).await
     }
 
     /// How many sessions `owner` holds, parked ones included.
-    pub fn held_by(&self, owner: &Option<String>) -> usize {
+    pub(crate) fn held_by(&self, owner: &Option<String>) -> usize {
         crate::sync::lock(&self.records)
             .values()
             .filter(|r| r.owner == *owner)
@@ -152,7 +152,7 @@ impl Sessions {
     /// A request of `owner` to session `id`: the session stays in use while the returned
     /// guard lives (keep it with the response's body). A session that is parking is waited
     /// for.
-    pub async fn enter(
+    pub(crate) async fn enter(
         self: &Arc<Self>,
         id: &str,
         owner: &Option<String>,
@@ -182,7 +182,7 @@ impl Sessions {
 
     /// Session `id` in use (a handler of its `Gate` running, the response that opened it
     /// being sent) while the guard lives; `None` when it has ended.
-    pub fn hold(self: &Arc<Self>, id: &str) -> Option<Busy> {
+    pub(crate) fn hold(self: &Arc<Self>, id: &str) -> Option<Busy> {
         let mut records = crate::sync::lock(&self.records);
         let r = records.get_mut(id)?;
         r.busy += 1;
@@ -198,21 +198,21 @@ impl Sessions {
 
     /// Session `id` holds state a restore would lose (a subscription, a log level): it is
     /// never parked.
-    pub fn pin(&self, id: &str) {
+    pub(crate) fn pin(&self, id: &str) {
         if let Some(r) = crate::sync::lock(&self.records).get_mut(id) {
             r.pinned = true;
         }
     }
 
     /// The digest of the tool list session `id`'s client was last shown, and a new one.
-    pub fn shown(&self, id: &str, now: u64) -> Option<u64> {
+    pub(crate) fn shown(&self, id: &str, now: u64) -> Option<u64> {
         let mut records = crate::sync::lock(&self.records);
         let r = records.get_mut(id)?;
         r.shown.replace(now)
     }
 
     /// Park and end idle sessions, every tick, until `shutdown`.
-    pub async fn reap(self: Arc<Self>, shutdown: CancellationToken) {
+    pub(crate) async fn reap(self: Arc<Self>, shutdown: CancellationToken) {
         let tick = (self.park_after.min(self.idle_after) / 4)
             .clamp(Duration::from_millis(50), Duration::from_secs(1));
         loop {
@@ -343,7 +343,7 @@ async fn clean_up(host: &dyn ToolHost, sandboxes: &Path, id: &str) {
 
 /// Remove the workspaces of MCP sessions (`mcp-*`) left in `sandboxes` by an earlier run: no
 /// MCP session outlives its server process.
-pub fn remove_stale_workspaces(sandboxes: &Path) {
+pub(super) fn remove_stale_workspaces(sandboxes: &Path) {
     let Ok(entries) = std::fs::read_dir(sandboxes) else {
         return;
     };
@@ -368,7 +368,7 @@ pub fn remove_stale_workspaces(sandboxes: &Path) {
 }
 
 /// A session in use while this lives.
-pub struct Busy {
+pub(crate) struct Busy {
     sessions: Arc<Sessions>,
     id: SessionId,
 }
@@ -528,7 +528,7 @@ impl SessionStore for Sessions {
 
 /// The AAP-side session id an MCP session stands for (its workspace folder, its session-scoped
 /// MCP servers): `mcp-<Mcp-Session-Id>`.
-pub fn session_key(mcp_session_id: &str) -> String {
+pub(super) fn session_key(mcp_session_id: &str) -> String {
     let clean: String = mcp_session_id
         .chars()
         .map(|c| {

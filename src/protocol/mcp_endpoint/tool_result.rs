@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::tools::ToolOutput;
 
-pub fn to_result(out: ToolOutput, base: &str) -> CallToolResult {
+pub(crate) fn to_result(out: ToolOutput, base: &str) -> CallToolResult {
     let mut blocks: Vec<ContentBlock> = match out.content {
         Value::String(s) => vec![ContentBlock::text(s)],
         Value::Array(items) => items.iter().map(block).collect(),
@@ -29,7 +29,7 @@ pub fn to_result(out: ToolOutput, base: &str) -> CallToolResult {
 }
 
 /// An error result with one text block (a refusal, a denial).
-pub fn refused(text: impl Into<String>) -> CallToolResult {
+pub(crate) fn refused(text: impl Into<String>) -> CallToolResult {
     CallToolResult::error(vec![ContentBlock::text(text.into())])
 }
 

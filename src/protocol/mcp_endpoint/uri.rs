@@ -9,26 +9,26 @@
 use crate::config::EndpointNames;
 
 /// The scheme of a passed-through resource's URI.
-pub const SCHEME: &str = "turnstile://";
+pub(crate) const SCHEME: &str = "turnstile://";
 
 /// A server's resource URI (or URI template) as `/mcp` lists it.
-pub fn expose_uri(server: &str, uri: &str) -> String {
+pub(crate) fn expose_uri(server: &str, uri: &str) -> String {
     format!("{SCHEME}{server}/{uri}")
 }
 
 /// The server and its own URI of a URI `/mcp` listed; `None` for any other URI.
-pub fn parse_uri(uri: &str) -> Option<(&str, &str)> {
+pub(crate) fn parse_uri(uri: &str) -> Option<(&str, &str)> {
     let (server, rest) = uri.strip_prefix(SCHEME)?.split_once('/')?;
     (!server.is_empty() && !rest.is_empty()).then_some((server, rest))
 }
 
 /// A server's prompt (or resource) name as `/mcp` lists it.
-pub fn expose_prompt(server: &str, name: &str) -> String {
+pub(crate) fn expose_prompt(server: &str, name: &str) -> String {
     format!("{server}/{name}")
 }
 
 /// The server and its own name of a prompt name `/mcp` listed.
-pub fn parse_prompt(name: &str) -> Option<(&str, &str)> {
+pub(crate) fn parse_prompt(name: &str) -> Option<(&str, &str)> {
     let (server, prompt) = name.split_once('/')?;
     (!server.is_empty() && !prompt.is_empty()).then_some((server, prompt))
 }
@@ -36,7 +36,7 @@ pub fn parse_prompt(name: &str) -> Option<(&str, &str)> {
 /// Whether a server's own tool or prompt name may be shown to a client as it is: what MCP
 /// allows a tool name (1 to 128 of `A-Z a-z 0-9 _ - .`), as federated names are kept to. So no
 /// client is shown a `/`, a control character or one that makes a name read backwards.
-pub fn plain_name(name: &str) -> bool {
+pub(crate) fn plain_name(name: &str) -> bool {
     (1..=128).contains(&name.len())
         && name
             .bytes()
@@ -47,7 +47,7 @@ pub fn plain_name(name: &str) -> bool {
 /// one, or with [`EndpointNames::Own`] its own where it is `fit` to be shown, no other item
 /// has that own name and no other item is shown by it. So every shown name is one item's, and
 /// goes back to it.
-pub fn shown<S: AsRef<str>>(
+pub(crate) fn shown<S: AsRef<str>>(
     items: &[(S, String)],
     names: EndpointNames,
     fit: impl Fn(&str) -> bool,
@@ -158,12 +158,12 @@ fn run(steps: &[Step], s: &str, budget: &mut usize) -> Option<bool> {
 
 /// The work one request may spend matching a URI against templates (steps times characters):
 /// a few milliseconds at most.
-pub const TEMPLATE_BUDGET: usize = 4_000_000;
+pub(crate) const TEMPLATE_BUDGET: usize = 4_000_000;
 
 /// Whether `uri` is one that the RFC 6570 `template` expands to, in time linear in the URI
 /// (templates and URIs over 2 KiB never match); `None` when the match would cost more than
 /// what is left of `budget` (see [`TEMPLATE_BUDGET`]).
-pub fn template_matches(template: &str, uri: &str, budget: &mut usize) -> Option<bool> {
+pub(crate) fn template_matches(template: &str, uri: &str, budget: &mut usize) -> Option<bool> {
     if template.len() > 2048 || uri.len() > 2048 {
         return Some(false);
     }

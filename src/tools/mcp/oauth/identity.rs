@@ -22,9 +22,9 @@ use super::store::{ClientReg, Saved};
 use super::{tokens, web};
 use crate::config::{Env, IdpConfig};
 
-pub const TOKEN_EXCHANGE: &str = "urn:ietf:params:oauth:grant-type:token-exchange";
-pub const JWT_BEARER: &str = "urn:ietf:params:oauth:grant-type:jwt-bearer";
-pub const ID_JAG: &str = "urn:ietf:params:oauth:token-type:id-jag";
+pub(super) const TOKEN_EXCHANGE: &str = "urn:ietf:params:oauth:grant-type:token-exchange";
+pub(super) const JWT_BEARER: &str = "urn:ietf:params:oauth:grant-type:jwt-bearer";
+pub(super) const ID_JAG: &str = "urn:ietf:params:oauth:token-type:id-jag";
 /// Largest identity assertion read from a file.
 const MAX_ASSERTION: u64 = 64 * 1024;
 
@@ -39,7 +39,7 @@ fn subject_token_type(assertion_type: &str) -> &'static str {
 /// The token-exchange form sent to the IdP: the assertion as the subject token, an ID-JAG
 /// asked for the authorization server (`audience`) and the MCP server (`resource`). The
 /// client id goes in the form when the client has no secret (else in the Basic header).
-pub fn exchange_form(
+pub(super) fn exchange_form(
     idp: &IdpConfig,
     assertion: &str,
     audience: &str,
@@ -69,7 +69,7 @@ pub fn exchange_form(
 
 /// The JWT-bearer form sent to the authorization server, with the client's authentication
 /// per its method (`client_secret_basic` goes in the header, see [`basic`]).
-pub fn bearer_form(
+pub(super) fn bearer_form(
     client: &ClientReg,
     jag: &str,
     resource: &str,
@@ -106,7 +106,7 @@ pub fn bearer_form(
 }
 
 /// `Basic base64(urlencode(id):urlencode(secret))` (RFC 6749 §2.3.1).
-pub fn basic(id: &str, secret: &str) -> String {
+pub(super) fn basic(id: &str, secret: &str) -> String {
     use base64::Engine;
     let enc = |s: &str| form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
     let pair = format!("{}:{}", enc(id), enc(secret));

@@ -13,7 +13,7 @@ use super::discovery::AuthServer;
 use super::store::{ClientReg, Saved};
 use super::web;
 
-pub fn now() -> u64 {
+pub(super) fn now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -85,7 +85,7 @@ pub(super) fn saved(
 }
 
 /// The authorization URL (PKCE S256, state, `resource`, scope) and the verifier to keep.
-pub fn authorization_url(
+pub(super) fn authorization_url(
     auth_server: &AuthServer,
     client: &ClientReg,
     redirect_uri: &str,
@@ -107,7 +107,7 @@ pub fn authorization_url(
 }
 
 /// Exchange an authorization code.
-pub async fn exchange_code(
+pub(super) async fn exchange_code(
     auth_server: &AuthServer,
     client: &ClientReg,
     redirect_uri: &str,
@@ -129,7 +129,7 @@ pub async fn exchange_code(
 }
 
 /// Refresh; the new state (the old refresh token kept when none comes back).
-pub async fn refresh(s: &Saved) -> Result<Saved, String> {
+pub(super) async fn refresh(s: &Saved) -> Result<Saved, String> {
     let rt = s.refresh_token.clone().ok_or("no refresh token")?;
     let c = client!(s.auth_server, s.client);
     let t = c
@@ -149,7 +149,7 @@ pub async fn refresh(s: &Saved) -> Result<Saved, String> {
 }
 
 /// A client-credentials grant.
-pub async fn client_credentials(
+pub(super) async fn client_credentials(
     auth_server: &AuthServer,
     client: &ClientReg,
     resource: &str,
@@ -193,7 +193,11 @@ fn describe(
 }
 
 /// A private-key JWT client assertion (RFC 7523), ES256 over ring.
-pub fn client_assertion(pem: &str, client_id: &str, audience: &str) -> Result<String, String> {
+pub(super) fn client_assertion(
+    pem: &str,
+    client_id: &str,
+    audience: &str,
+) -> Result<String, String> {
     use base64::Engine;
     use ring::signature::{EcdsaKeyPair, ECDSA_P256_SHA256_FIXED_SIGNING};
     let b64 = base64::engine::general_purpose::STANDARD;
