@@ -63,22 +63,7 @@ impl Proxy {
 /// else is kept as it is (`+` included). For proxy credentials and `data:` URIs; query strings
 /// are form-decoded with `form_urlencoded` (`http/query.rs`).
 pub(crate) fn percent_decode(s: &str) -> Vec<u8> {
-    let b = s.as_bytes();
-    let hex = |c: u8| (c as char).to_digit(16);
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' && i + 2 < b.len() {
-            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    out
+    percent_encoding::percent_decode_str(s).collect()
 }
 
 /// One `NO_PROXY` entry.
