@@ -161,14 +161,16 @@ pub(crate) fn settle_locked(
         return None;
     }
     let ttl = ttl(inner, st.record());
-    let next = stamp(st.pending_mut(), ttl, now_ms);
-    let all_expired = st.pending().iter().all(|p| p.expired);
+    // Taken to be stamped; put back unless they are settled here.
+    let mut calls = st.take_pending();
+    let next = stamp(&mut calls, ttl, now_ms);
+    let all_expired = calls.iter().all(|p| p.expired);
     // A turn that runs (or one the log still has open) goes first; it answers the calls.
     let open_in_log = st.out().tail.last().is_some_and(|e| !e.body.is_terminal());
     if !all_expired || st.turns().running().is_some() || open_in_log {
+        st.wait_on_calls(calls);
         return next;
     }
-    let calls = std::mem::take(st.pending_mut());
     let turn_id = ids::new("turn");
     let blocks: Vec<Value> = calls.iter().map(expired_block).collect();
     // MCP calls that waited on expired questions are cut short (see `engine/client_questions.rs`).

@@ -173,8 +173,21 @@ impl State {
         &self.pending
     }
 
-    pub(crate) fn pending_mut(&mut self) -> &mut Vec<Pending> {
-        &mut self.pending
+    /// The calls the session waits on, taken from it: it waits on none now (a new turn goes on
+    /// without their answers, or they are stamped and settled).
+    pub(crate) fn take_pending(&mut self) -> Vec<Pending> {
+        std::mem::take(&mut self.pending)
+    }
+
+    /// The session waits on `calls` now, in place of what it waited on: the calls a turn
+    /// stopped on, or calls taken to be stamped and put back.
+    pub(crate) fn wait_on_calls(&mut self, calls: Vec<Pending>) {
+        self.pending = calls;
+    }
+
+    /// The session waits on no call: a resumed turn answers or goes on without them.
+    pub(crate) fn clear_pending(&mut self) {
+        self.pending.clear();
     }
 
     /// The plan waiting for a decision.

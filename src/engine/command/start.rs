@@ -49,7 +49,7 @@ pub(super) fn start_here(
         None
     };
     if let TurnInput::Resume { .. } = &req.input {
-        st.pending_mut().clear();
+        st.clear_pending();
     }
     // The session goes on: a plan that waited for a decision no longer does (a decision
     // took it before starting its turn).

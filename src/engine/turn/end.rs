@@ -200,7 +200,7 @@ impl Turn {
                     asked,
                 );
             }
-            *st.pending_mut() = stop_on;
+            st.wait_on_calls(stop_on);
             // Calls waiting on questions wait on in the session (dropped: cancelled).
             st.waits_mut().flight = self.flight.take().filter(|_| stopped);
         }
