@@ -9,7 +9,8 @@ use super::delivery::outbox::Outbox;
 use super::history::Projector;
 use super::replay::{starts_run, Logged, PlanWait};
 use super::session_record::{Pending, SessionRecord};
-use super::turn_queue::TurnQueue;
+use super::turn_job::Job;
+use super::turn_queue::{Next, TurnQueue};
 use super::waits::Waits;
 use crate::log::{Event, EventBody, Store};
 use crate::{clock, ids};
@@ -195,16 +196,45 @@ impl State {
         self.plan.as_ref()
     }
 
-    pub(crate) fn plan_mut(&mut self) -> &mut Option<PlanWait> {
-        &mut self.plan
+    /// The plan waiting for a decision, taken: none waits now (a decision takes it before its
+    /// turn starts, an interrupt ends its wait).
+    pub(crate) fn take_plan(&mut self) -> Option<PlanWait> {
+        self.plan.take()
+    }
+
+    /// `plan` waits for a decision now: a turn proposed it, or a decision that could not start
+    /// its turn puts it back.
+    pub(crate) fn wait_on_plan(&mut self, plan: PlanWait) {
+        self.plan = Some(plan);
+    }
+
+    /// No plan waits for a decision any more: the session went on, the plan was decided, or
+    /// its turn did not complete.
+    pub(crate) fn drop_plan(&mut self) {
+        self.plan = None;
     }
 
     pub(crate) fn turns(&self) -> &TurnQueue {
         &self.turns
     }
 
-    pub(crate) fn turns_mut(&mut self) -> &mut TurnQueue {
-        &mut self.turns
+    /// A turn admitted (see [`TurnQueue::push`]): returned when it runs now, else it waits
+    /// behind the running one.
+    pub(crate) fn queue_turn(&mut self, job: Job) -> Option<Job> {
+        self.turns.push(job)
+    }
+
+    /// The running turn `turn_id` has ended (see [`TurnQueue::ended`]); the coalescer of
+    /// streamed fragments goes with it, so nothing it gathered reaches the next turn.
+    pub(crate) fn turn_ended(&mut self, turn_id: &str) {
+        self.turns.ended(turn_id);
+        self.out.coalescer = None;
+    }
+
+    /// When no turn runs, the next queued one (see [`TurnQueue::next`]): it runs now, or it
+    /// was cancelled while it waited and is only to be logged.
+    pub(crate) fn next_turn(&mut self) -> Option<Next> {
+        self.turns.next()
     }
 
     pub(crate) fn out(&self) -> &Outbox {

@@ -267,9 +267,11 @@ impl Turn {
         }
         // The plan waits before anyone can see it, so a client that answers `plan_proposed`
         // at once finds it (its decision's turn then queues behind the end of this one).
-        *self.session.lock().plan_mut() = Some(crate::engine::replay::PlanWait {
-            plan: out.text.clone(),
-        });
+        self.session
+            .lock()
+            .wait_on_plan(crate::engine::replay::PlanWait {
+                plan: out.text.clone(),
+            });
         self.proposed = true;
         self.emit(EventBody::AgentMessage {
             content: out.text,
