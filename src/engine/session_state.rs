@@ -5,14 +5,17 @@
 
 use std::sync::Arc;
 
+use tokio::sync::broadcast;
+
 use super::delivery::outbox::Outbox;
 use super::history::Projector;
 use super::replay::{starts_run, Logged, PlanWait};
 use super::session_record::{Pending, SessionRecord};
 use super::turn_job::Job;
 use super::turn_queue::{Next, TurnQueue};
+use super::types::{DeltaKind, Feed};
 use super::waits::Waits;
-use crate::log::{Event, EventBody, Store};
+use crate::log::{DeltaTap, Event, EventBody, RemoteDelta, Store};
 use crate::{clock, ids};
 
 pub(crate) struct State {
@@ -241,8 +244,50 @@ impl State {
         &self.out
     }
 
-    pub(crate) fn out_mut(&mut self) -> &mut Outbox {
-        &mut self.out
+    /// A new subscription to the session's live feed (see [`Outbox::subscribe`]).
+    pub(crate) fn subscribe(&mut self) -> broadcast::Receiver<Feed> {
+        self.out.subscribe()
+    }
+
+    /// The session's deltas also go to `tap` (a shared store: the other instances watching
+    /// it), or to no other instance (`None`).
+    pub(crate) fn share_deltas(&mut self, tap: Option<DeltaTap>) {
+        self.out.remote = tap;
+    }
+
+    /// A delta another instance streamed, to live subscribers that have seen exactly the
+    /// events its writer had (see [`Outbox::publish_remote_delta`]): checked against the seq of
+    /// the last event appended here. Whether it went out.
+    pub(crate) fn publish_remote_delta(&mut self, d: &RemoteDelta) -> bool {
+        self.out.publish_remote_delta(d, self.next_seq)
+    }
+
+    /// Publish events another instance committed (a shared store) to live subscribers, as if
+    /// this one had. The tail is left as it is: it was just read from the log, which already
+    /// holds them.
+    pub(crate) fn publish_heard(&mut self, events: Vec<Arc<Event>>) {
+        let tail = std::mem::take(&mut self.out.tail);
+        for ev in events {
+            self.out.publish_heard(ev);
+        }
+        self.out.tail = tail;
+    }
+
+    /// Add a streamed fragment to the turn's coalescer (see [`Outbox::push_fragment`]);
+    /// whether the buffer now waits on its deadline.
+    pub(crate) fn push_fragment(
+        &mut self,
+        turn_id: &Arc<str>,
+        kind: DeltaKind,
+        fragment: &str,
+    ) -> bool {
+        self.out.push_fragment(turn_id, kind, fragment)
+    }
+
+    /// Push the coalesced deltas if their time is up (see [`Outbox::flush_due`]); when the
+    /// next push is due otherwise.
+    pub(crate) fn flush_due(&mut self) -> Option<tokio::time::Instant> {
+        self.out.flush_due()
     }
 
     pub(crate) fn waits(&self) -> &Waits {
