@@ -175,9 +175,7 @@ pub(crate) fn settle_locked(
     let blocks: Vec<Value> = calls.iter().map(expired_block).collect();
     // MCP calls that waited on expired questions are cut short (see `engine/client_questions.rs`).
     let cut: Vec<String> = st
-        .waits_mut()
-        .flight
-        .take()
+        .take_flight()
         .map(|f| f.running.clone())
         .unwrap_or_default();
     let store = &inner.store;
@@ -259,10 +257,10 @@ fn arm(inner: &Arc<Inner>, session: &Arc<Session>, due: i64) {
         let (Some(inner), Some(session)) = (weak_inner.upgrade(), weak_session.upgrade()) else {
             return;
         };
-        session.lock().waits_mut().timer = None;
+        session.lock().timer_fired();
         settle(&inner, &session);
     });
-    st.waits_mut().timer = Some((due, task.abort_handle()));
+    st.arm_timer(due, task.abort_handle());
 }
 
 /// How a grant is decided when it arrives.

@@ -6,7 +6,9 @@
 use std::sync::Arc;
 
 use tokio::sync::broadcast;
+use tokio::task::AbortHandle;
 
+use super::client_questions::Flight;
 use super::delivery::outbox::Outbox;
 use super::history::Projector;
 use super::replay::{starts_run, Logged, PlanWait};
@@ -294,8 +296,28 @@ impl State {
         &self.waits
     }
 
-    pub(crate) fn waits_mut(&mut self) -> &mut Waits {
-        &mut self.waits
+    /// The timer that expires pending calls is now `task`, due at `due` (ms since the epoch),
+    /// in place of any before it.
+    pub(crate) fn arm_timer(&mut self, due: i64, task: AbortHandle) {
+        self.waits.timer = Some((due, task));
+    }
+
+    /// The timer that expires pending calls has fired: none is armed now.
+    pub(crate) fn timer_fired(&mut self) {
+        self.waits.timer = None;
+    }
+
+    /// The MCP calls in flight on questions to the client, taken from the session: their
+    /// questions are being answered, or settled without an answer.
+    pub(crate) fn take_flight(&mut self) -> Option<Flight> {
+        self.waits.flight.take()
+    }
+
+    /// The MCP calls in flight on questions to the client wait in the session now, a turn
+    /// having stopped on those questions (`None`: none wait; any held before are dropped,
+    /// which cancels them).
+    pub(crate) fn hold_flight(&mut self, flight: Option<Flight>) {
+        self.waits.flight = flight;
     }
 
     pub(crate) fn is_deleted(&self) -> bool {

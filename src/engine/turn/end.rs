@@ -202,7 +202,7 @@ impl Turn {
             }
             st.wait_on_calls(stop_on);
             // Calls waiting on questions wait on in the session (dropped: cancelled).
-            st.waits_mut().flight = self.flight.take().filter(|_| stopped);
+            st.hold_flight(self.flight.take().filter(|_| stopped));
         }
         let flushed = store.flush().await;
         if let Err(e) = &flushed {

@@ -85,7 +85,7 @@ impl Turn {
                 // after this message was sent): the session went on without their answers.
                 let (open, flight) = {
                     let mut st = self.session.lock();
-                    (st.take_pending(), st.waits_mut().flight.take())
+                    (st.take_pending(), st.take_flight())
                 };
                 for p in open {
                     self.emit_result(&p.call_id, ToolOutput::error(NOT_ANSWERED));
