@@ -161,21 +161,21 @@ pub(crate) fn settle_locked(
         return None;
     }
     let ttl = ttl(inner, st.record());
-    let next = stamp(st.pending_mut(), ttl, now_ms);
-    let all_expired = st.pending().iter().all(|p| p.expired);
+    // Taken to be stamped; put back unless they are settled here.
+    let mut calls = st.take_pending();
+    let next = stamp(&mut calls, ttl, now_ms);
+    let all_expired = calls.iter().all(|p| p.expired);
     // A turn that runs (or one the log still has open) goes first; it answers the calls.
     let open_in_log = st.out().tail.last().is_some_and(|e| !e.body.is_terminal());
     if !all_expired || st.turns().running().is_some() || open_in_log {
+        st.wait_on_calls(calls);
         return next;
     }
-    let calls = std::mem::take(st.pending_mut());
     let turn_id = ids::new("turn");
     let blocks: Vec<Value> = calls.iter().map(expired_block).collect();
     // MCP calls that waited on expired questions are cut short (see `engine/client_questions.rs`).
     let cut: Vec<String> = st
-        .waits_mut()
-        .flight
-        .take()
+        .take_flight()
         .map(|f| f.running.clone())
         .unwrap_or_default();
     let store = &inner.store;
@@ -257,10 +257,10 @@ fn arm(inner: &Arc<Inner>, session: &Arc<Session>, due: i64) {
         let (Some(inner), Some(session)) = (weak_inner.upgrade(), weak_session.upgrade()) else {
             return;
         };
-        session.lock().waits_mut().timer = None;
+        session.lock().timer_fired();
         settle(&inner, &session);
     });
-    st.waits_mut().timer = Some((due, task.abort_handle()));
+    st.arm_timer(due, task.abort_handle());
 }
 
 /// How a grant is decided when it arrives.

@@ -85,7 +85,9 @@ impl Engine {
     /// nobody holds one (taking one goes through the map's lock, held here) and it holds nothing
     /// that is not in the log, so it is read back as it was when next used.
     pub(crate) fn cache(&self, id: &str, session: Arc<Session>) -> Arc<Session> {
-        session.lock().out_mut().remote = self.inner.store.delta_tap(&session.id);
+        session
+            .lock()
+            .share_deltas(self.inner.store.delta_tap(&session.id));
         let mut map = lock(&self.inner.sessions);
         let kept = self.taken(map.entry(id.to_string()).or_insert(session));
         let bound = self.inner.config.server.session_cache;

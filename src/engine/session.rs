@@ -191,9 +191,7 @@ impl Session {
     /// A delta another instance streamed (a shared store): to this instance's live subscribers
     /// of the session, if they have seen exactly the events its writer's had.
     pub(crate) fn publish_remote(&self, d: &crate::log::RemoteDelta) {
-        let mut st = self.lock();
-        let last = st.next_seq();
-        st.out_mut().publish_remote_delta(d, last);
+        self.lock().publish_remote_delta(d);
     }
 
     /// Whether the session has live subscribers.
@@ -208,12 +206,12 @@ impl Session {
         kind: DeltaKind,
         fragment: &str,
     ) -> bool {
-        self.lock().out_mut().push_fragment(turn_id, kind, fragment)
+        self.lock().push_fragment(turn_id, kind, fragment)
     }
 
     /// Push the coalesced deltas if their 50 ms are up; when the next push is due otherwise.
     pub(crate) fn flush_due(&self) -> Option<tokio::time::Instant> {
-        self.lock().out_mut().flush_due()
+        self.lock().flush_due()
     }
 
     /// The adapter's value of type `T` for this session, made on first use. Adapters keep
@@ -252,7 +250,7 @@ impl Session {
             // A closed feed: the subscriber ends at once.
             return (st.out().tail.clone(), broadcast::channel(1).1);
         }
-        let rx = st.out_mut().subscribe();
+        let rx = st.subscribe();
         (st.out().tail.clone(), rx)
     }
 

@@ -5,13 +5,19 @@
 
 use std::sync::Arc;
 
+use tokio::sync::broadcast;
+use tokio::task::AbortHandle;
+
+use super::client_questions::Flight;
 use super::delivery::outbox::Outbox;
 use super::history::Projector;
 use super::replay::{starts_run, Logged, PlanWait};
 use super::session_record::{Pending, SessionRecord};
-use super::turn_queue::TurnQueue;
+use super::turn_job::Job;
+use super::turn_queue::{Next, TurnQueue};
+use super::types::{DeltaKind, Feed};
 use super::waits::Waits;
-use crate::log::{Event, EventBody, Store};
+use crate::log::{DeltaTap, Event, EventBody, RemoteDelta, Store};
 use crate::{clock, ids};
 
 pub(crate) struct State {
@@ -173,8 +179,21 @@ impl State {
         &self.pending
     }
 
-    pub(crate) fn pending_mut(&mut self) -> &mut Vec<Pending> {
-        &mut self.pending
+    /// The calls the session waits on, taken from it: it waits on none now (a new turn goes on
+    /// without their answers, or they are stamped and settled).
+    pub(crate) fn take_pending(&mut self) -> Vec<Pending> {
+        std::mem::take(&mut self.pending)
+    }
+
+    /// The session waits on `calls` now, in place of what it waited on: the calls a turn
+    /// stopped on, or calls taken to be stamped and put back.
+    pub(crate) fn wait_on_calls(&mut self, calls: Vec<Pending>) {
+        self.pending = calls;
+    }
+
+    /// The session waits on no call: a resumed turn answers or goes on without them.
+    pub(crate) fn clear_pending(&mut self) {
+        self.pending.clear();
     }
 
     /// The plan waiting for a decision.
@@ -182,32 +201,123 @@ impl State {
         self.plan.as_ref()
     }
 
-    pub(crate) fn plan_mut(&mut self) -> &mut Option<PlanWait> {
-        &mut self.plan
+    /// The plan waiting for a decision, taken: none waits now (a decision takes it before its
+    /// turn starts, an interrupt ends its wait).
+    pub(crate) fn take_plan(&mut self) -> Option<PlanWait> {
+        self.plan.take()
+    }
+
+    /// `plan` waits for a decision now: a turn proposed it, or a decision that could not start
+    /// its turn puts it back.
+    pub(crate) fn wait_on_plan(&mut self, plan: PlanWait) {
+        self.plan = Some(plan);
+    }
+
+    /// No plan waits for a decision any more: the session went on, the plan was decided, or
+    /// its turn did not complete.
+    pub(crate) fn drop_plan(&mut self) {
+        self.plan = None;
     }
 
     pub(crate) fn turns(&self) -> &TurnQueue {
         &self.turns
     }
 
-    pub(crate) fn turns_mut(&mut self) -> &mut TurnQueue {
-        &mut self.turns
+    /// A turn admitted (see [`TurnQueue::push`]): returned when it runs now, else it waits
+    /// behind the running one.
+    pub(crate) fn queue_turn(&mut self, job: Job) -> Option<Job> {
+        self.turns.push(job)
+    }
+
+    /// The running turn `turn_id` has ended (see [`TurnQueue::ended`]); the coalescer of
+    /// streamed fragments goes with it, so nothing it gathered reaches the next turn.
+    pub(crate) fn turn_ended(&mut self, turn_id: &str) {
+        self.turns.ended(turn_id);
+        self.out.coalescer = None;
+    }
+
+    /// When no turn runs, the next queued one (see [`TurnQueue::next`]): it runs now, or it
+    /// was cancelled while it waited and is only to be logged.
+    pub(crate) fn next_turn(&mut self) -> Option<Next> {
+        self.turns.next()
     }
 
     pub(crate) fn out(&self) -> &Outbox {
         &self.out
     }
 
-    pub(crate) fn out_mut(&mut self) -> &mut Outbox {
-        &mut self.out
+    /// A new subscription to the session's live feed (see [`Outbox::subscribe`]).
+    pub(crate) fn subscribe(&mut self) -> broadcast::Receiver<Feed> {
+        self.out.subscribe()
+    }
+
+    /// The session's deltas also go to `tap` (a shared store: the other instances watching
+    /// it), or to no other instance (`None`).
+    pub(crate) fn share_deltas(&mut self, tap: Option<DeltaTap>) {
+        self.out.remote = tap;
+    }
+
+    /// A delta another instance streamed, to live subscribers that have seen exactly the
+    /// events its writer had (see [`Outbox::publish_remote_delta`]): checked against the seq of
+    /// the last event appended here. Whether it went out.
+    pub(crate) fn publish_remote_delta(&mut self, d: &RemoteDelta) -> bool {
+        self.out.publish_remote_delta(d, self.next_seq)
+    }
+
+    /// Publish events another instance committed (a shared store) to live subscribers, as if
+    /// this one had. The tail is left as it is: it was just read from the log, which already
+    /// holds them.
+    pub(crate) fn publish_heard(&mut self, events: Vec<Arc<Event>>) {
+        let tail = std::mem::take(&mut self.out.tail);
+        for ev in events {
+            self.out.publish_heard(ev);
+        }
+        self.out.tail = tail;
+    }
+
+    /// Add a streamed fragment to the turn's coalescer (see [`Outbox::push_fragment`]);
+    /// whether the buffer now waits on its deadline.
+    pub(crate) fn push_fragment(
+        &mut self,
+        turn_id: &Arc<str>,
+        kind: DeltaKind,
+        fragment: &str,
+    ) -> bool {
+        self.out.push_fragment(turn_id, kind, fragment)
+    }
+
+    /// Push the coalesced deltas if their time is up (see [`Outbox::flush_due`]); when the
+    /// next push is due otherwise.
+    pub(crate) fn flush_due(&mut self) -> Option<tokio::time::Instant> {
+        self.out.flush_due()
     }
 
     pub(crate) fn waits(&self) -> &Waits {
         &self.waits
     }
 
-    pub(crate) fn waits_mut(&mut self) -> &mut Waits {
-        &mut self.waits
+    /// The timer that expires pending calls is now `task`, due at `due` (ms since the epoch),
+    /// in place of any before it.
+    pub(crate) fn arm_timer(&mut self, due: i64, task: AbortHandle) {
+        self.waits.timer = Some((due, task));
+    }
+
+    /// The timer that expires pending calls has fired: none is armed now.
+    pub(crate) fn timer_fired(&mut self) {
+        self.waits.timer = None;
+    }
+
+    /// The MCP calls in flight on questions to the client, taken from the session: their
+    /// questions are being answered, or settled without an answer.
+    pub(crate) fn take_flight(&mut self) -> Option<Flight> {
+        self.waits.flight.take()
+    }
+
+    /// The MCP calls in flight on questions to the client wait in the session now, a turn
+    /// having stopped on those questions (`None`: none wait; any held before are dropped,
+    /// which cancels them).
+    pub(crate) fn hold_flight(&mut self, flight: Option<Flight>) {
+        self.waits.flight = flight;
     }
 
     pub(crate) fn is_deleted(&self) -> bool {

@@ -25,7 +25,7 @@ pub(super) fn cancel_here(
         let plan_waits = turn_id.is_none() && st.plan().is_some();
         let wanted = |id: &str| turn_id.is_none_or(|t| t == id);
         let mut stopped = st.turns().cancel(wanted, !plan_waits);
-        if plan_waits && st.plan_mut().take().is_some() {
+        if plan_waits && st.take_plan().is_some() {
             stopped.push(interrupt_plan(engine, session, &mut st));
         }
         // Nothing running: cancelled queued turns are logged right away.
@@ -62,7 +62,7 @@ fn interrupt_plan(engine: &Engine, session: &Session, st: &mut State) -> String 
     }
     control.stop(StopCause::Cancelled);
     let order = TurnOrder::unattended(input, "");
-    st.turns_mut().push(Job {
+    st.queue_turn(Job {
         control,
         input: order.input,
         answering: Vec::new(),

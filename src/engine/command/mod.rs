@@ -180,7 +180,7 @@ impl Engine {
             if self.relay(session, &relayed, Some(turn_id.clone())).await? == Posted::Queued {
                 // Decided: a second decision here is refused (the log says so once the
                 // holder has run it).
-                *session.lock().plan_mut() = None;
+                session.lock().drop_plan();
                 return Ok(turn_id);
             }
         }

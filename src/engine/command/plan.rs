@@ -16,7 +16,7 @@ pub(super) fn decide_here(
     attend_at: &'static str,
     turn_id: Option<String>,
 ) -> Result<String, EngineError> {
-    let Some(plan) = session.lock().plan_mut().take() else {
+    let Some(plan) = session.lock().take_plan() else {
         return Err(no_plan());
     };
     let reject = matches!(decision, PlanDecision::Reject { .. });
@@ -34,7 +34,7 @@ pub(super) fn decide_here(
         Err(e) => {
             let mut st = session.lock();
             if st.plan().is_none() && st.turns().running().is_none() {
-                *st.plan_mut() = Some(plan);
+                st.wait_on_plan(plan);
             }
             Err(e)
         }

@@ -49,11 +49,11 @@ pub(super) fn start_here(
         None
     };
     if let TurnInput::Resume { .. } = &req.input {
-        st.pending_mut().clear();
+        st.clear_pending();
     }
     // The session goes on: a plan that waited for a decision no longer does (a decision
     // took it before starting its turn).
-    *st.plan_mut() = None;
+    st.drop_plan();
     if let Some(record) = record {
         st.set_record(record);
     }
@@ -71,7 +71,7 @@ pub(super) fn start_here(
         parent: tracing::Span::current(),
     };
     crate::telemetry::note_turn(&control.turn_id);
-    let run_now = st.turns_mut().push(job);
+    let run_now = st.queue_turn(job);
     drop(st);
     if changed {
         store_settings(engine, session, run_now.is_none());

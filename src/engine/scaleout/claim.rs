@@ -123,12 +123,7 @@ pub(super) async fn reread<T>(
     let logged = Logged::read(st.record(), copy.events);
     st.apply_logged(logged);
     if !unseen.is_empty() && st.out().watched() {
-        let out = st.out_mut();
-        let tail = std::mem::take(&mut out.tail);
-        for ev in unseen {
-            out.publish_heard(ev);
-        }
-        out.tail = tail;
+        st.publish_heard(unseen);
     }
     Ok(Some(then(&mut st)))
 }

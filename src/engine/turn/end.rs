@@ -200,9 +200,9 @@ impl Turn {
                     asked,
                 );
             }
-            *st.pending_mut() = stop_on;
+            st.wait_on_calls(stop_on);
             // Calls waiting on questions wait on in the session (dropped: cancelled).
-            st.waits_mut().flight = self.flight.take().filter(|_| stopped);
+            st.hold_flight(self.flight.take().filter(|_| stopped));
         }
         let flushed = store.flush().await;
         if let Err(e) = &flushed {
@@ -219,11 +219,10 @@ impl Turn {
         // turn, and the next queued turn takes the session.
         let (published, next) = {
             let mut st = self.session.lock();
-            st.turns_mut().ended(&self.turn_id);
-            st.out_mut().coalescer = None;
+            st.turn_ended(&self.turn_id);
             if self.proposed && !completed {
                 // A plan whose turn did not complete waits for nothing.
-                *st.plan_mut() = None;
+                st.drop_plan();
             }
             let mut published = self.session.publish_durable_locked(&mut st, store);
             if let Some(copy) = copy {

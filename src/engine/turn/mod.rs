@@ -338,7 +338,7 @@ pub(crate) fn next_queued(
     st: &mut State,
     store: &crate::log::Store,
 ) -> Option<Job> {
-    while let Some(next) = st.turns_mut().next() {
+    while let Some(next) = st.next_turn() {
         match next {
             Next::Run(job) => return Some(job),
             Next::Unstarted(q) => {

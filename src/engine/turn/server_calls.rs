@@ -44,7 +44,7 @@ impl Turn {
         let host_tools = self.inner.tools.tools();
         let mut granted = Vec::new();
         // Calls still in flight, waiting on questions this follow-up answers.
-        self.flight = self.session.lock().waits_mut().flight.take();
+        self.flight = self.session.lock().take_flight();
         for p in answering {
             if p.ended.is_some() || client_questions::schema_of(&p).is_some() {
                 self.settle_question(&p, results.remove(&p.call_id)).await;

@@ -85,10 +85,7 @@ impl Turn {
                 // after this message was sent): the session went on without their answers.
                 let (open, flight) = {
                     let mut st = self.session.lock();
-                    (
-                        std::mem::take(st.pending_mut()),
-                        st.waits_mut().flight.take(),
-                    )
+                    (st.take_pending(), st.take_flight())
                 };
                 for p in open {
                     self.emit_result(&p.call_id, ToolOutput::error(NOT_ANSWERED));
@@ -270,9 +267,11 @@ impl Turn {
         }
         // The plan waits before anyone can see it, so a client that answers `plan_proposed`
         // at once finds it (its decision's turn then queues behind the end of this one).
-        *self.session.lock().plan_mut() = Some(crate::engine::replay::PlanWait {
-            plan: out.text.clone(),
-        });
+        self.session
+            .lock()
+            .wait_on_plan(crate::engine::replay::PlanWait {
+                plan: out.text.clone(),
+            });
         self.proposed = true;
         self.emit(EventBody::AgentMessage {
             content: out.text,
