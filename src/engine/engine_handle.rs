@@ -54,6 +54,11 @@ impl Inner {
         std::time::Duration::from_micros(us)
     }
 
+    /// Whether the engine is stopping: no turn starts now.
+    pub(crate) fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Acquire)
+    }
+
     /// The counter of running turns, for [`RunSlot`].
     pub(crate) fn running_turns(&self) -> &Arc<AtomicUsize> {
         &self.running_turns

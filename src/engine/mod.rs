@@ -141,6 +141,30 @@ impl Engine {
             tracing::warn!(session = %id, turn = %turn_id, "closed a turn left unfinished by a previous process (worker_lost)");
         }
         store.flush().await?;
+        self.carry_out_accepted().await
+    }
+
+    /// The embedded store: carry out the turns a previous process accepted and did not begin
+    /// (their rows in the inbox), in the order they were accepted. Those that cannot start now
+    /// (the server runs all the turns it may) stay for the next start.
+    async fn carry_out_accepted(&self) -> Result<(), EngineError> {
+        let store = &self.inner.store;
+        for (id, rows) in store.inbox_at_start().await? {
+            let n = rows.len();
+            let Some(session) = self.load(&id).await? else {
+                let id: Arc<str> = id.into();
+                for turn_id in rows.iter().filter_map(|r| r.turn_id.as_deref()) {
+                    store.inbox_row_done(&id, turn_id);
+                }
+                continue;
+            };
+            let left = (self.inner.apply_relayed)(self, &session, rows);
+            tracing::info!(session = %id, turns = n - left.len(), "carrying out turns accepted before the restart");
+            if !left.is_empty() {
+                tracing::warn!(session = %id, turns = left.len(), "turns accepted before the restart wait for the next start: the server runs all the turns it may");
+            }
+        }
+        store.flush().await?;
         Ok(())
     }
 

@@ -11,7 +11,7 @@ use super::engine_handle::Engine;
 use super::log_follower::Follow;
 use super::run_by_watcher::Driven;
 use super::session::Session;
-use super::types::Feed;
+use super::types::{EngineError, Feed};
 
 /// A started turn: its id and what it sends as it runs (stored events and deltas), read with
 /// [`TurnHandle::recv`]. The turn goes on if this is dropped. What it sends waits here bounded
@@ -35,6 +35,20 @@ pub struct TurnHandle {
     /// Counts a driven turn among the running ones until everything it sent is read, so that a
     /// shutdown waits for its watcher to have its terminal event.
     running: Option<tokio_util::task::task_tracker::TaskTrackerToken>,
+    /// When the turn counts as accepted (see [`TurnHandle::accepted`]).
+    accept: Accept,
+    /// What [`TurnHandle::accepted`] read of the turn, for [`TurnHandle::recv`] to return first.
+    peeked: Option<Feed>,
+}
+
+/// When a started turn is accepted durably.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Accept {
+    /// It queued: once the commit that holds its row in the inbox is through (this ticket; 0:
+    /// its row was in the store already).
+    Ticket(u64),
+    /// It runs now: once its first event is out, which nobody sees before it is durable.
+    FirstEvent,
 }
 
 /// What the channel gave a [`TurnHandle`].
@@ -73,6 +87,48 @@ impl TurnHandle {
             done: false,
             driven,
             running,
+            accept: Accept::FirstEvent,
+            peeked: None,
+        }
+    }
+
+    /// This turn is accepted as `accept` says.
+    pub(crate) fn accepted_when(mut self, accept: Accept) -> TurnHandle {
+        self.accept = accept;
+        self
+    }
+
+    /// Returns once the turn is accepted durably: what the request that started it is answered
+    /// with (its `202`, its stream's first byte) can never be lost to a crash from then on. A
+    /// queued turn: its row in the store's inbox is committed (it is carried out after a crash).
+    /// A turn that runs now: its `user.message` is committed (a crash closes it `worker_lost`);
+    /// a turn the watcher runs runs meanwhile (the event is then the first [`TurnHandle::recv`]
+    /// returns). An error when the store could not take it: nothing of the turn is stored.
+    pub async fn accepted(&mut self) -> Result<(), EngineError> {
+        let store = &self.engine.inner.store;
+        match self.accept {
+            Accept::Ticket(0) => Ok(()),
+            Accept::Ticket(ticket) => {
+                if store.committed() < ticket {
+                    store.flush().await?;
+                }
+                if store.failed(ticket) {
+                    return Err(EngineError::Store(crate::log::StoreError::WriteFailed(
+                        "the queued turn could not be stored".into(),
+                    )));
+                }
+                Ok(())
+            }
+            Accept::FirstEvent if self.peeked.is_some() => Ok(()),
+            Accept::FirstEvent => match self.recv().await {
+                Some(item) => {
+                    self.peeked = Some(item);
+                    Ok(())
+                }
+                None => Err(EngineError::Store(crate::log::StoreError::WriteFailed(
+                    "the turn's start could not be stored".into(),
+                ))),
+            },
         }
     }
 
@@ -80,6 +136,9 @@ impl TurnHandle {
     /// A driven turn runs while this is polled; if it is not polled for a second or two after
     /// the turn was woken, the turn goes on on a task of its own (see `run_by_watcher.rs`).
     pub async fn recv(&mut self) -> Option<Feed> {
+        if let Some(item) = self.peeked.take() {
+            return Some(item);
+        }
         loop {
             if self.done {
                 self.running = None;

@@ -27,6 +27,12 @@ pub(crate) struct Job {
     /// The span current when it was started (its request's): its own span's parent, wherever
     /// and whenever it runs.
     pub parent: tracing::Span,
+    /// A row in the store's inbox stands for the turn until it begins (it was queued, or taken
+    /// from the inbox): the commit of its `user.message` removes it, and is made before the turn
+    /// calls the model, so that a turn carried out again after a crash has done nothing yet.
+    pub row: bool,
+    /// Its start is committed at once (see [`Delivery::confirm`](super::types::Delivery)).
+    pub confirm: bool,
 }
 
 /// Why a running turn is being stopped.

@@ -97,6 +97,11 @@ pub struct Delivery {
     pub text: ShownText,
     /// Who runs the turn.
     pub runner: Runner,
+    /// The request is answered once the turn is accepted (a `202`): its start is committed at
+    /// once rather than within `SYNC_AFTER` (see `engine/turn/mod.rs`), so that the answer
+    /// never waits for a timer. A request answered with the turn's events (a stream, a `none`
+    /// answer) has no need: its first byte waits for the first event, durable by then.
+    pub confirm: bool,
 }
 
 /// Whether a client attends a turn.
@@ -157,6 +162,7 @@ impl TurnOrder {
                 client: Client::Absent { attend_at },
                 text: ShownText::Retractable,
                 runner: Runner::OwnTask,
+                confirm: true,
             },
             when_busy: WhenBusy::Queue,
             plan: false,
@@ -178,6 +184,7 @@ impl TurnOrder {
                 client: Client::Attends,
                 text: ShownText::Retractable,
                 runner: Runner::OwnTask,
+                confirm: false,
             },
             when_busy: WhenBusy::Refuse,
             plan: false,

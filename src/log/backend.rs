@@ -129,6 +129,29 @@ pub(crate) trait StoreBackend: Clone + Send + Sync + 'static {
     fn delete_file(&self, id: &str) -> u64 {
         self.queue().push(WriteOp::DeleteFile(id.to_string()))
     }
+    /// Queue the row of a turn accepted but not begun (see [`WriteOp::InboxPut`]).
+    fn put_inbox_row(
+        &self,
+        session_id: &Arc<str>,
+        turn_id: &str,
+        kind: &'static str,
+        body: String,
+    ) -> u64 {
+        self.queue().push(WriteOp::InboxPut {
+            session_id: session_id.clone(),
+            turn_id: turn_id.to_string(),
+            kind,
+            body,
+            taken: None,
+        })
+    }
+    /// Queue the removal of a queued turn's row (see [`WriteOp::InboxDone`]).
+    fn inbox_row_done(&self, session_id: &Arc<str>, turn_id: &str) -> u64 {
+        self.queue().push(WriteOp::InboxDone {
+            session_id: session_id.clone(),
+            turn_id: turn_id.to_string(),
+        })
+    }
 
     // --- Durability. ---
 

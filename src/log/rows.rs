@@ -92,6 +92,26 @@ pub(crate) enum WriteOp {
     DeleteSession(String),
     PutFile(FileRow),
     DeleteFile(String),
+    /// A turn accepted but not begun (queued behind the running one): its row in the inbox
+    /// stands for it until the commit that holds its `user.message` (see [`WriteOp::InboxDone`]),
+    /// so that a crash in between leaves it to be carried out.
+    InboxPut {
+        session_id: Arc<str>,
+        turn_id: String,
+        /// `message` or `plan` (a request that starts a turn).
+        kind: &'static str,
+        body: String,
+        /// PostgreSQL: the process that holds the turn in its queue (rows of a process that is
+        /// gone are taken again by the session's next holder). `None` on SQLite (one process:
+        /// every row is taken again at start).
+        taken: Option<Arc<str>>,
+    },
+    /// The queued turn has begun (this commit holds its `user.message`) or was cancelled
+    /// while it waited: its row goes.
+    InboxDone {
+        session_id: Arc<str>,
+        turn_id: String,
+    },
 }
 
 impl WriteOp {

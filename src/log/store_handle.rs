@@ -322,6 +322,36 @@ impl Store {
         on_backend!(self, b => b.delete_file(id));
     }
 
+    /// Queue the row of a turn accepted but not begun (queued behind the running one), which
+    /// stands for it until [`Store::inbox_row_done`] is committed with its `user.message`; its
+    /// ticket (see [`Store::committed`]). `kind` is `message` or `plan`, `body` the engine's
+    /// JSON of the request.
+    pub fn put_inbox_row(
+        &self,
+        session_id: &Arc<str>,
+        turn_id: &str,
+        kind: &'static str,
+        body: String,
+    ) -> u64 {
+        on_backend!(self, b => b.put_inbox_row(session_id, turn_id, kind, body))
+    }
+
+    /// Queue the removal of a queued turn's row: it has begun (queue this with its
+    /// `user.message`), was cancelled while it waited, or cannot be carried out.
+    pub fn inbox_row_done(&self, session_id: &Arc<str>, turn_id: &str) -> u64 {
+        on_backend!(self, b => b.inbox_row_done(session_id, turn_id))
+    }
+
+    /// The embedded store: the turns a previous process accepted and did not begin, by session
+    /// in order, to be carried out at start. A shared store has none here: an instance's rows
+    /// are taken by the next holder of each session's lease (see `take_inbox`).
+    pub async fn inbox_at_start(&self) -> Result<Vec<(String, Vec<InboxRow>)>, StoreError> {
+        match &self.backend {
+            Backend::Sqlite(s) => s.inbox_at_start().await,
+            Backend::Postgres(_) => Ok(Vec::new()),
+        }
+    }
+
     /// Returns once everything queued before the call is committed (group commit: one
     /// transaction for everything queued; a commit under way is waited for asleep).
     pub async fn flush(&self) -> Result<(), StoreError> {

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::engine::log_follower::Follow;
-use crate::engine::{DeltaKind, Feed, TurnInput};
+use crate::engine::{DeltaKind, Feed, TurnInput, TurnOrder};
 use crate::http::{body, json_response, query_param, sse, ApiError, Request, Response};
 use crate::message::Content;
 use crate::protocol::context::{App, Caller};
@@ -88,7 +88,8 @@ pub(crate) async fn send_message(
         files,
         skills: msg.skills,
     };
-    let started = app.engine.queue_message(&session, input, ATTEND_AT).await;
+    let order = TurnOrder::unattended(input, ATTEND_AT);
+    let started = app.engine.queue_message(&session, order).await;
     let turn_id = match started {
         Ok(h) => h,
         Err(e) => {

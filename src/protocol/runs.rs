@@ -266,6 +266,8 @@ async fn run_detached(app: &App, caller: &Caller, req: Request) -> Result<Respon
         .start_turn(&session, {
             let mut order = TurnOrder::unattended(goal(body.goal), ATTEND_AT);
             order.delivery.runner = Runner::Watcher;
+            // Answered with its outcome, not a `202`: its start commits with what follows.
+            order.delivery.confirm = false;
             order.with_max_steps(body.max_steps)
         })
         .await;
@@ -345,10 +347,10 @@ pub(crate) async fn session_run(
         plan: body.plan,
         ..TurnOrder::unattended(goal(body.goal), ATTEND_AT)
     };
-    let handle = app.engine.start_turn(&session, order).await?;
+    let turn_id = app.engine.queue_message(&session, order).await?;
     Ok(json_response(
         StatusCode::ACCEPTED,
-        &json!({"turn_id": handle.turn_id, "session_id": &*session.id, "status": "accepted"}),
+        &json!({"turn_id": turn_id, "session_id": &*session.id, "status": "accepted"}),
     ))
 }
 

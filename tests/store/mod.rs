@@ -1,6 +1,7 @@
 //! The event log's stores: what survives a restart or a kill, and the PostgreSQL store with
 //! several instances (leases, the inbox, failover).
 
+mod accepted;
 mod persistence;
 mod postgres;
 mod postgres_inbox;

@@ -473,9 +473,10 @@ async fn until_inbox(p: &Pair, n: usize) {
     }
 }
 
-/// `[limits] queued_turns = 2`: the holder takes messages while its queue has room; the rest
-/// wait in the inbox (counted by the sender, which refuses past the limit with 429) and run
-/// as the queue empties, each once, in order.
+/// `[limits] queued_turns = 2` holds for the session, wherever a message is sent: every turn
+/// waiting is a row in the inbox until it begins (the holder's own and those it took), so the
+/// sender counts them all and refuses past the limit with 429, as the holder does; the turns
+/// accepted run each once, in order, and leave no row behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queued_turns_holds_on_the_holder_and_in_the_inbox_and_nothing_accepted_is_lost() {
     let fake = FakeOpenAi::start().await;
@@ -489,12 +490,12 @@ async fn queued_turns_holds_on_the_holder_and_in_the_inbox_and_nothing_accepted_
     assert_eq!(status, 202, "{v}");
     accepted.push(v["turn_id"].as_str().unwrap().to_string());
     fake.wait_requests(1).await;
-    // Two fit A's queue (taken at once), two wait in the inbox.
-    for (i, waiting) in [(1, 0), (2, 0), (3, 1), (4, 2)] {
-        let (status, v) = message(&b_http, &sid, &format!("m{i}")).await;
+    // One sent to A, one to B: both wait behind A's running turn, each a row of the inbox.
+    for (i, http) in [(1, &a_http), (2, &b_http)] {
+        let (status, v) = message(http, &sid, &format!("m{i}")).await;
         assert_eq!(status, 202, "m{i}: {v}");
         accepted.push(v["turn_id"].as_str().unwrap().to_string());
-        until_inbox(&p, waiting).await;
+        until_inbox(&p, i).await;
     }
     for http in [&b_http, &a_http] {
         let (status, err) = message(http, &sid, "one too many").await;

@@ -56,14 +56,9 @@ fn interrupt_plan(engine: &Engine, session: &Session, st: &mut State) -> String 
     };
     let control = TurnControl::new(ids::new("turn"));
     let turn_id = control.turn_id.clone();
-    if st.turns().running().is_none() {
-        turn::log_unstarted(session, st, &engine.inner.store, &turn_id, &input);
-        return turn_id;
-    }
-    control.stop(StopCause::Cancelled);
     let order = TurnOrder::unattended(input, "");
-    st.queue_turn(Job {
-        control,
+    let job = Job {
+        control: control.clone(),
         input: order.input,
         answering: Vec::new(),
         sink: None,
@@ -73,6 +68,14 @@ fn interrupt_plan(engine: &Engine, session: &Session, st: &mut State) -> String 
         text: order.delivery.text,
         slot: None,
         parent: tracing::Span::current(),
-    });
+        row: false,
+        confirm: false,
+    };
+    if st.turns().running().is_none() {
+        turn::log_unstarted(session, st, &engine.inner.store, &job);
+        return turn_id;
+    }
+    control.stop(StopCause::Cancelled);
+    st.queue_turn(job);
     turn_id
 }

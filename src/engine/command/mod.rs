@@ -17,6 +17,7 @@
 //! The local steps: `start.rs` (admit, then run or queue), `cancel.rs`, `plan.rs`.
 
 mod cancel;
+mod inbox_entry;
 mod lifecycle;
 mod plan;
 pub(crate) mod relayed;
@@ -30,9 +31,9 @@ use super::session::Session;
 use super::session_record::PlanDecision;
 use super::turn_handle::TurnHandle;
 use super::turn_queue::queue_full;
-use super::types::{EngineError, TurnInput, TurnOrder};
+use super::types::{EngineError, TurnOrder};
 use crate::log::Posted;
-use relayed::Relayed;
+use inbox_entry::Relayed;
 
 /// Tries of a request while the lease changes hands under it (taken, handed back).
 const TRIES: usize = 4;
@@ -47,46 +48,40 @@ impl Engine {
         order: TurnOrder,
     ) -> Result<TurnHandle, EngineError> {
         let claim = scaleout::claim(&self.inner, session).await?;
-        let started = start::start_here(self, session, order, None);
+        let started = start::start_here(self, session, order, None, false);
         drop(claim);
         started
     }
 
-    /// Queue a message's turn (no client attends it) behind the session's running one, or run
-    /// it: here, or through the inbox on the instance that runs the session. Its turn id.
+    /// Queue a turn no client attends (`order` is [`TurnOrder::unattended`]: a message, a
+    /// run) behind the session's running one, or run it: here, or through the inbox on the
+    /// instance that runs the session. Returns once the turn is accepted durably (see
+    /// [`TurnHandle::accepted`]; a row of the inbox is durable as it is posted). Its turn id.
     pub async fn queue_message(
         &self,
         session: &Arc<Session>,
-        input: TurnInput,
-        attend_at: &'static str,
+        order: TurnOrder,
     ) -> Result<String, EngineError> {
         let mut busy = None;
         for _ in 0..TRIES {
             match scaleout::claim(&self.inner, session).await {
                 Ok(claim) => {
-                    let order = TurnOrder::unattended(input, attend_at);
-                    let started = start::start_here(self, session, order, None);
+                    let started = start::start_here(self, session, order, None, false);
                     drop(claim);
-                    return started.map(|h| h.turn_id.clone());
+                    let mut handle = started?;
+                    handle.accepted().await?;
+                    return Ok(handle.turn_id.clone());
                 }
                 Err(e @ EngineError::Busy { .. }) => busy = Some(e),
                 Err(e) => return Err(e),
             }
-            let TurnInput::User {
-                content,
-                files,
-                skills,
-            } = &input
-            else {
+            let Some(body) = inbox_entry::row_of(&order.input, order.plan, order.max_steps) else {
                 break;
             };
-            let relayed = Relayed::Message {
-                content: content.clone(),
-                files: files.clone(),
-                skills: skills.clone(),
-            };
             let turn_id = crate::ids::new("turn");
-            match self.relay(session, &relayed, Some(turn_id.clone())).await? {
+            let posted =
+                scaleout::post(&self.inner, session, "message", body, Some(turn_id.clone()));
+            match posted.await? {
                 Posted::Queued => return Ok(turn_id),
                 Posted::NotHeld => continue,
                 Posted::Full(n) => return Err(queue_full(n)),
@@ -154,18 +149,26 @@ impl Engine {
         attend_at: &'static str,
     ) -> Result<String, EngineError> {
         if self.inner.store.instance().is_none() {
-            return plan::decide_here(self, session, decision, attend_at, None);
+            let mut handle = plan::decide_here(self, session, decision, attend_at, None, false)?;
+            handle.accepted().await?;
+            return Ok(handle.turn_id.clone());
         }
         let mut busy = None;
         for _ in 0..TRIES {
             match scaleout::claim(&self.inner, session).await {
                 Ok(claim) => {
-                    let decided = plan::decide_here(self, session, decision, attend_at, None);
+                    let decided =
+                        plan::decide_here(self, session, decision, attend_at, None, false);
                     drop(claim);
-                    if decided.is_err() {
-                        scaleout::release_when_idle(&self.inner, session).await;
-                    }
-                    return decided;
+                    let mut handle = match decided {
+                        Ok(handle) => handle,
+                        Err(e) => {
+                            scaleout::release_when_idle(&self.inner, session).await;
+                            return Err(e);
+                        }
+                    };
+                    handle.accepted().await?;
+                    return Ok(handle.turn_id.clone());
                 }
                 Err(e @ EngineError::Busy { .. }) => busy = Some(e),
                 Err(e) => return Err(e),

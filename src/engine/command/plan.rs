@@ -5,17 +5,19 @@ use std::sync::Arc;
 use crate::engine::engine_handle::Engine;
 use crate::engine::session::Session;
 use crate::engine::session_record::PlanDecision;
+use crate::engine::turn_handle::TurnHandle;
 use crate::engine::types::{EngineError, TurnInput, TurnOrder};
 
 /// Decide the plan here (see [`Engine::decide_plan`]), under a turn id minted already, or
-/// a new one. The decision's turn id.
+/// a new one (`from_inbox`: see `start_here`). The decision's turn.
 pub(super) fn decide_here(
     engine: &Engine,
     session: &Arc<Session>,
     decision: PlanDecision,
     attend_at: &'static str,
     turn_id: Option<String>,
-) -> Result<String, EngineError> {
+    from_inbox: bool,
+) -> Result<TurnHandle, EngineError> {
     let Some(plan) = session.lock().take_plan() else {
         return Err(no_plan());
     };
@@ -29,8 +31,8 @@ pub(super) fn decide_here(
         plan: reject,
         ..TurnOrder::unattended(input, attend_at)
     };
-    match super::start::start_here(engine, session, req, turn_id) {
-        Ok(handle) => Ok(handle.turn_id.clone()),
+    match super::start::start_here(engine, session, req, turn_id, from_inbox) {
+        Ok(handle) => Ok(handle),
         Err(e) => {
             let mut st = session.lock();
             if st.plan().is_none() && st.turns().running().is_none() {

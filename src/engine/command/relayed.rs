@@ -1,53 +1,24 @@
-//! Requests relayed from another instance through the store's inbox (see
-//! `engine/scaleout/relay.rs`): what they are, and how the instance that runs the session
-//! applies them, through the same calls a request made here takes once it holds the lease: a
-//! queued message is queued (or run) under the turn id the receiving instance answered; a
-//! cancel or an interrupt cancels; a plan decision decides.
+//! Requests waiting in the store's inbox: relayed from another instance (see
+//! `engine/scaleout/inbox_relay.rs`), or the rows of turns queued here that a crash left
+//! unbegun. What they are, and how the instance that runs the session applies them, through
+//! the same calls a request made here takes once it holds the lease: a queued message is
+//! queued (or run) under the turn id it was answered with; a cancel or an interrupt cancels; a
+//! plan decision decides. A turn's row stays until the turn begins (see `start.rs`).
 
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::inbox_entry::Relayed;
 use crate::engine::engine_handle::Engine;
 use crate::engine::session::Session;
 use crate::engine::session_record::PlanDecision;
 use crate::engine::types::{EngineError, TurnInput, TurnOrder};
-use crate::log::{FileRef, InboxRow};
+use crate::log::InboxRow;
 
 /// Where a client attends a turn, for the turns the holder starts from the inbox (the events
 /// and runs APIs say the same).
 const ATTEND_AT: &str = "POST /sessions/{id}/turns";
-
-/// A request in the inbox.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub(super) enum Relayed {
-    Message {
-        content: Value,
-        files: Vec<FileRef>,
-        skills: Vec<Value>,
-    },
-    Cancel {
-        turn_id: Option<String>,
-    },
-    Interrupt,
-    /// The decision's `plan_decision` block.
-    Plan {
-        decision: Value,
-    },
-}
-
-impl Relayed {
-    pub(super) fn kind(&self) -> &'static str {
-        match self {
-            Relayed::Message { .. } => "message",
-            Relayed::Cancel { .. } => "cancel",
-            Relayed::Interrupt => "interrupt",
-            Relayed::Plan { .. } => "plan",
-        }
-    }
-}
 
 /// Apply the rows taken from the session's inbox in order, as the requests they were (the
 /// engine's [`Inner::apply_relayed`](crate::engine::engine_handle::Inner)); the rows that must wait (from the first
@@ -67,14 +38,21 @@ pub(crate) fn apply(engine: &Engine, session: &Arc<Session>, rows: Vec<InboxRow>
                 content,
                 files,
                 skills,
+                plan,
+                max_steps,
             } => {
                 let input = TurnInput::User {
                     content,
                     files,
                     skills,
                 };
-                let order = TurnOrder::unattended(input, ATTEND_AT);
-                super::start::start_here(engine, session, order, row.turn_id.clone()).map(drop)
+                let order = TurnOrder {
+                    plan,
+                    ..TurnOrder::unattended(input, ATTEND_AT)
+                }
+                .with_max_steps(max_steps);
+                super::start::start_here(engine, session, order, row.turn_id.clone(), true)
+                    .map(drop)
             }
             Relayed::Cancel { turn_id } => {
                 super::cancel::cancel_here(engine, session, turn_id.as_deref());
@@ -86,10 +64,15 @@ pub(crate) fn apply(engine: &Engine, session: &Arc<Session>, rows: Vec<InboxRow>
             }
             Relayed::Plan { decision } => {
                 match PlanDecision::of_content(&Value::Array(vec![decision])) {
-                    Some(d) => {
-                        super::plan::decide_here(engine, session, d, ATTEND_AT, row.turn_id.clone())
-                            .map(drop)
-                    }
+                    Some(d) => super::plan::decide_here(
+                        engine,
+                        session,
+                        d,
+                        ATTEND_AT,
+                        row.turn_id.clone(),
+                        true,
+                    )
+                    .map(drop),
                     None => Ok(()),
                 }
             }
@@ -101,7 +84,10 @@ pub(crate) fn apply(engine: &Engine, session: &Arc<Session>, rows: Vec<InboxRow>
                 server_wide: true, ..
             }) => return std::iter::once(row).chain(rows).collect(),
             Err(e) => {
-                tracing::warn!(session = %session.id, turn = ?row.turn_id, error = %e, "a request from another instance could not be applied; dropped");
+                tracing::warn!(session = %session.id, turn = ?row.turn_id, error = %e, "a request waiting in the inbox could not be carried out; dropped");
+                if let Some(turn_id) = &row.turn_id {
+                    engine.inner.store.inbox_row_done(&session.id, turn_id);
+                }
             }
         }
     }

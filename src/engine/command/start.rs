@@ -11,7 +11,7 @@ use crate::engine::session_record::Pending;
 use crate::engine::session_settings::is_empty_update;
 use crate::engine::session_state::State;
 use crate::engine::turn;
-use crate::engine::turn_handle::TurnHandle;
+use crate::engine::turn_handle::{Accept, TurnHandle};
 use crate::engine::turn_job::{Job, RunSlot, TurnControl};
 use crate::engine::types::{Client, EngineError, Runner, TurnInput, TurnOrder, WhenBusy};
 use crate::{clock, ids};
@@ -21,11 +21,16 @@ use crate::{clock, ids};
 /// task, or its watcher's), or queue it behind the running one when the order says so.
 /// Under a turn id minted already (by the instance that answered the request, see
 /// `relayed.rs`), or a new one.
+///
+/// A turn that queues is accepted durably: a row in the store's inbox stands for it until it
+/// begins (written here, in the commit the caller waits for with
+/// [`TurnHandle::accepted`], unless the order came `from_inbox`, where its row is already).
 pub(super) fn start_here(
     engine: &Engine,
     session: &Arc<Session>,
     req: TurnOrder,
     turn_id: Option<String>,
+    from_inbox: bool,
 ) -> Result<TurnHandle, EngineError> {
     engine.check_open()?;
     let drive = req.delivery.runner == Runner::Watcher;
@@ -33,7 +38,7 @@ pub(super) fn start_here(
     let (tx, rx, overflow) = channel::channel();
     let mut st = session.lock();
     let after_seq = st.out().tail.last().map_or(0, |e| e.seq);
-    let (answering, slot) = admit(engine, session, &mut st, &req)?;
+    let (answering, slot) = admit(engine, session, &mut st, &req, from_inbox)?;
     let agent = config.agent(&st.record().agent).ok_or_else(|| {
         EngineError::Conflict(format!(
             "the session's agent {:?} is no longer configured",
@@ -58,6 +63,10 @@ pub(super) fn start_here(
         st.set_record(record);
     }
     let control = TurnControl::new(turn_id.unwrap_or_else(|| ids::new("turn")));
+    // `slot` is `None` for a turn that queues (see `TurnQueue::place`).
+    let queued = slot.is_none();
+    let order = (&req.input, req.plan, req.max_steps);
+    let accept = accept(engine, session, order, &control.turn_id, queued, from_inbox);
     let job = Job {
         control: control.clone(),
         input: req.input,
@@ -69,6 +78,8 @@ pub(super) fn start_here(
         text: req.delivery.text,
         slot,
         parent: tracing::Span::current(),
+        row: queued || from_inbox,
+        confirm: req.delivery.confirm,
     };
     crate::telemetry::note_turn(&control.turn_id);
     let run_now = st.queue_turn(job);
@@ -87,12 +98,36 @@ pub(super) fn start_here(
     };
     let turn_id = control.turn_id.clone();
     let parts = (rx, overflow, driven, running);
-    Ok(TurnHandle::new(
-        (turn_id, after_seq),
-        engine.clone(),
-        session.clone(),
-        parts,
-    ))
+    Ok(
+        TurnHandle::new((turn_id, after_seq), engine.clone(), session.clone(), parts)
+            .accepted_when(accept),
+    )
+}
+
+/// When the turn is accepted durably (see [`TurnHandle::accepted`]): a turn that queues is
+/// written as a row of the inbox here (with the session's lock held, so that rows are in the
+/// order of the queue), unless it came from there.
+fn accept(
+    engine: &Engine,
+    session: &Session,
+    (input, plan, max_steps): (&TurnInput, bool, Option<u32>),
+    turn_id: &str,
+    queued: bool,
+    from_inbox: bool,
+) -> Accept {
+    if !queued {
+        return Accept::FirstEvent;
+    }
+    if from_inbox {
+        return Accept::Ticket(0);
+    }
+    match super::inbox_entry::row_of(input, plan, max_steps) {
+        Some(body) => {
+            let store = &engine.inner.store;
+            Accept::Ticket(store.put_inbox_row(&session.id, turn_id, "message", body))
+        }
+        None => Accept::Ticket(0),
+    }
 }
 
 /// Write the session's new settings: committed now for a `queued` turn (one that runs now
@@ -114,6 +149,7 @@ fn admit(
     session: &Arc<Session>,
     st: &mut State,
     req: &TurnOrder,
+    from_inbox: bool,
 ) -> Result<(Vec<Pending>, Option<RunSlot>), EngineError> {
     if st.is_deleted() {
         return Err(EngineError::NotFound {
@@ -142,6 +178,10 @@ fn admit(
             history.messages()
         })?
     };
+    // An order from the inbox was admitted when it was sent: it queues past the limit.
+    if from_inbox && st.turns().running().is_some() {
+        return Ok((answering, None));
+    }
     let place = st
         .turns()
         .place(&engine.inner.config.limits, &engine.inner.running_turns)?;

@@ -111,6 +111,7 @@ async fn drain(inner: &Arc<Inner>, session_id: &str) {
             }
         };
         state.left.store(left, Ordering::Release);
+        let took_none = rows.is_empty();
         let back = (inner.apply_relayed)(&engine, &session, rows);
         drop(claim);
         if !back.is_empty() {
@@ -124,6 +125,12 @@ async fn drain(inner: &Arc<Inner>, session_id: &str) {
             return; // the end of its turns hands the lease back, or takes what came meanwhile
         }
         if claim::release(inner, &session).await != Some(Released::InboxWaiting) {
+            return;
+        }
+        if took_none {
+            // Only rows this process holds wait, with no turn of them queued here: a turn
+            // whose start could not be stored. The next holder (after a restart) runs them.
+            tracing::warn!(session = %session.id, "inbox rows of turns that could not start stay for the session's next holder");
             return;
         }
     }

@@ -169,9 +169,14 @@ impl Turn {
     ) {
         crate::engine::scaleout::turn_ended(&self.inner, &self.session, next.is_some()).await;
         to_watcher(self.sink.as_ref(), published);
-        if let Some(job) = next {
-            super::spawn(&self.inner, self.session.clone(), job);
+        let Some(job) = next else { return };
+        if self.inner.is_shutting_down() {
+            // Not begun: its row in the inbox stays, and the turn is carried out after the
+            // restart (or, on a shared store, by the instance that takes the session next).
+            tracing::info!(turn = %job.control.turn_id, "a queued turn is left to run after the restart");
+            return;
         }
+        super::spawn(&self.inner, self.session.clone(), job);
     }
 
     /// Write the terminal event, make it durable, then let everyone see it.

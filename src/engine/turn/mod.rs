@@ -134,6 +134,10 @@ struct Turn {
     /// Answers the sampling requests of MCP servers during the turn's tool calls (see
     /// `tools/mcp/sampling.rs`); its tally joins the turn's usage when the turn ends.
     sampler: Arc<crate::tools::mcp::sampling::UpstreamSampler>,
+    /// How the turn's start is made durable: `row`, its row in the inbox goes in the commit of
+    /// its `user.message`; with either, that commit is made before the model is called (see
+    /// [`Job`]).
+    start: (bool, bool),
 }
 
 /// Start `job` on a task spawned for it.
@@ -174,6 +178,8 @@ async fn run(inner: Arc<Inner>, session: Arc<Session>, job: Job) {
         text,
         slot,
         parent: _,
+        row,
+        confirm,
     } = job;
     // Counted among the running turns until this task ends.
     let _slot = slot.unwrap_or_else(|| RunSlot::take(inner.running_turns()));
@@ -215,6 +221,7 @@ async fn run(inner: Arc<Inner>, session: Arc<Session>, job: Job) {
         steps: 0,
         started: std::time::Instant::now(),
         sampler,
+        start: (row, confirm),
     };
     let timed_out = Err(End::Failed(FailReason::Timeout, String::new()));
     // Biased, the body first: a turn cancelled before its task first ran still begins (its
@@ -310,14 +317,17 @@ pub(crate) fn log_unstarted(
     session: &Session,
     st: &mut State,
     store: &crate::log::Store,
-    turn_id: &str,
-    input: &TurnInput,
+    job: &Job,
 ) -> Vec<Arc<Event>> {
+    let turn_id = &job.control.turn_id;
     for body in [
-        user_message(input),
+        user_message(&job.input),
         EventBody::TurnCancelled { usage: None },
     ] {
         session.append_locked(st, store, turn_id, body);
+    }
+    if job.row {
+        store.inbox_row_done(&session.id, turn_id);
     }
     // Rare enough to commit here, under the session's lock, so that the events are published
     // in their place.
@@ -342,7 +352,7 @@ pub(crate) fn next_queued(
         match next {
             Next::Run(job) => return Some(job),
             Next::Unstarted(q) => {
-                let published = log_unstarted(session, st, store, &q.control.turn_id, &q.input);
+                let published = log_unstarted(session, st, store, &q);
                 to_watcher(q.sink.as_ref(), published);
             }
         }

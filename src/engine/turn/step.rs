@@ -79,6 +79,17 @@ impl Turn {
             self.session.close_open_locked(&mut st, store, reason, why);
         }
         self.emit(user_message(&input));
+        let (row, confirm) = self.start;
+        if row {
+            self.inner
+                .store
+                .inbox_row_done(&self.session.id, &self.turn_id);
+        }
+        if row || confirm {
+            // Its start durable before the model is called: a turn carried out again after a
+            // crash has done nothing yet, and a request answered `202` never waits a timer.
+            self.sync().await?;
+        }
         match input {
             TurnInput::User { .. } => {
                 // Calls the session still waits on (the last turn stopped on them, before or

@@ -35,12 +35,16 @@ const INSERT_EVENTS: &str = "INSERT INTO events (session_id, seq, id, turn_id, t
 const PUT_SESSION: &str = "INSERT INTO sessions (id, owner, created_at, record)
      VALUES ($1, $2, $3, $4) ON CONFLICT (id) DO UPDATE SET record = excluded.record";
 const DELETE_SESSION: &str = "WITH e AS (DELETE FROM events WHERE session_id = $1),
-          l AS (DELETE FROM leases WHERE session_id = $1)
+          l AS (DELETE FROM leases WHERE session_id = $1),
+          i AS (DELETE FROM inbox WHERE session_id = $1)
      DELETE FROM sessions WHERE id = $1";
 const PUT_FILE: &str =
     "INSERT INTO files (id, owner, filename, mime_type, size_bytes, sha256, created_at)
      VALUES ($1, $2, $3, $4, $5, $6, $7)";
 const DELETE_FILE: &str = "DELETE FROM files WHERE id = $1";
+const INBOX_PUT: &str =
+    "INSERT INTO inbox (session_id, kind, body, turn_id, taken) VALUES ($1, $2, $3, $4, $5)";
+const INBOX_DONE: &str = "DELETE FROM inbox WHERE session_id = $1 AND turn_id = $2";
 const NOTIFY: &str =
     "SELECT pg_notify($1, s || ' ' || q::text) FROM unnest($2::text[], $3::int8[]) AS t(s, q)";
 
@@ -144,6 +148,8 @@ struct Statements {
     delete_session: Statement,
     put_file: Statement,
     delete_file: Statement,
+    inbox_put: Statement,
+    inbox_done: Statement,
     notify: Statement,
 }
 
@@ -156,6 +162,8 @@ async fn statements(
         delete_session: client.prepare_cached(DELETE_SESSION).await?,
         put_file: client.prepare_cached(PUT_FILE).await?,
         delete_file: client.prepare_cached(DELETE_FILE).await?,
+        inbox_put: client.prepare_cached(INBOX_PUT).await?,
+        inbox_done: client.prepare_cached(INBOX_DONE).await?,
         notify: client.prepare_cached(NOTIFY).await?,
     })
 }
@@ -171,6 +179,19 @@ enum Step<'a> {
         json: Vec<&'a str>,
     },
     File(&'a crate::log::FileRow, i64),
+    /// A queued turn's row ([`WriteOp::InboxPut`]).
+    Inbox {
+        sid: &'a str,
+        kind: &'a str,
+        body: &'a str,
+        turn: &'a str,
+        taken: Option<&'a str>,
+    },
+    /// A queued turn begun ([`WriteOp::InboxDone`]).
+    InboxDone {
+        sid: &'a str,
+        turn: &'a str,
+    },
     Op(&'a WriteOp),
 }
 
@@ -222,6 +243,26 @@ fn plan<'a>(ops: impl IntoIterator<Item = &'a WriteOp>) -> (Vec<Step<'a>>, LastS
                 }
             }
             WriteOp::PutFile(f) => steps.push(Step::File(f, f.size_bytes as i64)),
+            WriteOp::InboxPut {
+                session_id,
+                turn_id,
+                kind,
+                body,
+                taken,
+            } => steps.push(Step::Inbox {
+                sid: session_id,
+                kind,
+                body,
+                turn: turn_id,
+                taken: taken.as_deref(),
+            }),
+            WriteOp::InboxDone {
+                session_id,
+                turn_id,
+            } => steps.push(Step::InboxDone {
+                sid: session_id,
+                turn: turn_id,
+            }),
             other => steps.push(Step::Op(other)),
         }
     }
@@ -257,7 +298,20 @@ fn send<'a>(c: &'a Client, st: &'a Statements, step: &'a Step<'a>) -> Option<Pen
         ),
         Step::Op(WriteOp::DeleteSession(id)) => (&st.delete_session, vec![id]),
         Step::Op(WriteOp::DeleteFile(id)) => (&st.delete_file, vec![id]),
-        Step::Op(WriteOp::Event { .. } | WriteOp::PutFile(_)) => return None,
+        Step::Inbox {
+            sid,
+            kind,
+            body,
+            turn,
+            taken,
+        } => (&st.inbox_put, vec![sid, kind, body, turn, taken]),
+        Step::InboxDone { sid, turn } => (&st.inbox_done, vec![sid, turn]),
+        Step::Op(
+            WriteOp::Event { .. }
+            | WriteOp::PutFile(_)
+            | WriteOp::InboxPut { .. }
+            | WriteOp::InboxDone { .. },
+        ) => return None,
     };
     Some(Box::pin(async move {
         c.execute_raw(stmt, params).await.map(|_| ())
@@ -309,6 +363,9 @@ fn by_session(ops: &[WriteOp], first: u64) -> Vec<Group<'_>> {
             WriteOp::Event { session_id, .. } => Some(&**session_id),
             WriteOp::PutSession(r) => Some(r.id.as_str()),
             WriteOp::DeleteSession(id) => Some(id.as_str()),
+            WriteOp::InboxPut { session_id, .. } | WriteOp::InboxDone { session_id, .. } => {
+                Some(&**session_id)
+            }
             WriteOp::PutFile(_) | WriteOp::DeleteFile(_) => None,
         };
         let i = *index.entry(owner).or_insert_with(|| {

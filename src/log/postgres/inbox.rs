@@ -110,9 +110,14 @@ impl PgStore {
         .await
     }
 
-    /// Take (delete and return, in order) the session's waiting requests, if this instance
-    /// holds its lease: at most `room` messages (the rows after the first message past it stay,
-    /// so that the order holds); whether rows stay.
+    /// Take (return, in order) the session's waiting requests, if this instance holds its
+    /// lease: at most `room` messages (the rows after the first message past it stay, so that
+    /// the order holds); whether rows stay. A request that starts a turn (it has a turn id)
+    /// keeps its row, marked as this process's, until the commit that begins its turn removes
+    /// it (`WriteOp::InboxDone`): should this process stop first, the session's next holder
+    /// takes it again. Rows marked by another process are taken again: the lease is this
+    /// instance's, so that process is gone (or this instance's previous life). Others (a
+    /// cancel, an interrupt) go at once.
     pub(crate) async fn take_inbox(
         &self,
         session_id: &str,
@@ -120,6 +125,7 @@ impl PgStore {
     ) -> Result<(Vec<InboxRow>, bool), StoreError> {
         let sid = session_id.to_string();
         let me = self.shared.instance.clone();
+        let boot = self.shared.boot.to_string();
         self.run(move |pool| async move {
             let mut c = pool.get().await?;
             let tx = c.transaction().await?;
@@ -135,9 +141,10 @@ impl PgStore {
             }
             let rows = tx
                 .query(
-                    "SELECT seq, kind, body, turn_id FROM inbox WHERE session_id = $1
+                    "SELECT seq, kind, body, turn_id FROM inbox
+                      WHERE session_id = $1 AND taken IS DISTINCT FROM $2
                       ORDER BY seq FOR UPDATE",
-                    &[&sid],
+                    &[&sid, &boot],
                 )
                 .await?;
             let all: Vec<InboxRow> = rows
@@ -150,13 +157,27 @@ impl PgStore {
                 })
                 .collect();
             let taken = pick(all.clone(), room);
-            let seqs: Vec<i64> = taken.iter().map(|r| r.seq).collect();
-            if !seqs.is_empty() {
-                tx.execute("DELETE FROM inbox WHERE seq = ANY($1)", &[&seqs])
+            let (kept, gone): (Vec<i64>, Vec<i64>) = {
+                let (k, g): (Vec<&InboxRow>, Vec<&InboxRow>) =
+                    taken.iter().partition(|r| r.turn_id.is_some());
+                (
+                    k.iter().map(|r| r.seq).collect(),
+                    g.iter().map(|r| r.seq).collect(),
+                )
+            };
+            if !kept.is_empty() {
+                tx.execute(
+                    "UPDATE inbox SET taken = $2 WHERE seq = ANY($1)",
+                    &[&kept, &boot],
+                )
+                .await?;
+            }
+            if !gone.is_empty() {
+                tx.execute("DELETE FROM inbox WHERE seq = ANY($1)", &[&gone])
                     .await?;
             }
             tx.commit().await?;
-            Ok((taken, seqs.len() < all.len()))
+            Ok((taken.clone(), taken.len() < all.len()))
         })
         .await
     }
@@ -174,7 +195,8 @@ impl PgStore {
     }
 
     /// Put rows taken by [`PgStore::take_inbox`] back where they were (they could not be
-    /// applied now: the server is at its limit of running turns, or stopping).
+    /// applied now: the server is at its limit of running turns, or stopping): a turn's row
+    /// is no longer this process's, and the others are written again in their places.
     pub(crate) async fn put_back_inbox(
         &self,
         session_id: &str,
@@ -184,7 +206,17 @@ impl PgStore {
         self.run(move |pool| async move {
             let mut c = pool.get().await?;
             let tx = c.transaction().await?;
-            for r in &rows {
+            let turns: Vec<i64> = rows
+                .iter()
+                .filter(|r| r.turn_id.is_some())
+                .map(|r| r.seq)
+                .collect();
+            tx.execute(
+                "UPDATE inbox SET taken = NULL WHERE seq = ANY($1)",
+                &[&turns],
+            )
+            .await?;
+            for r in rows.iter().filter(|r| r.turn_id.is_none()) {
                 tx.execute(
                     "INSERT INTO inbox (seq, session_id, kind, body, turn_id)
                      VALUES ($1, $2, $3, $4, $5)",
@@ -199,8 +231,7 @@ impl PgStore {
     }
 }
 
-/// The rows to take, in order: at most `room` messages, stopping before the first message
-/// that does not fit.
+/// The rows taken: in order, at most `room` messages.
 fn pick(rows: Vec<InboxRow>, room: usize) -> Vec<InboxRow> {
     let mut messages = 0;
     let mut out = Vec::new();

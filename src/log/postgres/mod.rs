@@ -128,6 +128,22 @@ fn runtime() -> Result<Rt, StoreError> {
 }
 
 impl StoreBackend for PgStore {
+    fn put_inbox_row(
+        &self,
+        session_id: &Arc<str>,
+        turn_id: &str,
+        kind: &'static str,
+        body: String,
+    ) -> u64 {
+        self.queue().push(crate::log::backend::WriteOp::InboxPut {
+            session_id: session_id.clone(),
+            turn_id: turn_id.to_string(),
+            kind,
+            body,
+            taken: Some(self.shared.boot.clone()),
+        })
+    }
+
     fn queue(&self) -> &GroupCommit {
         &self.shared.group
     }

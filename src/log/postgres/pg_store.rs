@@ -38,6 +38,9 @@ pub(super) struct Shared {
     pub(super) pool: Pool,
     /// This instance's name in lease rows (`inst_…`, new at every start).
     pub(super) instance: String,
+    /// This process's mark on the inbox rows it holds in its queues (`boot_…`, new at every
+    /// start, unlike `instance`, which a restarted instance keeps).
+    pub(super) boot: std::sync::Arc<str>,
     /// `[store] lease_s`.
     pub(super) lease: Duration,
     /// The sessions whose lease this instance holds (renewed by `lease::renew_loop`), each with
@@ -78,6 +81,7 @@ impl Shared {
             last_failed: AtomicBool::new(false),
             pool,
             instance: instance.unwrap_or_else(|| crate::ids::new("inst")),
+            boot: crate::ids::new("boot").into(),
             lease,
             held: Default::default(),
             unread: Default::default(),

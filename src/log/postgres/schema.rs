@@ -78,6 +78,11 @@ const MIGRATIONS: &[&str] = &[
         expires_at timestamptz NOT NULL,
         PRIMARY KEY (session_id, instance)
     );",
+    // 4: a queued turn's row stays in the inbox until the turn begins (the commit of its
+    // `user.message` removes it), marked with the process that holds it in its queue; rows of
+    // a process that is gone are taken again. Local queued turns are rows too (`WriteOp::InboxPut`).
+    "ALTER TABLE inbox ADD COLUMN taken text;
+    CREATE INDEX inbox_by_turn ON inbox (session_id, turn_id);",
 ];
 
 /// The version this build writes.

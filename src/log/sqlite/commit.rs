@@ -198,6 +198,7 @@ fn write_ops(tx: &Connection, batch: &[WriteOp]) -> rusqlite::Result<()> {
             }
             WriteOp::DeleteSession(id) => {
                 tx.execute("DELETE FROM events WHERE session_id = ?1", params![id])?;
+                tx.execute("DELETE FROM inbox WHERE session_id = ?1", params![id])?;
                 tx.execute("DELETE FROM sessions WHERE id = ?1", params![id])?;
             }
             WriteOp::DeleteFile(id) => {
@@ -209,6 +210,25 @@ fn write_ops(tx: &Connection, batch: &[WriteOp]) -> rusqlite::Result<()> {
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                     params![f.id, f.owner, f.filename, f.mime_type, f.size_bytes as i64, f.sha256, f.created_at],
                 )?;
+            }
+            WriteOp::InboxPut {
+                session_id,
+                turn_id,
+                kind,
+                body,
+                taken: _,
+            } => {
+                tx.prepare_cached(
+                    "INSERT INTO inbox (session_id, kind, body, turn_id) VALUES (?1, ?2, ?3, ?4)",
+                )?
+                .execute(params![&**session_id, kind, body, turn_id])?;
+            }
+            WriteOp::InboxDone {
+                session_id,
+                turn_id,
+            } => {
+                tx.prepare_cached("DELETE FROM inbox WHERE session_id = ?1 AND turn_id = ?2")?
+                    .execute(params![&**session_id, turn_id])?;
             }
         }
     }

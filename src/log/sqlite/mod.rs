@@ -33,6 +33,7 @@ use rusqlite::Connection;
 use super::backend::{FileRow, FileUsage, SessionRow, StoreBackend, StoreError};
 use super::event::Event;
 use super::group::GroupCommit;
+use super::InboxRow;
 use crate::sync::lock;
 
 /// The SQLite backend; cheap to clone.
@@ -116,6 +117,20 @@ impl SqliteStore {
                 fsync,
             }),
         })
+    }
+
+    /// The turns a previous process accepted and did not begin (rows in the inbox), by
+    /// session, in order: carried out at start.
+    pub(crate) async fn inbox_at_start(&self) -> Result<Vec<(String, Vec<InboxRow>)>, StoreError> {
+        self.read(|c| {
+            let mut out = Vec::new();
+            for sid in read::inbox_sessions(c)? {
+                let rows = read::inbox_rows(c, &sid)?;
+                out.push((sid, rows));
+            }
+            Ok(out)
+        })
+        .await
     }
 
     /// Runs `f` on the reader connection, on a blocking thread.

@@ -3,7 +3,7 @@
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-use crate::log::{Event, SessionRow, StoreError};
+use crate::log::{Event, InboxRow, SessionRow, StoreError};
 
 /// A session's events with `seq > after_seq`, at most `limit`, in order.
 pub(super) fn events(
@@ -79,6 +79,34 @@ pub(super) fn seq_of(c: &Connection, sid: &str, eid: &str) -> Result<Option<u64>
         }
     }
     Ok(None)
+}
+
+/// Sessions with turns accepted but not begun (rows in the inbox), in the order of their first.
+pub(super) fn inbox_sessions(c: &Connection) -> Result<Vec<String>, StoreError> {
+    let mut stmt =
+        c.prepare("SELECT session_id FROM inbox GROUP BY session_id ORDER BY MIN(seq)")?;
+    let ids = stmt
+        .query_map([], |r| r.get::<_, String>(0))?
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(ids)
+}
+
+/// A session's rows in the inbox, in order.
+pub(super) fn inbox_rows(c: &Connection, session_id: &str) -> Result<Vec<InboxRow>, StoreError> {
+    let mut stmt = c.prepare_cached(
+        "SELECT seq, kind, body, turn_id FROM inbox WHERE session_id = ?1 ORDER BY seq",
+    )?;
+    let rows = stmt
+        .query_map([session_id], |r| {
+            Ok(InboxRow {
+                seq: r.get(0)?,
+                kind: r.get(1)?,
+                body: r.get(2)?,
+                turn_id: r.get(3)?,
+            })
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(rows)
 }
 
 /// Sessions whose last event is not a terminal one: turns that were running when the

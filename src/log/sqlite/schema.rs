@@ -10,7 +10,9 @@ use crate::log::StoreError;
 /// written, so a commit appends to its last page; `(session_id, seq)` is a small index beside it.
 /// Version 1 kept events in a `WITHOUT ROWID` table keyed by `(session_id, seq)`, whose large
 /// rows split pages on most commits (several pages written per commit); it is migrated on open.
-const SCHEMA_VERSION: i64 = 2;
+/// Version 3 adds the inbox: the turns accepted but not begun (`WriteOp::InboxPut`), carried out
+/// at the next start if the process stops before they begin.
+const SCHEMA_VERSION: i64 = 3;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS sessions (
@@ -40,6 +42,14 @@ CREATE TABLE IF NOT EXISTS files (
     sha256 TEXT NOT NULL,
     created_at TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS inbox (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    body TEXT NOT NULL,
+    turn_id TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS inbox_by_session ON inbox (session_id, turn_id);
 ";
 
 /// Bring a store of an older schema to [`SCHEMA_VERSION`], in one transaction.

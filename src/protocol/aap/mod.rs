@@ -129,6 +129,12 @@ async fn turn_task(app: &App, caller: &Caller, id: &str, req: Request, reply: Re
     };
     let mut renderer = TurnRenderer::default();
     if mode != StreamMode::None {
+        // The stream's first byte says the turn is accepted: not before its start is durable
+        // (nothing of it is shown before that anyway, so the first delta waits no longer).
+        if let Err(e) = handle.accepted().await {
+            let _ = reply.send(Err(e.into()));
+            return;
+        }
         let frames = turn_frames(handle, renderer, mode);
         let _ = reply.send(Ok(sse::response(frames, &app.streams)));
         return;

@@ -1,0 +1,225 @@
+//! Accepted means durable (issue 30): a request answered `2xx` — a message queued behind a
+//! running turn, a message whose turn runs at once, a streamed turn's first byte, a permission
+//! answer, an upload — is in the store before the answer. The real binary is killed with
+//! `kill -9` right after each answer, and what it accepted is found after the restart: carried
+//! out, or ended with a terminal event that says why (`worker_lost`).
+
+use serde_json::json;
+use turnstile::log::{EventBody, FailReason};
+use turnstile::testkit::fake_openai::{FakeOpenAi, Gate, Reply};
+
+use crate::common::{config_text, Http};
+
+/// The real binary serving `dir/tools.toml`.
+struct Proc {
+    child: tokio::process::Child,
+    http: Http,
+}
+
+async fn spawn(dir: &std::path::Path) -> Proc {
+    let (child, addr) = crate::common::binary::serve(&dir.join("tools.toml")).await;
+    Proc {
+        child,
+        http: Http::new(addr),
+    }
+}
+
+/// `kill -9` the process and wait for it to be gone.
+async fn kill9(p: &mut Proc) {
+    let pid = p.child.id().expect("pid");
+    let status = std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let _ = p.child.wait().await;
+}
+
+async fn new_session(http: &Http) -> String {
+    let (status, created) = http.post("/sessions", &json!({})).await;
+    assert_eq!(status, 201, "{created}");
+    created["sessionId"].as_str().expect("id").to_string()
+}
+
+/// The session's stored events, checked by the log checker.
+async fn stored(dir: &std::path::Path, sid: &str) -> Vec<turnstile::log::Event> {
+    let events = crate::common::stores::events(&dir.join("tools.toml"), sid).await;
+    crate::common::logcheck::check_events(&events);
+    events
+}
+
+/// Polls the log (through the API) until `turn_id` has ended; its terminal event's JSON.
+async fn until_ended(http: &Http, sid: &str, turn_id: &str) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let (status, v) = http
+            .get(&format!("/sessions/{sid}/events/history?limit=1000"))
+            .await;
+        assert_eq!(status, 200, "{v}");
+        let events = v["events"].as_array().expect("events").clone();
+        if let Some(end) = events.iter().find(|e| {
+            e["turn_id"] == turn_id
+                && matches!(
+                    e["type"].as_str(),
+                    Some("turn.completed" | "turn.failed" | "turn.cancelled")
+                )
+        }) {
+            return end.clone();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "turn {turn_id} did not end: {events:#?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// The `user.message` contents of the turns in the log, in order, with each turn's end.
+fn turns(events: &[turnstile::log::Event]) -> Vec<(String, String, &'static str)> {
+    let mut out = Vec::new();
+    for e in events {
+        if let EventBody::UserMessage { content, .. } = &e.body {
+            let text = content
+                .as_str()
+                .map_or_else(|| content.to_string(), str::to_string);
+            out.push((e.turn_id.to_string(), text, ""));
+        }
+        if e.body.is_terminal() {
+            if let Some(t) = out.iter_mut().rev().find(|t| *t.0 == *e.turn_id) {
+                t.2 = e.body.type_name();
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_queued_message_answered_202_is_carried_out_after_kill_9() {
+    let fake = FakeOpenAi::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("tools.toml"), config_text(&fake, "")).unwrap();
+    let mut p = spawn(dir.path()).await;
+    let sid = new_session(&p.http).await;
+    // The first turn is held at the model; the second message queues behind it.
+    let gate = Gate::new();
+    fake.push(Reply::text("never finished").hold(gate.clone()));
+    let (status, first) = p
+        .http
+        .post(
+            &format!("/sessions/{sid}/messages"),
+            &json!({"content": "first"}),
+        )
+        .await;
+    assert_eq!(status, 202, "{first}");
+    fake.wait_requests(1).await;
+    let (status, queued) = p
+        .http
+        .post(
+            &format!("/sessions/{sid}/messages"),
+            &json!({"content": "queued"}),
+        )
+        .await;
+    assert_eq!(status, 202, "{queued}");
+    let queued_id = queued["turn_id"].as_str().unwrap().to_string();
+    kill9(&mut p).await;
+
+    // After the restart the queued turn runs: it was accepted, so it is carried out.
+    fake.push(Reply::text("done after restart"));
+    let p = spawn(dir.path()).await;
+    let end = until_ended(&p.http, &sid, &queued_id).await;
+    assert_eq!(end["type"], "turn.completed", "{end}");
+    let events = stored(dir.path(), &sid).await;
+    let t = turns(&events);
+    assert_eq!(t.len(), 2, "{t:?}");
+    assert_eq!(t[0].1, "first");
+    assert_eq!(
+        t[0].2, "turn.failed",
+        "the cut-off turn is closed worker_lost"
+    );
+    assert_eq!(
+        (t[1].0.as_str(), t[1].1.as_str(), t[1].2),
+        (queued_id.as_str(), "queued", "turn.completed")
+    );
+    let lost = events
+        .iter()
+        .find(|e| matches!(e.body, EventBody::TurnFailed { .. }))
+        .unwrap();
+    assert!(matches!(
+        lost.body,
+        EventBody::TurnFailed {
+            reason: FailReason::WorkerLost,
+            ..
+        }
+    ));
+    let replies: Vec<String> = events
+        .iter()
+        .filter_map(|e| match &e.body {
+            EventBody::AgentMessage { content, .. } => Some(content.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(replies, ["done after restart"], "the queued turn ran once");
+    gate.open();
+}
+
+#[tokio::test]
+async fn a_message_whose_turn_runs_at_once_is_in_the_log_when_answered_202() {
+    let fake = FakeOpenAi::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("tools.toml"), config_text(&fake, "")).unwrap();
+    let mut p = spawn(dir.path()).await;
+    let sid = new_session(&p.http).await;
+    let gate = Gate::new();
+    fake.push(Reply::text("never finished").hold(gate.clone()));
+    let (status, v) = p
+        .http
+        .post(
+            &format!("/sessions/{sid}/messages"),
+            &json!({"content": "at once"}),
+        )
+        .await;
+    assert_eq!(status, 202, "{v}");
+    let turn_id = v["turn_id"].as_str().unwrap().to_string();
+    // Killed right after the answer: not a millisecond for a timer to commit it.
+    kill9(&mut p).await;
+
+    let p = spawn(dir.path()).await;
+    let end = until_ended(&p.http, &sid, &turn_id).await;
+    assert_eq!(end["type"], "turn.failed", "{end}");
+    assert_eq!(end["reason"], "worker_lost", "{end}");
+    let t = turns(&stored(dir.path(), &sid).await);
+    assert_eq!(t, [(turn_id, "at once".to_string(), "turn.failed")]);
+    gate.open();
+}
+
+#[tokio::test]
+async fn a_streamed_turn_is_in_the_log_before_its_first_byte() {
+    let fake = FakeOpenAi::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("tools.toml"), config_text(&fake, "")).unwrap();
+    let mut p = spawn(dir.path()).await;
+    let sid = new_session(&p.http).await;
+    let gate = Gate::new();
+    fake.push(Reply::text("never finished").hold(gate.clone()));
+    // Killed as soon as the response's head has arrived: its first byte.
+    let stream = crate::common::sse_stream::open(
+        &p.http.base,
+        "POST",
+        &format!("/sessions/{sid}/turns"),
+        &[],
+        Some(&json!({"stream": "delta", "messages": [{"role": "user", "content": "streamed"}]})),
+    )
+    .await
+    .ok();
+    kill9(&mut p).await;
+    drop(stream);
+
+    let p = spawn(dir.path()).await;
+    let events = stored(dir.path(), &sid).await;
+    let t = turns(&events);
+    assert_eq!(t.len(), 1, "{t:?}");
+    assert_eq!(t[0].1, "streamed");
+    let end = until_ended(&p.http, &sid, &t[0].0).await;
+    assert_eq!(end["reason"], "worker_lost", "{end}");
+    gate.open();
+}
