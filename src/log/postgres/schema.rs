@@ -78,6 +78,20 @@ const MIGRATIONS: &[&str] = &[
         expires_at timestamptz NOT NULL,
         PRIMARY KEY (session_id, instance)
     );",
+    // 4: each session's `Idempotency-Key`s (AAP turn requests), shared by the instances: the
+    // body's SHA-256 and the turn its first request started (`turn_id` null while an instance
+    // holds the key reserved, its turn not started yet); `created_at` in ms since the Unix
+    // epoch, indexed for the purge of keys past 24 h (`idem_keys.rs`).
+    "CREATE TABLE idempotency_keys (
+        session_id text NOT NULL,
+        key text NOT NULL,
+        fingerprint text NOT NULL,
+        turn_id text,
+        after_seq bigint,
+        created_at bigint NOT NULL,
+        PRIMARY KEY (session_id, key)
+    );
+    CREATE INDEX idempotency_keys_by_age ON idempotency_keys (created_at);",
 ];
 
 /// The version this build writes.

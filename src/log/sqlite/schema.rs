@@ -6,11 +6,14 @@ use rusqlite::{Connection, OptionalExtension};
 
 use crate::log::StoreError;
 
-/// Schema version 2 (`PRAGMA user_version`). Events sit in a rowid table in the order they were
-/// written, so a commit appends to its last page; `(session_id, seq)` is a small index beside it.
-/// Version 1 kept events in a `WITHOUT ROWID` table keyed by `(session_id, seq)`, whose large
-/// rows split pages on most commits (several pages written per commit); it is migrated on open.
-const SCHEMA_VERSION: i64 = 2;
+/// Schema version 3 (`PRAGMA user_version`), reached one step per version ([`STEPS`]).
+///
+/// 2: events sit in a rowid table in the order they were written, so a commit appends to its
+/// last page; `(session_id, seq)` is a small index beside it. Version 1 kept events in a
+/// `WITHOUT ROWID` table keyed by `(session_id, seq)`, whose large rows split pages on most
+/// commits (several pages written per commit); it is migrated on open.
+/// 3: the `Idempotency-Key`s of AAP turn requests (`idempotency_keys`, kept 24 h).
+const SCHEMA_VERSION: i64 = 3;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS sessions (
@@ -42,6 +45,10 @@ CREATE TABLE IF NOT EXISTS files (
 );
 ";
 
+/// The migration steps: step `i` brings the schema from version `i + 1` to `i + 2` (a fresh
+/// store starts at step 0, which makes the version 2 schema). Each is one function.
+const STEPS: &[fn(&rusqlite::Transaction<'_>) -> rusqlite::Result<()>] = &[to_v2, to_v3];
+
 /// Bring a store of an older schema to [`SCHEMA_VERSION`], in one transaction.
 pub(super) fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
     let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
@@ -49,6 +56,16 @@ pub(super) fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
         return Ok(());
     }
     let tx = conn.transaction()?;
+    // Versions 0 (a new file) and 1 both take the step to 2.
+    for step in STEPS.iter().skip((version - 1).max(0) as usize) {
+        step(&tx)?;
+    }
+    tx.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))?;
+    tx.commit()
+}
+
+/// 2: the base schema; version 1's `WITHOUT ROWID` events moved into the rowid table.
+fn to_v2(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<()> {
     let old_events: Option<String> = tx
         .query_row(
             "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'events'",
@@ -67,12 +84,28 @@ pub(super) fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
                  SELECT session_id, seq, id, turn_id, type, json FROM events_v1
                  ORDER BY session_id, seq;
              DROP TABLE events_v1;",
-        )?;
+        )
     } else {
-        tx.execute_batch(SCHEMA)?;
+        tx.execute_batch(SCHEMA)
     }
-    tx.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))?;
-    tx.commit()
+}
+
+/// 3: each session's `Idempotency-Key`s (AAP turn requests): the body's SHA-256 and the turn
+/// its first request started (the events of `turn_id` come after `after_seq`); `created_at` in
+/// ms since the Unix epoch, indexed for the purge of keys past 24 h.
+fn to_v3(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<()> {
+    tx.execute_batch(
+        "CREATE TABLE IF NOT EXISTS idempotency_keys (
+             session_id TEXT NOT NULL,
+             key TEXT NOT NULL,
+             fingerprint TEXT NOT NULL,
+             turn_id TEXT,
+             after_seq INTEGER,
+             created_at INTEGER NOT NULL,
+             PRIMARY KEY (session_id, key)
+         );
+         CREATE INDEX IF NOT EXISTS idempotency_keys_by_age ON idempotency_keys (created_at);",
+    )
 }
 
 pub(super) fn open_conn(path: &Path, fsync: bool) -> Result<Connection, StoreError> {
