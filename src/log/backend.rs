@@ -45,7 +45,7 @@
 //!   subscriber that missed a notification loses nothing.
 //! - **Rows.** A session row written with [`put_session`](StoreBackend::put_session) replaces
 //!   the record of an existing one (owner and creation time are kept). Deleting a session
-//!   deletes its events in the same commit.
+//!   deletes its events and idempotency keys in the same commit.
 //! - **Restart recovery.** [`unfinished_sessions`](StoreBackend::unfinished_sessions) lists the
 //!   sessions whose last stored event is not terminal (`turn.completed`, `turn.failed`,
 //!   `turn.cancelled`): turns a previous process left running. At start the engine closes each
@@ -68,12 +68,12 @@
 //!
 //! | call | may block the thread | may wait |
 //! |---|---|---|
-//! | `append`, `put_session`, `delete_session`, `put_file`, `delete_file` | no (a short lock) | no |
+//! | `append`, `put_session`, `delete_session`, `put_file`, `delete_file`, `put_key` | no (a short lock) | no |
 //! | `committed`, `failed` | no | no |
 //! | `flush` | no | yes (async: for the commit of its writes) |
 //! | `commit` | **yes**, for a whole commit (called under the session lock, rarely) | - |
 //! | `probe_writable` | **yes** (call it on a blocking thread: `/readyz` does) | - |
-//! | reads (`events`, `last_turn_id`, `session`, `file`, ...) | no | yes (async) |
+//! | reads (`events`, `last_turn_id`, `session`, `file`, ...), `reserve_key`, `release_key` | no | yes (async) |
 //!
 //! # Test hooks
 //!
@@ -95,7 +95,7 @@ use super::event::Event;
 use super::group::GroupCommit;
 pub(crate) use super::rows::pg_error_text;
 pub(crate) use super::rows::WriteOp;
-pub(crate) use super::rows::{FileRow, FileUsage, SessionRow, StoreError};
+pub(crate) use super::rows::{FileRow, FileUsage, KeyReserved, KeyRow, SessionRow, StoreError};
 
 /// What a store backend implements: the event log, the session table and file records, with
 /// group commit. See the [module documentation](self) for the model and the invariants.
@@ -151,6 +151,12 @@ pub(crate) trait StoreBackend: Clone + Send + Sync + 'static {
             session_id: session_id.clone(),
             turn_id: turn_id.to_string(),
         })
+    }
+
+    /// Queue an idempotency key's row (its turn started), replacing a reservation; now and
+    /// then a bounded purge of keys created before `forget_before_ms` rides along.
+    fn put_key(&self, row: KeyRow, forget_before_ms: i64) -> u64 {
+        self.queue().push_key(row, forget_before_ms)
     }
 
     // --- Durability. ---
@@ -219,6 +225,20 @@ pub(crate) trait StoreBackend: Clone + Send + Sync + 'static {
         &self,
         owner: Option<String>,
     ) -> impl Future<Output = Result<usize, StoreError>> + Send;
+
+    // --- Idempotency keys (AAP turn requests). ---
+
+    /// Reserve `row.key` of `row.session_id` for a first request, unless a key created at or
+    /// after `not_before_ms` is stored (then it, whatever its body). PostgreSQL writes the
+    /// reservation (`INSERT ... ON CONFLICT`), so that two instances cannot both have it;
+    /// SQLite, one process whose memory reserves, only looks (one indexed read).
+    fn reserve_key(
+        &self,
+        row: KeyRow,
+        not_before_ms: i64,
+    ) -> impl Future<Output = Result<KeyReserved, StoreError>> + Send;
+    /// Give back a reservation whose request started no turn (PostgreSQL; nothing on SQLite).
+    fn release_key(&self, row: KeyRow) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     // --- File records. ---
 

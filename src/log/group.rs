@@ -18,6 +18,10 @@ use std::sync::Mutex;
 use super::rows::{StoreError, WriteOp};
 use crate::sync::lock;
 
+/// A purge of expired idempotency keys rides along with the first key queued and every this
+/// many after it (each purge deletes up to `PURGE_KEYS_AT_MOST`, twice this: purges keep up).
+const PURGE_KEYS_EVERY: u64 = 1000;
+
 /// Failed commits remembered, so that the callers whose writes they held learn of it.
 const MAX_FAILURES: usize = 64;
 
@@ -34,6 +38,8 @@ pub(crate) struct GroupCommit {
     failures: Mutex<VecDeque<Failure>>,
     /// Whether any commit has ever failed: when none has, `failure` takes no lock.
     any_failed: AtomicBool,
+    /// Idempotency keys queued (for the purge that rides along now and then).
+    keys_put: AtomicU64,
 }
 
 /// A commit that failed: every ticket of `first..=last`, or only those of `only` (sorted).
@@ -69,6 +75,16 @@ impl GroupCommit {
         q.ops.push(op);
         q.last += 1;
         q.last
+    }
+
+    /// Queue an idempotency key's row, with a purge of the keys created before
+    /// `forget_before_ms` now and then (the first key queued, then every
+    /// [`PURGE_KEYS_EVERY`]th): in the same commit, bounded. The key's ticket.
+    pub(crate) fn push_key(&self, row: super::rows::KeyRow, forget_before_ms: i64) -> u64 {
+        if self.keys_put.fetch_add(1, Ordering::Relaxed) % PURGE_KEYS_EVERY == 0 {
+            self.push(WriteOp::PurgeKeys(forget_before_ms));
+        }
+        self.push(WriteOp::PutKey(row))
     }
 
     /// The ticket of the last write queued: what a flush called now waits for.

@@ -25,5 +25,5 @@ pub use event::{Event, EventBody, FailReason, FileRef, StopReason};
 pub use postgres::deltas::{DeltaTap, DeltaWatch, RemoteDelta};
 pub use postgres::inbox::{InboxRow, Posted, Released};
 pub use postgres::lease::{ClaimGuard, Heard, LeaseTaken};
-pub use rows::{FileRow, FileUsage, SessionRow, StoreError};
+pub use rows::{FileRow, FileUsage, KeyReserved, KeyRow, SessionRow, StoreError};
 pub use store_handle::Store;

@@ -76,6 +76,34 @@ pub struct FileRow {
     pub created_at: String,
 }
 
+/// An `Idempotency-Key` of a session's turn requests (AAP): the body it came with and the turn
+/// its first request started. Shared by every instance on the store; kept 24 h.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRow {
+    pub session_id: String,
+    pub key: String,
+    /// SHA-256 (hex) of the first request's body.
+    pub fingerprint: String,
+    /// The turn the first request started, and the `seq` its events come after; `None` while
+    /// it is only reserved (PostgreSQL: by an instance whose turn has not started yet).
+    pub started: Option<(String, u64)>,
+    /// When the key was first used, in ms since the Unix epoch.
+    pub created_at_ms: i64,
+}
+
+/// What reserving a key in the store found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyReserved {
+    /// Nobody had it: it is this request's. `in_store`: a reservation row was written (on
+    /// PostgreSQL), to be released if the request starts no turn.
+    New { in_store: bool },
+    /// An earlier request (of this process before a restart, or of another instance) had it.
+    Taken(KeyRow),
+}
+
+/// Expired idempotency keys deleted by one purge at most (see `WriteOp::PurgeKeys`).
+pub(crate) const PURGE_KEYS_AT_MOST: i64 = 2000;
+
 /// A write waiting in a backend's queue for the next commit.
 pub(crate) enum WriteOp {
     Event {
@@ -112,6 +140,10 @@ pub(crate) enum WriteOp {
         session_id: Arc<str>,
         turn_id: String,
     },
+    /// Insert or replace an idempotency key's row (its turn started).
+    PutKey(KeyRow),
+    /// Delete at most [`PURGE_KEYS_AT_MOST`] idempotency keys created before this (ms).
+    PurgeKeys(i64),
 }
 
 impl WriteOp {

@@ -14,7 +14,9 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::backend::{FileRow, FileUsage, SessionRow, StoreBackend, StoreError};
+use super::backend::{
+    FileRow, FileUsage, KeyReserved, KeyRow, SessionRow, StoreBackend, StoreError,
+};
 use super::event::Event;
 use super::postgres::deltas::{DeltaTap, DeltaWatch};
 use super::postgres::inbox::{InboxRow, Posted, Released};
@@ -350,6 +352,31 @@ impl Store {
             Backend::Sqlite(s) => s.inbox_at_start().await,
             Backend::Postgres(_) => Ok(Vec::new()),
         }
+    }
+
+    /// Queue the row of an `Idempotency-Key` whose request started its turn (`row.started`),
+    /// before the turn's first event: it is committed with it, or before it. Now and then a
+    /// bounded purge of the keys created before `forget_before_ms` rides along.
+    #[inline]
+    pub fn put_idempotency_key(&self, row: KeyRow, forget_before_ms: i64) -> u64 {
+        on_backend!(self, b => b.put_key(row, forget_before_ms))
+    }
+
+    /// Reserve an `Idempotency-Key` for a first request, or find the row of the request that
+    /// had it (created at or after `not_before_ms`). PostgreSQL: one `INSERT ... ON CONFLICT`
+    /// (the instances sharing the database cannot both have it), plus one read when taken;
+    /// SQLite: one indexed read (its process's memory reserves).
+    pub async fn reserve_idempotency_key(
+        &self,
+        row: KeyRow,
+        not_before_ms: i64,
+    ) -> Result<KeyReserved, StoreError> {
+        on_backend!(self, b => b.reserve_key(row, not_before_ms).await)
+    }
+
+    /// Give back a reservation ([`KeyReserved::New`] `in_store`) whose request started no turn.
+    pub async fn release_idempotency_key(&self, row: KeyRow) -> Result<(), StoreError> {
+        on_backend!(self, b => b.release_key(row).await)
     }
 
     /// Returns once everything queued before the call is committed (group commit: one

@@ -1,6 +1,7 @@
 //! The log survives restarts: a graceful one, `kill -9` of the real binary, and a turn cut off
 //! mid-way (closed as `worker_lost` on the next start). SIGTERM ends running turns with
-//! `worker_shutdown`, which their clients see.
+//! `worker_shutdown`, which their clients see. An `Idempotency-Key` survives `kill -9`: its
+//! repeat gets the first response.
 
 use crate::common::{config_text, logcheck::check_log, Http, TestServer};
 use serde_json::json;
@@ -286,6 +287,73 @@ async fn a_completed_turn_survives_kill_9_and_an_unfinished_one_is_closed_as_wor
     assert_eq!(status, 200, "{resp}");
     assert_eq!(resp["messages"][0]["content"], "back again");
     gate.open();
+}
+
+/// POST a turn with an `Idempotency-Key`: the status and the body's text.
+async fn post_keyed(http: &Http, sid: &str, key: &str, body: &serde_json::Value) -> (u16, String) {
+    let resp = crate::common::sse_stream::open(
+        &http.base,
+        "POST",
+        &format!("/sessions/{sid}/turns"),
+        &[("idempotency-key", key)],
+        Some(body),
+    )
+    .await;
+    let status = resp.status;
+    (status, resp.text().await)
+}
+
+#[tokio::test]
+async fn an_idempotency_key_survives_kill_9_and_its_repeat_gets_the_first_response() {
+    let fake = FakeOpenAi::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("tools.toml"), config_text(&fake, "")).unwrap();
+
+    let p = spawn(dir.path()).await;
+    let (_, created) = p.http.post("/sessions", &json!({})).await;
+    let sid = created["sessionId"].as_str().unwrap().to_string();
+    fake.push(Reply::text("the first outcome"));
+    let body = json!({"messages": [{"role": "user", "content": "once only"}]});
+    let first = post_keyed(&p.http, &sid, "key-durable", &body).await;
+    assert_eq!(first.0, 200, "{}", first.1);
+    let first_json: serde_json::Value = serde_json::from_str(&first.1).unwrap();
+    assert_eq!(first_json["messages"][0]["content"], "the first outcome");
+    // A streamed keyed turn too: its repeat after the kill gets the same events.
+    fake.push(Reply::text("the streamed outcome"));
+    let streamed = json!({"stream": "message", "messages": body["messages"].clone()});
+    let (_, sse_before) = post_keyed(&p.http, &sid, "key-sse", &streamed).await;
+    let mut p = p;
+    kill9(&p);
+    let _ = p.child.wait().await;
+
+    let p = spawn(dir.path()).await;
+    let again = post_keyed(&p.http, &sid, "key-durable", &body).await;
+    assert_eq!(again, first, "the same status and body after kill -9");
+    let (status, sse_after) = post_keyed(&p.http, &sid, "key-sse", &streamed).await;
+    assert_eq!(status, 200, "{sse_after}");
+    assert_eq!(
+        crate::common::parse_sse(&sse_after),
+        crate::common::parse_sse(&sse_before)
+    );
+    assert_eq!(fake.requests().len(), 2, "no model call for the repeats");
+    let events = stored(dir.path(), &sid).await;
+    crate::common::logcheck::check_events(&events);
+    let turns: Vec<&str> = events
+        .iter()
+        .filter(|e| e.body.type_name() == "user.message")
+        .map(|e| e.turn_id.as_str())
+        .collect();
+    assert_eq!(
+        turns.len(),
+        2,
+        "two keys, two turns, none for the repeats: {turns:?}"
+    );
+    assert_ne!(turns[0], turns[1]);
+    // The key with another body: 422, after the restart too.
+    let other = json!({"messages": [{"role": "user", "content": "something else"}]});
+    let (status, text) = post_keyed(&p.http, &sid, "key-durable", &other).await;
+    assert_eq!(status, 422, "{text}");
+    assert_eq!(stored(dir.path(), &sid).await.len(), events.len());
 }
 
 #[tokio::test]

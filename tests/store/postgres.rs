@@ -70,7 +70,7 @@ async fn a_fresh_database_is_migrated_and_a_newer_schema_refuses_to_start() {
     drop(store);
     assert_eq!(
         pg.psql("migrate", "SELECT version FROM turnstile_schema"),
-        "4"
+        "5"
     );
     // Opening again (a restart, or a second instance) migrates nothing and keeps the rows.
     let again = Store::open_postgres(&url, false, LEASE, None).expect("reopen");

@@ -10,9 +10,9 @@
 //! transaction (the pipelined `COMMIT` is answered with a rollback). When the server refused a
 //! statement (a stale writer's duplicate `(session_id, seq)`, a row it will not take) and the
 //! batch held the writes of several sessions, the batch is written again, isolated
-//! ([`write_isolated`]): each session's writes (and the file records, as one more group) in a
-//! `SAVEPOINT` of their own; a group the server refuses is rolled back to its savepoint and left
-//! out, the others go on and commit. The tickets of the groups left out fail
+//! ([`write_isolated`]): each session's writes (and the file records and key purges, as one
+//! more group) in a `SAVEPOINT` of their own; a group the server refuses is rolled back to its
+//! savepoint and left out, the others go on and commit. The tickets of the groups left out fail
 //! (`GroupCommit::settle_each`), everyone else's succeed. The normal case pays nothing for
 //! this (the same one statement for all events, no savepoint); a clash costs a round trip
 //! per group refused, plus two.
@@ -28,6 +28,7 @@ use tokio_postgres::{Client, Statement};
 
 use super::pg_store::{PgStore, EVENTS_CHANNEL};
 use crate::log::backend::{pg_error_text, WriteOp};
+use crate::log::rows::PURGE_KEYS_AT_MOST;
 use crate::log::StoreError;
 
 const INSERT_EVENTS: &str = "INSERT INTO events (session_id, seq, id, turn_id, type, json)
@@ -36,7 +37,8 @@ const PUT_SESSION: &str = "INSERT INTO sessions (id, owner, created_at, record)
      VALUES ($1, $2, $3, $4) ON CONFLICT (id) DO UPDATE SET record = excluded.record";
 const DELETE_SESSION: &str = "WITH e AS (DELETE FROM events WHERE session_id = $1),
           l AS (DELETE FROM leases WHERE session_id = $1),
-          i AS (DELETE FROM inbox WHERE session_id = $1)
+          i AS (DELETE FROM inbox WHERE session_id = $1),
+          k AS (DELETE FROM idempotency_keys WHERE session_id = $1)
      DELETE FROM sessions WHERE id = $1";
 const PUT_FILE: &str =
     "INSERT INTO files (id, owner, filename, mime_type, size_bytes, sha256, created_at)
@@ -45,6 +47,16 @@ const DELETE_FILE: &str = "DELETE FROM files WHERE id = $1";
 const INBOX_PUT: &str =
     "INSERT INTO inbox (session_id, kind, body, turn_id, taken) VALUES ($1, $2, $3, $4, $5)";
 const INBOX_DONE: &str = "DELETE FROM inbox WHERE session_id = $1 AND turn_id = $2";
+/// An idempotency key's row, its turn started (replacing this instance's reservation).
+const PUT_KEY: &str =
+    "INSERT INTO idempotency_keys (session_id, key, fingerprint, turn_id, after_seq, created_at)
+     VALUES ($1, $2, $3, $4, $5, $6)
+     ON CONFLICT (session_id, key) DO UPDATE SET fingerprint = excluded.fingerprint,
+         turn_id = excluded.turn_id, after_seq = excluded.after_seq,
+         created_at = excluded.created_at";
+/// The oldest idempotency keys created before `$1`, at most `$2` (by the `created_at` index).
+const PURGE_KEYS: &str = "DELETE FROM idempotency_keys WHERE ctid = ANY(ARRAY(
+         SELECT ctid FROM idempotency_keys WHERE created_at < $1 LIMIT $2))";
 const NOTIFY: &str =
     "SELECT pg_notify($1, s || ' ' || q::text) FROM unnest($2::text[], $3::int8[]) AS t(s, q)";
 
@@ -150,6 +162,8 @@ struct Statements {
     delete_file: Statement,
     inbox_put: Statement,
     inbox_done: Statement,
+    put_key: Statement,
+    purge_keys: Statement,
     notify: Statement,
 }
 
@@ -164,6 +178,8 @@ async fn statements(
         delete_file: client.prepare_cached(DELETE_FILE).await?,
         inbox_put: client.prepare_cached(INBOX_PUT).await?,
         inbox_done: client.prepare_cached(INBOX_DONE).await?,
+        put_key: client.prepare_cached(PUT_KEY).await?,
+        purge_keys: client.prepare_cached(PURGE_KEYS).await?,
         notify: client.prepare_cached(NOTIFY).await?,
     })
 }
@@ -192,6 +208,8 @@ enum Step<'a> {
         sid: &'a str,
         turn: &'a str,
     },
+    /// An idempotency key's row, with its turn id and `after_seq` as bound.
+    Key(&'a crate::log::KeyRow, Option<&'a str>, Option<i64>),
     Op(&'a WriteOp),
 }
 
@@ -263,6 +281,14 @@ fn plan<'a>(ops: impl IntoIterator<Item = &'a WriteOp>) -> (Vec<Step<'a>>, LastS
                 sid: session_id,
                 turn: turn_id,
             }),
+            WriteOp::PutKey(k) => {
+                let (turn, after) = k
+                    .started
+                    .as_ref()
+                    .map(|(t, a)| (t.as_str(), *a as i64))
+                    .unzip();
+                steps.push(Step::Key(k, turn, after));
+            }
             other => steps.push(Step::Op(other)),
         }
     }
@@ -297,6 +323,17 @@ fn send<'a>(c: &'a Client, st: &'a Statements, step: &'a Step<'a>) -> Option<Pen
             vec![&r.id, &r.owner, &r.created_at, &r.record],
         ),
         Step::Op(WriteOp::DeleteSession(id)) => (&st.delete_session, vec![id]),
+        Step::Key(k, turn, after) => (
+            &st.put_key,
+            vec![
+                &k.session_id,
+                &k.key,
+                &k.fingerprint,
+                turn,
+                after,
+                &k.created_at_ms,
+            ],
+        ),
         Step::Op(WriteOp::DeleteFile(id)) => (&st.delete_file, vec![id]),
         Step::Inbox {
             sid,
@@ -306,9 +343,11 @@ fn send<'a>(c: &'a Client, st: &'a Statements, step: &'a Step<'a>) -> Option<Pen
             taken,
         } => (&st.inbox_put, vec![sid, kind, body, turn, taken]),
         Step::InboxDone { sid, turn } => (&st.inbox_done, vec![sid, turn]),
+        Step::Op(WriteOp::PurgeKeys(before)) => (&st.purge_keys, vec![before, &PURGE_KEYS_AT_MOST]),
         Step::Op(
             WriteOp::Event { .. }
             | WriteOp::PutFile(_)
+            | WriteOp::PutKey(_)
             | WriteOp::InboxPut { .. }
             | WriteOp::InboxDone { .. },
         ) => return None,
@@ -366,7 +405,8 @@ fn by_session(ops: &[WriteOp], first: u64) -> Vec<Group<'_>> {
             WriteOp::InboxPut { session_id, .. } | WriteOp::InboxDone { session_id, .. } => {
                 Some(&**session_id)
             }
-            WriteOp::PutFile(_) | WriteOp::DeleteFile(_) => None,
+            WriteOp::PutKey(k) => Some(k.session_id.as_str()),
+            WriteOp::PutFile(_) | WriteOp::DeleteFile(_) | WriteOp::PurgeKeys(_) => None,
         };
         let i = *index.entry(owner).or_insert_with(|| {
             groups.push(Group {

@@ -22,12 +22,14 @@
 //!
 //! - `deltas.rs`: streamed deltas to the instances that watch a session (`NOTIFY`).
 //! - `file_chunks.rs`: stored files' bytes, chunked in the database, so any instance serves them.
+//! - `idem_keys.rs`: `Idempotency-Key`s of AAP turn requests, reserved across instances.
 
 mod commit;
 mod delta_state;
 pub(crate) mod deltas;
 pub(crate) mod file_chunks;
 mod heard;
+mod idem_keys;
 pub(crate) mod inbox;
 pub(crate) mod lease;
 mod pg_store;
@@ -42,7 +44,9 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 
-use super::backend::{FileRow, FileUsage, SessionRow, StoreBackend, StoreError};
+use super::backend::{
+    FileRow, FileUsage, KeyReserved, KeyRow, SessionRow, StoreBackend, StoreError,
+};
 use super::event::Event;
 use super::group::GroupCommit;
 use pg_store::{block_on, Rt, Shared, POOL_SIZE};
@@ -249,6 +253,19 @@ impl StoreBackend for PgStore {
 
     async fn count_sessions(&self, owner: Option<String>) -> Result<usize, StoreError> {
         self.run(move |p| read::count_sessions(p, owner)).await
+    }
+
+    async fn reserve_key(
+        &self,
+        row: KeyRow,
+        not_before_ms: i64,
+    ) -> Result<KeyReserved, StoreError> {
+        self.run(move |p| idem_keys::reserve(p, row, not_before_ms))
+            .await
+    }
+
+    async fn release_key(&self, row: KeyRow) -> Result<(), StoreError> {
+        self.run(move |p| idem_keys::release(p, row)).await
     }
 
     async fn file(&self, id: &str) -> Result<Option<FileRow>, StoreError> {

@@ -78,7 +78,21 @@ const MIGRATIONS: &[&str] = &[
         expires_at timestamptz NOT NULL,
         PRIMARY KEY (session_id, instance)
     );",
-    // 4: a queued turn's row stays in the inbox until the turn begins (the commit of its
+    // 4: each session's `Idempotency-Key`s (AAP turn requests), shared by the instances: the
+    // body's SHA-256 and the turn its first request started (`turn_id` null while an instance
+    // holds the key reserved, its turn not started yet); `created_at` in ms since the Unix
+    // epoch, indexed for the purge of keys past 24 h (`idem_keys.rs`).
+    "CREATE TABLE idempotency_keys (
+        session_id text NOT NULL,
+        key text NOT NULL,
+        fingerprint text NOT NULL,
+        turn_id text,
+        after_seq bigint,
+        created_at bigint NOT NULL,
+        PRIMARY KEY (session_id, key)
+    );
+    CREATE INDEX idempotency_keys_by_age ON idempotency_keys (created_at);",
+    // 5: a queued turn's row stays in the inbox until the turn begins (the commit of its
     // `user.message` removes it), marked with the process that holds it in its queue; rows of
     // a process that is gone are taken again. Local queued turns are rows too (`WriteOp::InboxPut`).
     "ALTER TABLE inbox ADD COLUMN taken text;

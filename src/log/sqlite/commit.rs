@@ -200,7 +200,13 @@ fn write_ops(tx: &Connection, batch: &[WriteOp]) -> rusqlite::Result<()> {
                 tx.execute("DELETE FROM events WHERE session_id = ?1", params![id])?;
                 tx.execute("DELETE FROM inbox WHERE session_id = ?1", params![id])?;
                 tx.execute("DELETE FROM sessions WHERE id = ?1", params![id])?;
+                tx.execute(
+                    "DELETE FROM idempotency_keys WHERE session_id = ?1",
+                    params![id],
+                )?;
             }
+            WriteOp::PutKey(k) => super::idem_keys::put(tx, k)?,
+            WriteOp::PurgeKeys(before) => super::idem_keys::purge(tx, *before)?,
             WriteOp::DeleteFile(id) => {
                 tx.execute("DELETE FROM files WHERE id = ?1", params![id])?;
             }

@@ -13,10 +13,12 @@
 //! being killed (`kill -9`); with `fsync = true` every commit is also synced to disk
 //! (`synchronous = FULL`), which survives power loss at the cost of one fsync per group.
 //!
-//! Reads go through one reader connection on a blocking thread (`read.rs`, `file_records.rs`).
+//! Reads go through one reader connection on a blocking thread (`read.rs`, `file_records.rs`,
+//! `idem_keys.rs`).
 
 mod commit;
 mod file_records;
+mod idem_keys;
 mod read;
 mod schema;
 mod testing;
@@ -30,7 +32,9 @@ use std::sync::{Arc, Mutex};
 
 use rusqlite::Connection;
 
-use super::backend::{FileRow, FileUsage, SessionRow, StoreBackend, StoreError};
+use super::backend::{
+    FileRow, FileUsage, KeyReserved, KeyRow, SessionRow, StoreBackend, StoreError,
+};
 use super::event::Event;
 use super::group::GroupCommit;
 use super::InboxRow;
@@ -219,6 +223,19 @@ impl StoreBackend for SqliteStore {
     async fn count_sessions(&self, owner: Option<String>) -> Result<usize, StoreError> {
         self.read(move |c| read::count_sessions(c, owner.as_deref()))
             .await
+    }
+
+    async fn reserve_key(
+        &self,
+        row: KeyRow,
+        not_before_ms: i64,
+    ) -> Result<KeyReserved, StoreError> {
+        self.read(move |c| idem_keys::reserve(c, &row, not_before_ms))
+            .await
+    }
+
+    async fn release_key(&self, _row: KeyRow) -> Result<(), StoreError> {
+        Ok(())
     }
 
     async fn file(&self, id: &str) -> Result<Option<FileRow>, StoreError> {

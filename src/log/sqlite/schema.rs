@@ -6,13 +6,16 @@ use rusqlite::{Connection, OptionalExtension};
 
 use crate::log::StoreError;
 
-/// Schema version 2 (`PRAGMA user_version`). Events sit in a rowid table in the order they were
-/// written, so a commit appends to its last page; `(session_id, seq)` is a small index beside it.
-/// Version 1 kept events in a `WITHOUT ROWID` table keyed by `(session_id, seq)`, whose large
-/// rows split pages on most commits (several pages written per commit); it is migrated on open.
-/// Version 3 adds the inbox: the turns accepted but not begun (`WriteOp::InboxPut`), carried out
-/// at the next start if the process stops before they begin.
-const SCHEMA_VERSION: i64 = 3;
+/// Schema version 4 (`PRAGMA user_version`), reached one step per version ([`STEPS`]).
+///
+/// 2: events sit in a rowid table in the order they were written, so a commit appends to its
+/// last page; `(session_id, seq)` is a small index beside it. Version 1 kept events in a
+/// `WITHOUT ROWID` table keyed by `(session_id, seq)`, whose large rows split pages on most
+/// commits (several pages written per commit); it is migrated on open.
+/// 3: the `Idempotency-Key`s of AAP turn requests (`idempotency_keys`, kept 24 h).
+/// 4: the inbox: the turns accepted but not begun (`WriteOp::InboxPut`), carried out at the
+/// next start if the process stops before they begin.
+const SCHEMA_VERSION: i64 = 4;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS sessions (
@@ -42,15 +45,11 @@ CREATE TABLE IF NOT EXISTS files (
     sha256 TEXT NOT NULL,
     created_at TEXT NOT NULL
 );
-CREATE TABLE IF NOT EXISTS inbox (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    session_id TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    body TEXT NOT NULL,
-    turn_id TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS inbox_by_session ON inbox (session_id, turn_id);
 ";
+
+/// The migration steps: step `i` brings the schema from version `i + 1` to `i + 2` (a fresh
+/// store starts at step 0, which makes the version 2 schema). Each is one function.
+const STEPS: &[fn(&rusqlite::Transaction<'_>) -> rusqlite::Result<()>] = &[to_v2, to_v3, to_v4];
 
 /// Bring a store of an older schema to [`SCHEMA_VERSION`], in one transaction.
 pub(super) fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
@@ -59,6 +58,16 @@ pub(super) fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
         return Ok(());
     }
     let tx = conn.transaction()?;
+    // Versions 0 (a new file) and 1 both take the step to 2.
+    for step in STEPS.iter().skip((version - 1).max(0) as usize) {
+        step(&tx)?;
+    }
+    tx.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))?;
+    tx.commit()
+}
+
+/// 2: the base schema; version 1's `WITHOUT ROWID` events moved into the rowid table.
+fn to_v2(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<()> {
     let old_events: Option<String> = tx
         .query_row(
             "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'events'",
@@ -77,12 +86,43 @@ pub(super) fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
                  SELECT session_id, seq, id, turn_id, type, json FROM events_v1
                  ORDER BY session_id, seq;
              DROP TABLE events_v1;",
-        )?;
+        )
     } else {
-        tx.execute_batch(SCHEMA)?;
+        tx.execute_batch(SCHEMA)
     }
-    tx.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))?;
-    tx.commit()
+}
+
+/// 3: each session's `Idempotency-Key`s (AAP turn requests): the body's SHA-256 and the turn
+/// its first request started (the events of `turn_id` come after `after_seq`); `created_at` in
+/// ms since the Unix epoch, indexed for the purge of keys past 24 h.
+fn to_v3(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<()> {
+    tx.execute_batch(
+        "CREATE TABLE IF NOT EXISTS idempotency_keys (
+             session_id TEXT NOT NULL,
+             key TEXT NOT NULL,
+             fingerprint TEXT NOT NULL,
+             turn_id TEXT,
+             after_seq INTEGER,
+             created_at INTEGER NOT NULL,
+             PRIMARY KEY (session_id, key)
+         );
+         CREATE INDEX IF NOT EXISTS idempotency_keys_by_age ON idempotency_keys (created_at);",
+    )
+}
+
+/// 4: the inbox: a row per turn accepted but not begun (queued), removed by the commit that
+/// holds the turn's `user.message`; rows left by a process that stopped are carried out at start.
+fn to_v4(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<()> {
+    tx.execute_batch(
+        "CREATE TABLE IF NOT EXISTS inbox (
+             seq INTEGER PRIMARY KEY AUTOINCREMENT,
+             session_id TEXT NOT NULL,
+             kind TEXT NOT NULL,
+             body TEXT NOT NULL,
+             turn_id TEXT NOT NULL
+         );
+         CREATE INDEX IF NOT EXISTS inbox_by_session ON inbox (session_id, turn_id);",
+    )
 }
 
 pub(super) fn open_conn(path: &Path, fsync: bool) -> Result<Connection, StoreError> {

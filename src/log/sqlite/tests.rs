@@ -114,7 +114,7 @@ async fn a_version_1_store_is_migrated_without_losing_events() {
         let version: i64 = conn
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .unwrap();
-        assert_eq!(version, 2);
+        assert_eq!(version, 3);
         let leftovers: i64 = conn
             .query_row(
                 "SELECT COUNT(*) FROM sqlite_master WHERE name IN ('events_by_id', 'events_v1')",
@@ -136,7 +136,7 @@ async fn a_version_1_store_is_migrated_without_losing_events() {
     assert_eq!(store.seq_of(&sid, &new.id).await.unwrap(), Some(new.seq));
     drop(store);
 
-    // A second open finds version 2 and leaves the store as it is.
+    // A second open finds version 3 and leaves the store as it is.
     let store = Store::open(dir.path(), false).unwrap();
     for (s, evs) in sessions.iter().zip(&written) {
         assert_eq!(keys(&all_events(&store, s).await), keys(evs));
@@ -446,4 +446,74 @@ fn the_wal_stops_growing_under_steady_commits() {
         .unwrap();
     let events = rt.block_on(store.events("sess_wal", 0, 20_000)).unwrap();
     assert_eq!(events.len(), 12_000);
+}
+
+#[tokio::test]
+async fn idempotency_keys_are_stored_with_their_turn_and_expire_purge_and_go_with_the_session() {
+    use crate::log::{KeyReserved, KeyRow};
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), false).unwrap();
+    let sid: Arc<str> = "sess_k".into();
+    let key = |k: &str, at: i64, turn: Option<(&str, u64)>| KeyRow {
+        session_id: sid.to_string(),
+        key: k.into(),
+        fingerprint: format!("fp-{k}"),
+        started: turn.map(|(t, a)| (t.to_string(), a)),
+        created_at_ms: at,
+    };
+    const DAY: i64 = 24 * 3600 * 1000;
+    let now = 10 * DAY;
+    store.put_session(session_row(&sid));
+    // The first key queued brings a purge with it; an old row is there to be purged.
+    let old = key("old", now - 2 * DAY, Some(("turn_0", 0)));
+    store.put_idempotency_key(old.clone(), 0);
+    store.commit().unwrap();
+    let fresh = key("k1", now, Some(("turn_1", 3)));
+    store.put_idempotency_key(fresh.clone(), now - DAY);
+    store.append(&sid, &message(4));
+    store.commit().unwrap();
+
+    let found = store
+        .reserve_idempotency_key(key("k1", now + 5, None), now - DAY)
+        .await
+        .unwrap();
+    assert_eq!(found, KeyReserved::Taken(fresh.clone()));
+    // Past its 24 h a key is ignored: free again.
+    let expired = store
+        .reserve_idempotency_key(key("old", now, None), now - DAY)
+        .await
+        .unwrap();
+    assert_eq!(expired, KeyReserved::New { in_store: false });
+    let count = |dir: &std::path::Path| -> i64 {
+        let conn = Connection::open(dir.join("turnstile.db")).unwrap();
+        conn.query_row("SELECT COUNT(*) FROM idempotency_keys", [], |r| r.get(0))
+            .unwrap()
+    };
+    assert_eq!(count(dir.path()), 2, "the old row waits for a purge");
+    // A purge (queued with every 1000th key) deletes the old row only.
+    for i in 0..999 {
+        store.put_idempotency_key(key(&format!("n{i}"), now, Some(("t", 1))), now - DAY);
+    }
+    store.put_idempotency_key(key("last", now, Some(("t", 1))), now - DAY);
+    store.commit().unwrap();
+    assert_eq!(count(dir.path()), 1001);
+    assert_eq!(
+        store
+            .reserve_idempotency_key(key("k1", now, None), 0)
+            .await
+            .unwrap(),
+        KeyReserved::Taken(fresh)
+    );
+    // Deleting the session deletes its keys.
+    store.delete_session(&sid);
+    store.commit().unwrap();
+    assert_eq!(count(dir.path()), 0);
+    drop(store);
+    // Reopened: the schema is there, the keys are not.
+    let store = Store::open(dir.path(), false).unwrap();
+    let again = store
+        .reserve_idempotency_key(key("k1", now, None), 0)
+        .await
+        .unwrap();
+    assert_eq!(again, KeyReserved::New { in_store: false });
 }

@@ -1,15 +1,31 @@
 //! `Idempotency-Key` on `POST /sessions/{id}/turns`: a request sent again with the same key
-//! (and the same body) gets the first one's response and acts once.
+//! (and the same body) gets the first one's response and acts once, on this instance or
+//! another sharing the store, before or after a restart.
 //!
-//! Each session keeps its last [`MAX_KEYS`] keys for [`TTL`], in memory (a session that leaves
-//! memory forgets them). A key records which turn its first request started, not the response
-//! bytes: a repeat re-renders that turn from the log, which is what the first response was
-//! rendered from, so it gets the same status and body (`stream: "none"`: the same JSON;
-//! `message`: the same events; `delta`: the same events with each text as one delta, since
-//! deltas are not stored). A repeat that comes while the turn still runs waits for it in `none`
-//! mode; in the streamed modes it is a 409 naming the turn (follow it on the session's event
-//! stream). A request refused before it started a turn (a 4xx) binds nothing: its repeat is
-//! judged afresh. A key reused with another body is a 422.
+//! A key records which turn its first request started, not the response bytes: a repeat
+//! re-renders that turn from the log, which is what the first response was rendered from, so
+//! it gets the same status and body (`stream: "none"`: the same JSON; `message`: the same
+//! events; `delta`: the same events with each text as one delta, since deltas are not stored).
+//! A repeat that comes while the turn still runs waits for it in `none` mode; in the streamed
+//! modes it is a 409 naming the turn (follow it on the session's event stream). A request
+//! refused before it started a turn (a 4xx) binds nothing: its repeat is judged afresh. A key
+//! reused with another body is a 422.
+//!
+//! Where keys are kept:
+//! - **In memory**, the fast path: each session in memory keeps its last [`MAX_KEYS`] keys for
+//!   [`TTL`]; a repeat of one of them is answered from there, with no read of the store.
+//! - **In the store** (`idempotency_keys`, both backends), for [`TTL`]: the key's row (the
+//!   body's SHA-256, the turn, the `seq` its events come after) is queued when the turn starts,
+//!   before the turn's first event, so the commit that makes the turn's first event durable
+//!   holds it too (or an earlier one does). A key the memory does not know (a restart, another
+//!   instance, a session that left memory, one of more than [`MAX_KEYS`]) is looked up there:
+//!   one indexed read. Rows past [`TTL`] are ignored, and purged now and then by a bounded
+//!   delete riding on a commit; deleting a session deletes its keys.
+//! - **Two instances** (PostgreSQL): the first request reserves its key in the store (one
+//!   `INSERT ... ON CONFLICT`, in one round trip) before it starts anything, so the same key
+//!   sent to two instances at once starts one turn; the other request waits (up to
+//!   [`RESERVED_WAIT`]) for that turn to be stored, then answers as a repeat. On SQLite (one
+//!   process) the memory's reservation is enough and nothing is written before the turn.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -20,12 +36,16 @@ use serde_json::json;
 use tokio::sync::watch;
 
 use crate::http::ApiError;
+use crate::log::{KeyReserved, KeyRow, Store};
 use crate::sync::lock;
 
 /// Keys kept per session (the oldest is forgotten first).
 pub(crate) const MAX_KEYS: usize = 64;
-/// How long a key is kept.
+/// How long a key is kept (in memory and in the store).
 pub(crate) const TTL: Duration = Duration::from_secs(24 * 3600);
+/// How long a repeat waits for the turn of a key another instance reserved to be stored
+/// (then it is a 409: in progress).
+pub(crate) const RESERVED_WAIT: Duration = Duration::from_secs(10);
 /// The longest key accepted.
 pub(crate) const MAX_KEY_LEN: usize = 255;
 
@@ -64,11 +84,26 @@ pub(crate) enum Claim {
 /// The first request's hold on its key.
 pub(crate) struct Ticket {
     progress: Option<watch::Sender<Progress>>,
+    /// Where the key is written when its turn starts (none: kept in memory only).
+    durable: Option<Durable>,
+}
+
+/// A key's row to be, and whether a reservation of it is in the store (PostgreSQL).
+struct Durable {
+    store: Store,
+    row: KeyRow,
+    reserved: bool,
 }
 
 impl Ticket {
-    /// The request started this turn.
+    /// The request started this turn: its key's row is queued for the commit that holds the
+    /// turn's first event (call it before the turn runs).
     pub(crate) fn started(mut self, turn_id: &str, after_seq: u64) {
+        if let Some(mut d) = self.durable.take() {
+            d.row.started = Some((turn_id.to_string(), after_seq));
+            let forget_before = ms_ago(crate::clock::now_ms(), TTL);
+            d.store.put_idempotency_key(d.row, forget_before);
+        }
         if let Some(tx) = self.progress.take() {
             tx.send_replace(Progress::Started {
                 turn_id: turn_id.to_string(),
@@ -84,7 +119,21 @@ impl Drop for Ticket {
         if let Some(tx) = self.progress.take() {
             tx.send_replace(Progress::Released);
         }
+        if let Some(d) = self.durable.take().filter(|d| d.reserved) {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    if let Err(e) = d.store.release_idempotency_key(d.row).await {
+                        tracing::warn!(error = %e, "could not release an idempotency key's reservation; it is taken over once stale");
+                    }
+                });
+            }
+        }
     }
+}
+
+/// `now_ms` less `d`.
+fn ms_ago(now_ms: i64, d: Duration) -> i64 {
+    now_ms.saturating_sub(d.as_millis() as i64)
 }
 
 /// The `Idempotency-Key` header: `None` without one; 400 for one that is empty, too long or
@@ -121,13 +170,7 @@ impl Keys {
         });
         if let Some(e) = entries.iter().find(|e| e.key == key) {
             if e.fingerprint != fingerprint {
-                return Err(ApiError::new(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    "idempotency_key_reused",
-                    format!(
-                        "Idempotency-Key {key:?} was used for another request body in this session; use a new key for a new request"
-                    ),
-                ));
+                return Err(reused(key));
             }
             return Ok(Claim::Repeat(e.progress.subscribe()));
         }
@@ -141,7 +184,10 @@ impl Keys {
             at: now,
             progress: tx.clone(),
         });
-        Ok(Claim::First(Ticket { progress: Some(tx) }))
+        Ok(Claim::First(Ticket {
+            progress: Some(tx),
+            durable: None,
+        }))
     }
 }
 
@@ -158,6 +204,123 @@ pub(crate) async fn wait_started(mut rx: watch::Receiver<Progress>) -> Option<(S
             return None;
         }
     }
+}
+
+/// What a keyed request does.
+pub(crate) enum Keyed {
+    /// The first with this key: start its turn, and report it through the ticket.
+    First(Ticket),
+    /// A repeat: replay the turn the first started (its events come after the `seq`).
+    Replay(String, u64),
+}
+
+/// Claim `key` of a session for a request whose body has this fingerprint: in memory, and
+/// when the memory does not know it, in the store (see the module documentation).
+pub(crate) async fn claim(
+    keys: &Keys,
+    store: &Store,
+    session_id: &str,
+    key: &str,
+    fingerprint: &str,
+) -> Result<Keyed, ApiError> {
+    loop {
+        match keys.claim(key, fingerprint)? {
+            Claim::Repeat(rx) => match wait_started(rx).await {
+                Some((turn_id, after_seq)) => return Ok(Keyed::Replay(turn_id, after_seq)),
+                // The first was refused before it started a turn: this one goes on afresh.
+                None => continue,
+            },
+            Claim::First(mut ticket) => {
+                let (row, reserved) = match reserve(store, session_id, key, fingerprint).await? {
+                    Stored::Free(row) => (row, false),
+                    Stored::Reserved(row) => (row, true),
+                    // Not kept in memory (the ticket dropped): the row's own age bounds it.
+                    Stored::Started(turn_id, after_seq) => {
+                        return Ok(Keyed::Replay(turn_id, after_seq))
+                    }
+                };
+                ticket.durable = Some(Durable {
+                    store: store.clone(),
+                    row,
+                    reserved,
+                });
+                return Ok(Keyed::First(ticket));
+            }
+        }
+    }
+}
+
+/// What the store said of a key the memory did not know.
+enum Stored {
+    /// Free, and nothing written (SQLite): the key's row to be.
+    Free(KeyRow),
+    /// Reserved for this request (PostgreSQL): the row reserved.
+    Reserved(KeyRow),
+    /// An earlier request with it started this turn.
+    Started(String, u64),
+}
+
+/// Reserve a session's key in the store for a request with this body. Waits (up to
+/// [`RESERVED_WAIT`]) while another instance holds it reserved, its turn not stored yet.
+async fn reserve(
+    store: &Store,
+    session_id: &str,
+    key: &str,
+    fingerprint: &str,
+) -> Result<Stored, ApiError> {
+    let deadline = tokio::time::Instant::now() + RESERVED_WAIT;
+    let mut pause = Duration::from_millis(5);
+    loop {
+        let row = KeyRow {
+            session_id: session_id.to_string(),
+            key: key.to_string(),
+            fingerprint: fingerprint.to_string(),
+            started: None,
+            created_at_ms: crate::clock::now_ms(),
+        };
+        let not_before = ms_ago(row.created_at_ms, TTL);
+        let found = store
+            .reserve_idempotency_key(row.clone(), not_before)
+            .await
+            .map_err(crate::engine::EngineError::from)?;
+        let stored = match found {
+            KeyReserved::New { in_store: false } => return Ok(Stored::Free(row)),
+            KeyReserved::New { in_store: true } => return Ok(Stored::Reserved(row)),
+            KeyReserved::Taken(stored) => stored,
+        };
+        if stored.fingerprint != fingerprint {
+            return Err(reused(key));
+        }
+        if let Some((turn_id, after_seq)) = stored.started {
+            return Ok(Stored::Started(turn_id, after_seq));
+        }
+        if tokio::time::Instant::now() + pause > deadline {
+            return Err(in_progress_elsewhere());
+        }
+        // Another instance validates the request or starts its turn: a few milliseconds.
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(200));
+    }
+}
+
+/// The 422 for a key used before with another body.
+fn reused(key: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "idempotency_key_reused",
+        format!(
+            "Idempotency-Key {key:?} was used for another request body in this session; use a new key for a new request"
+        ),
+    )
+}
+
+/// The 409 for a repeat whose first, on another instance, has not started its turn in time.
+fn in_progress_elsewhere() -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "idempotent_request_in_progress",
+        "a request with this Idempotency-Key is still being processed by another instance and has not started its turn yet; repeat the request in a moment",
+    )
 }
 
 /// The 409 for a repeat of a streamed turn that still runs.

@@ -208,20 +208,12 @@ async fn start_turn(
     if let Some(key) = key {
         let keys = session.extension::<idempotency::Keys>();
         let fingerprint = idempotency::fingerprint(&bytes);
-        loop {
-            match keys.claim(&key, &fingerprint)? {
-                idempotency::Claim::First(t) => {
-                    ticket = Some(t);
-                    break;
-                }
-                idempotency::Claim::Repeat(rx) => {
-                    // The first was refused before it started a turn: this one goes on afresh.
-                    let Some((turn_id, after_seq)) = idempotency::wait_started(rx).await else {
-                        continue;
-                    };
-                    let resp = replay(app, &session, &turn_id, after_seq, mode).await?;
-                    return Ok(Started::Replayed(resp));
-                }
+        let store = app.engine.store();
+        match idempotency::claim(&keys, store, &session.id, &key, &fingerprint).await? {
+            idempotency::Keyed::First(t) => ticket = Some(t),
+            idempotency::Keyed::Replay(turn_id, after_seq) => {
+                let resp = replay(app, &session, &turn_id, after_seq, mode).await?;
+                return Ok(Started::Replayed(resp));
             }
         }
     }
@@ -247,6 +239,8 @@ async fn start_turn(
     }
     req.delivery.runner = Runner::Watcher;
     let handle = app.engine.start_turn(&session, req).await?;
+    // Before the turn runs (its watcher polls the handle): the key's row is queued before the
+    // turn's first event, so no commit holds that event without it.
     if let Some(ticket) = ticket {
         ticket.started(&handle.turn_id, handle.after_seq);
     }
