@@ -74,6 +74,26 @@ impl Session {
             .ok()
     }
 
+    /// A session whose writes were lost while its log could not be read back either (the
+    /// store unreachable), read back now and rebuilt: a turn the log has open is closed
+    /// (`internal_error`, saying `why`) and the closing published. With `idle_only`, not while
+    /// a turn runs on it (that turn's start does it). `Err` while the log cannot be read.
+    pub(crate) async fn repair(&self, store: &Store, why: &str, idle_only: bool) -> Result<(), ()> {
+        let copy = self.read_back(store).await.ok_or(())?;
+        let mut st = self.lock();
+        if !st.lost_writes(store) || (idle_only && st.turns().running().is_some()) {
+            return Ok(());
+        }
+        let open = copy
+            .events
+            .last()
+            .filter(|e| !e.body.is_terminal())
+            .map(|e| e.turn_id.clone())
+            .unwrap_or_default();
+        self.rebuild_locked(&mut st, store, &copy, &open, why);
+        Ok(())
+    }
+
     /// After a failed commit: make what the session holds in memory what the log holds (the
     /// record, if its write failed; history, next seq, last turn, pending calls), so that the
     /// next turn neither shows the model what was never stored nor leaves a hole in the seqs.

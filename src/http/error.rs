@@ -10,6 +10,9 @@ use super::{json_response, Response};
 use crate::engine::EngineError;
 use crate::files::FileError;
 
+/// Seconds a client is asked to wait before trying a write the store refused again.
+const STORE_RETRY_AFTER: u16 = 5;
+
 #[derive(Debug, Clone)]
 pub(crate) struct ApiError {
     pub status: StatusCode,
@@ -44,6 +47,19 @@ impl ApiError {
     /// A 500: `message` says what failed and points at the server log (where the cause is).
     pub(crate) fn internal(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal_error", message)
+    }
+
+    /// A 503 `store_unavailable` with `Retry-After`: the event log cannot be written now (a
+    /// full disk, an I/O error, the database unreachable); `message` says what was refused.
+    pub(crate) fn store_unavailable(message: impl Into<String>) -> ApiError {
+        ApiError {
+            retry_after: Some(STORE_RETRY_AFTER),
+            ..ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_unavailable",
+                message,
+            )
+        }
     }
 
     pub(crate) fn bad_request(message: impl Into<String>) -> ApiError {
@@ -116,6 +132,12 @@ impl From<EngineError> for ApiError {
             }
             EngineError::ShuttingDown => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", message)
+            }
+            EngineError::Store(err) if err.is_unavailable() => {
+                tracing::error!(error = %err, "the store is unavailable to a request");
+                ApiError::store_unavailable(format!(
+                    "the store cannot be used now ({err}); try again shortly"
+                ))
             }
             EngineError::Store(err) => {
                 tracing::error!(error = %err, "store error while serving a request");

@@ -25,17 +25,68 @@ pub enum StoreError {
     /// PostgreSQL: an error on a read (or getting a connection for one).
     #[error("postgres store error: {0}")]
     Postgres(String),
+    /// PostgreSQL: the database is down or unreachable (no connection, or it went away).
+    #[error("the postgres store is unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl StoreError {
+    /// Whether the store could not be reached or written (a full disk, an I/O error, a commit
+    /// that failed, the database down or unreachable), rather than refusing what was asked or
+    /// holding something corrupt: a request may succeed once it is back (answered 503
+    /// `store_unavailable`).
+    pub fn is_unavailable(&self) -> bool {
+        use rusqlite::ErrorCode as C;
+        match self {
+            StoreError::WriteFailed(_) | StoreError::Unavailable(_) => true,
+            StoreError::Sql(e) => matches!(
+                e.sqlite_error_code(),
+                Some(
+                    C::DiskFull
+                        | C::SystemIoFailure
+                        | C::DatabaseBusy
+                        | C::DatabaseLocked
+                        | C::CannotOpen
+                        | C::ReadOnly
+                )
+            ),
+            _ => false,
+        }
+    }
 }
 
 impl From<tokio_postgres::Error> for StoreError {
     fn from(e: tokio_postgres::Error) -> StoreError {
-        StoreError::Postgres(pg_error_text(&e))
+        if pg_unreachable(&e) {
+            StoreError::Unavailable(pg_error_text(&e))
+        } else {
+            StoreError::Postgres(pg_error_text(&e))
+        }
     }
 }
 
 impl From<deadpool_postgres::PoolError> for StoreError {
     fn from(e: deadpool_postgres::PoolError) -> StoreError {
-        StoreError::Postgres(e.to_string())
+        // No connection could be had (none free in time, none could be made): the database
+        // is down or unreachable, or every connection is in use.
+        StoreError::Unavailable(format!("no connection to postgres: {e}"))
+    }
+}
+
+/// Whether a PostgreSQL error says the server is gone or going (the connection closed or
+/// failed, SQLSTATE class 08 connection exception, 57P01-57P03 shutting down, starting up)
+/// rather than that it refused a statement.
+pub(crate) fn pg_unreachable(e: &tokio_postgres::Error) -> bool {
+    match e.as_db_error() {
+        None => {
+            let io = std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>());
+            let text = e.to_string();
+            e.is_closed() || io || text.starts_with("error connecting") || text.contains("timeout")
+        }
+        Some(db) => {
+            let code = db.code().code();
+            code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03")
+        }
     }
 }
 

@@ -299,8 +299,8 @@ async fn run_to_end(mut handle: TurnHandle) -> Result<Response, ApiError> {
             }
         }
     }
-    Err(ApiError::internal(
-        "the run ended with nothing in the event log: it could not be written (a full disk?) or the session was deleted; see the server log",
+    Err(ApiError::store_unavailable(
+        "the run could not be written to the event log: the store is unavailable (a full disk, an I/O error, the database down) or the session was deleted; see the server log",
     ))
 }
 

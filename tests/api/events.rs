@@ -1093,7 +1093,8 @@ async fn a_turn_whose_events_cannot_be_written_shows_nothing_unlogged_and_the_se
             &json!({"messages": [{"role": "user", "content": big}]}),
         )
         .await;
-    assert_eq!(status, 500, "{resp}");
+    assert_eq!(status, 503, "{resp}");
+    assert_eq!(resp["error"]["type"], "store_unavailable", "{resp}");
     assert!(
         resp["error"]["message"]
             .as_str()
@@ -1173,7 +1174,8 @@ async fn a_turn_whose_end_cannot_be_written_is_closed_in_the_log_and_the_session
 
     // Its closing fails too: the log keeps it open until the next turn closes it.
     let (status, resp) = turn_failing(&fake, &server, &sid, 2, "two").await;
-    assert_eq!(status, 500, "{resp}");
+    assert_eq!(status, 503, "{resp}");
+    assert_eq!(resp["error"]["type"], "store_unavailable", "{resp}");
     let two = ["user.message", "turn.failed", "user.message"];
     assert_eq!(types(&history(&server, &sid).await), two);
 

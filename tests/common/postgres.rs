@@ -16,6 +16,9 @@ pub struct PgCluster {
     dir: tempfile::TempDir,
     bin: PathBuf,
     pub port: u16,
+    /// The server's options (`pg_ctl -o`): the same port, socket folder and settings on a
+    /// restart.
+    opts: String,
 }
 
 /// The folder of the newest installed PostgreSQL's server binaries.
@@ -105,18 +108,36 @@ impl PgCluster {
                 dir.path().display(),
                 options.join(" ")
             );
-            let mut ctl = as_server_user(&bin.join("pg_ctl"));
-            ctl.arg("-D")
-                .arg(&data)
-                .arg("-l")
-                .arg(dir.path().join("server.log"))
-                .args(["-w", "-t", "60", "-o", &opts, "start"]);
-            if ctl.output().map(|o| o.status.success()).unwrap_or(false) {
-                return PgCluster { dir, bin, port };
+            if pg_ctl_start(&bin, dir.path(), &opts) {
+                return PgCluster {
+                    dir,
+                    bin,
+                    port,
+                    opts,
+                };
             }
         }
         let log = std::fs::read_to_string(dir.path().join("server.log")).unwrap_or_default();
         panic!("pg_ctl start failed five times:\n{log}");
+    }
+
+    /// Stop the server as an operator restarting it would (`pg_ctl stop -m fast`: sessions
+    /// are ended, the server shuts down cleanly); the data stays for [`PgCluster::start_again`].
+    pub fn stop_fast(&self) {
+        let mut ctl = as_server_user(&self.bin.join("pg_ctl"));
+        ctl.arg("-D")
+            .arg(self.dir.path().join("data"))
+            .args(["-m", "fast", "-w", "-t", "60", "stop"]);
+        run(ctl, "pg_ctl stop -m fast");
+    }
+
+    /// Start the server stopped by [`PgCluster::stop_fast`] again, on the same port and data.
+    pub fn start_again(&self) {
+        assert!(
+            pg_ctl_start(&self.bin, self.dir.path(), &self.opts),
+            "pg_ctl start (again) failed:\n{}",
+            std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+        );
     }
 
     /// Create a database; its connection string.
@@ -187,6 +208,17 @@ impl Drop for PgCluster {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// `pg_ctl start` on the cluster in `dir` with these options; whether it started.
+fn pg_ctl_start(bin: &Path, dir: &Path, opts: &str) -> bool {
+    let mut ctl = as_server_user(&bin.join("pg_ctl"));
+    ctl.arg("-D")
+        .arg(dir.join("data"))
+        .arg("-l")
+        .arg(dir.join("server.log"))
+        .args(["-w", "-t", "60", "-o", opts, "start"]);
+    ctl.output().map(|o| o.status.success()).unwrap_or(false)
 }
 
 fn postgres_ids() -> (u32, u32) {

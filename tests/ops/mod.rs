@@ -2,6 +2,7 @@
 //! smoke run.
 
 mod bench_smoke;
+mod disk_full;
 mod metrics;
 mod operations;
 mod traces;

@@ -6,5 +6,6 @@ mod persistence;
 mod postgres;
 mod postgres_idempotency;
 mod postgres_inbox;
+mod postgres_restart;
 mod postgres_scaleout;
 mod postgres_stress;

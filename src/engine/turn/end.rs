@@ -1,6 +1,7 @@
 //! How a turn ends: the wrap-up call when its time is up, and its terminal event, made durable
 //! before anyone sees it, after which the next queued turn takes the session.
 
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use super::{next_queued, to_watcher, End, Turn};
@@ -215,11 +216,18 @@ impl Turn {
         }
         // A failed commit: the session is rebuilt from the log, read now that every write of
         // the turn has been through a commit, and the turn closed there if it is open.
-        let copy = if lost || self.session.lost_writes(store) {
+        let lost = lost || self.session.lost_writes(store);
+        let copy = if lost {
             self.session.read_back(store).await
         } else {
             None
         };
+        if lost && copy.is_none() {
+            // The log cannot be read either (the store unreachable): the turn is closed there
+            // once it can be, by itself, unless the session's next turn does it first.
+            let session = Arc::downgrade(&self.session);
+            tokio::spawn(repair_when_back(session, store.clone()));
+        }
         // Under one lock: the terminal event reaches subscribers before anything of the next
         // turn, and the next queued turn takes the session.
         let (published, next) = {
@@ -251,5 +259,33 @@ impl Turn {
         self.hand_over(published, next).await;
         // Paused on permissions: their expiry is timed from now on.
         crate::engine::approvals::settle(&self.inner, &self.session);
+    }
+}
+
+/// How long a session whose last turn could not be closed in the log (the store unreachable)
+/// is tried again for, and the longest pause between tries.
+const REPAIR_FOR: Duration = Duration::from_secs(3600);
+const REPAIR_EVERY: Duration = Duration::from_secs(2);
+
+/// Tries, with a growing pause, to read the session back and close its last turn in the log
+/// ([`crate::engine::session::Session::repair`]) until it can, the session is gone, or a turn
+/// runs on it (whose start does the same).
+async fn repair_when_back(
+    session: Weak<crate::engine::session::Session>,
+    store: crate::log::Store,
+) {
+    let why = "the event log could not be written when the turn ended";
+    let started = tokio::time::Instant::now();
+    let mut pause = Duration::from_millis(100);
+    while started.elapsed() < REPAIR_FOR {
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(REPAIR_EVERY);
+        let Some(session) = session.upgrade() else {
+            return;
+        };
+        if session.repair(&store, why, true).await.is_ok() {
+            tracing::info!(session = %session.id, "the session was read back from the log once the store was back");
+            return;
+        }
     }
 }

@@ -69,6 +69,19 @@ impl Turn {
     /// it answers is settled (the calls a new message goes on past; the client's results and
     /// decisions, and the granted calls run).
     async fn begin(&mut self, input: TurnInput, answering: Vec<Pending>) -> Result<(), End> {
+        let store = &self.inner.store;
+        if self.session.lost_writes(store) {
+            // The last turn's writes were lost and its log could not be read back then (the
+            // store unreachable): it is read back, and that turn closed, before this one goes
+            // on from what is stored.
+            let why = "the event log could not be written when the turn ended";
+            self.session.repair(store, why, false).await.map_err(|()| {
+                End::Failed(
+                    FailReason::InternalError,
+                    "the event log could not be read: the store is unavailable".into(),
+                )
+            })?;
+        }
         {
             // A turn the log still has open (its closing could not be written) is closed
             // first, in the same commit as this turn's start.

@@ -91,6 +91,11 @@ impl PgStore {
     }
 }
 
+/// The longest a new connection (or a check of a pooled one) may take.
+const CONNECT_WITHIN: Duration = Duration::from_secs(5);
+/// The longest a request waits for a free connection of the pool.
+const POOL_WAIT: Duration = Duration::from_secs(10);
+
 /// A pool of connections to the database at `url` (not connected yet), and the settings the
 /// listener connects with.
 fn pool(url: &str, fsync: bool) -> Result<(Pool, tokio_postgres::Config), StoreError> {
@@ -99,7 +104,7 @@ fn pool(url: &str, fsync: bool) -> Result<(Pool, tokio_postgres::Config), StoreE
     })?;
     cfg.application_name("turnstile");
     if cfg.get_connect_timeout().is_none() {
-        cfg.connect_timeout(Duration::from_secs(10));
+        cfg.connect_timeout(CONNECT_WITHIN);
     }
     if fsync {
         cfg.options("-c synchronous_commit=on");
@@ -112,8 +117,14 @@ fn pool(url: &str, fsync: bool) -> Result<(Pool, tokio_postgres::Config), StoreE
             recycling_method: RecyclingMethod::Fast,
         },
     );
+    // Bounded waits: with the server down or unreachable, a request that needs a connection
+    // fails within seconds (503 `store_unavailable`) rather than hanging to its client's
+    // timeout; a connection the server dropped is replaced on the next `get`.
     let pool = Pool::builder(manager)
         .max_size(POOL_SIZE)
+        .wait_timeout(Some(POOL_WAIT))
+        .create_timeout(Some(CONNECT_WITHIN))
+        .recycle_timeout(Some(CONNECT_WITHIN))
         .runtime(deadpool_postgres::Runtime::Tokio1)
         .build()
         .map_err(|e| StoreError::OpenPostgres(e.to_string()))?;
@@ -188,14 +199,20 @@ impl StoreBackend for PgStore {
     }
 
     fn probe_writable(&self) -> Result<(), StoreError> {
-        if self.shared.last_failed.load(Ordering::Acquire) {
-            return Err(StoreError::WriteFailed(
-                "the last commit to postgres failed".into(),
-            ));
-        }
+        // Asked whether or not the last commit failed: after a failure (the server restarted,
+        // unreachable for a while) the store is ready again as soon as the server is back,
+        // with no commit needed to find out.
+        let failed = self.shared.last_failed.load(Ordering::Acquire);
         let pool = self.shared.pool.clone();
         block_on(self.shared.rt.handle(), async move {
-            let c = pool.get().await?;
+            let c = pool.get().await.map_err(|e| {
+                let last = if failed {
+                    "the last commit failed; "
+                } else {
+                    ""
+                };
+                StoreError::Unavailable(format!("{last}no connection to postgres: {e}"))
+            })?;
             let standby: bool = c.query_one("SELECT pg_is_in_recovery()", &[]).await?.get(0);
             if standby {
                 return Err(StoreError::WriteFailed(

@@ -116,22 +116,64 @@ impl SqliteStore {
         self.shared.group.outcome(target)
     }
 
-    /// Whether the store can be written now (`/readyz`): the last commit did not fail, and the
-    /// writer can take SQLite's write lock (`BEGIN IMMEDIATE`, rolled back: nothing is
-    /// written). Blocks while a commit is under way; call it off the async threads.
+    /// Whether the store can be written now (`/readyz`): the writer can take SQLite's write
+    /// lock (`BEGIN IMMEDIATE`, rolled back: nothing is written). After a failed commit (a full
+    /// disk, an I/O error) that is not enough: the database's filesystem must have
+    /// [`PROBE_ROOM`] free and a real write (the header page, rewritten as it is) must commit,
+    /// so that the store is ready again once space returns, with no turn needed to find out.
+    /// Blocks while a commit is under way; call it off the async threads.
     pub(super) fn probe(&self) -> Result<(), StoreError> {
         let last = self.shared.group.committed();
-        if last > 0 {
-            if let Some(e) = self.shared.group.failure(last) {
-                return Err(StoreError::WriteFailed(format!(
-                    "the last commit failed: {e}"
-                )));
-            }
-        }
+        let failed = if last > 0 {
+            self.shared.group.failure(last)
+        } else {
+            None
+        };
         let w = lock(&self.shared.writer);
-        w.conn.execute_batch("BEGIN IMMEDIATE; ROLLBACK;")?;
+        let Some(e) = failed else {
+            w.conn.execute_batch("BEGIN IMMEDIATE; ROLLBACK;")?;
+            return Ok(());
+        };
+        let unwritable =
+            |why: String| StoreError::WriteFailed(format!("the last commit failed ({e}); {why}"));
+        match free_bytes(&self.shared.dir) {
+            Some(free) if free < PROBE_ROOM => {
+                return Err(unwritable(format!(
+                    "{} has {free} bytes free",
+                    self.shared.dir.display()
+                )))
+            }
+            _ => {}
+        }
+        let version: i64 = w.conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+        let wrote = w.conn.execute_batch(&format!(
+            "BEGIN IMMEDIATE; PRAGMA user_version = {version}; COMMIT;"
+        ));
+        if let Err(err) = wrote {
+            if !w.conn.is_autocommit() {
+                let _ = w.conn.execute_batch("ROLLBACK");
+            }
+            return Err(unwritable(format!("a test write failed too: {err}")));
+        }
         Ok(())
     }
+}
+
+/// The free space a store whose last commit failed needs to be called writable again.
+const PROBE_ROOM: u64 = 1 << 20;
+
+/// The bytes an unprivileged writer may still use on the filesystem of `dir` (`None` if it
+/// cannot be asked).
+fn free_bytes(dir: &std::path::Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs fills the zeroed struct it is given; the path is NUL-terminated.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; both pointers are valid for the call.
+    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
 }
 
 /// The one flush that, with `fsync`, has a commit under way on a blocking thread; the others

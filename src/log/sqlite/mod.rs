@@ -57,6 +57,8 @@ struct Shared {
     reader: Mutex<Connection>,
     /// Commits run on a blocking thread (each waits for an fsync).
     fsync: bool,
+    /// The folder of the database (`/readyz` asks its filesystem for room after a failure).
+    dir: std::path::PathBuf,
 }
 
 struct Writer {
@@ -119,6 +121,7 @@ impl SqliteStore {
                 writer: Mutex::new(writer),
                 reader: Mutex::new(reader),
                 fsync,
+                dir: dir.to_path_buf(),
             }),
         })
     }

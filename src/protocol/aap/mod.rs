@@ -148,8 +148,8 @@ async fn turn_task(app: &App, caller: &Caller, id: &str, req: Request, reply: Re
         }
     }
     if let Some(reply) = reply {
-        let _ = reply.send(Err(ApiError::internal(format!(
-            "turn {} ended with nothing in the event log: it could not be written (a full disk?) or the session was deleted; see the server log",
+        let _ = reply.send(Err(ApiError::store_unavailable(format!(
+            "turn {} could not be written to the event log: the store is unavailable (a full disk, an I/O error, the database down) or the session was deleted; see the server log",
             handle.turn_id
         ))));
     }
