@@ -4,6 +4,7 @@
 //! `kill -9` right after each answer, and what it accepted is found after the restart: carried
 //! out, or ended with a terminal event that says why (`worker_lost`).
 
+use http_body_util::BodyExt;
 use serde_json::json;
 use turnstile::log::{EventBody, FailReason};
 use turnstile::testkit::fake_openai::{FakeOpenAi, Gate, Reply};
@@ -222,4 +223,130 @@ async fn a_streamed_turn_is_in_the_log_before_its_first_byte() {
     let end = until_ended(&p.http, &sid, &t[0].0).await;
     assert_eq!(end["reason"], "worker_lost", "{end}");
     gate.open();
+}
+
+/// `kill -9` as soon as the response head of a streamed permission answer has arrived: the
+/// answer (its `user.message` with the `tool_permission` block) is in the log after the restart,
+/// its turn ended with a reason, and the granted call ran at most once.
+#[tokio::test]
+async fn a_permission_answer_is_in_the_log_before_its_first_byte() {
+    let fake = FakeOpenAi::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let calls = dir.path().join("calls.txt");
+    let server = crate::common::mcp::example_server(
+        "ex",
+        &format!(
+            "args = [\"--log-calls\", {:?}]",
+            calls.display().to_string()
+        ),
+    );
+    let extra = format!("{server}\n[policy]\nask = [\"mcp__ex__echo\"]\ndefault = \"ask\"\n");
+    std::fs::write(dir.path().join("tools.toml"), config_text(&fake, &extra)).unwrap();
+    let mut p = spawn(dir.path()).await;
+    let sid = new_session(&p.http).await;
+    fake.push(Reply::tool_calls(&[(
+        "call_1",
+        "mcp__ex__echo",
+        json!({"text": "hi"}),
+    )]));
+    let (status, paused) = p
+        .http
+        .post(
+            &format!("/sessions/{sid}/turns"),
+            &json!({"messages": [{"role": "user", "content": "echo hi"}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{paused}");
+    assert_eq!(paused["stopReason"], "tool_use", "{paused}");
+    // The grant's turn runs the call, then waits on the model: held.
+    let gate = Gate::new();
+    fake.push(Reply::text("never finished").hold(gate.clone()));
+    let answer = json!({"stream": "delta", "messages": [
+        {"role": "tool_permission", "toolCallId": "call_1", "granted": true}
+    ]});
+    let stream = crate::common::sse_stream::open(
+        &p.http.base,
+        "POST",
+        &format!("/sessions/{sid}/turns"),
+        &[],
+        Some(&answer),
+    )
+    .await
+    .ok();
+    kill9(&mut p).await;
+    drop(stream);
+
+    let p = spawn(dir.path()).await;
+    let events = stored(dir.path(), &sid).await;
+    let answered = events
+        .iter()
+        .find(|e| {
+            matches!(&e.body, EventBody::UserMessage { content, .. }
+            if content[0]["type"] == "tool_permission" && content[0]["granted"] == true)
+        })
+        .unwrap_or_else(|| panic!("the permission answer is in the log: {events:#?}"));
+    let end = until_ended(&p.http, &sid, &answered.turn_id).await;
+    assert!(
+        end["type"] == "turn.completed" || end["reason"] == "worker_lost",
+        "{end}"
+    );
+    let ran = std::fs::read_to_string(&calls).unwrap_or_default();
+    assert!(
+        ran.lines().count() <= 1,
+        "the granted call ran at most once: {ran}"
+    );
+    gate.open();
+}
+
+/// An upload answered `201` is downloadable after `kill -9`; one cut off mid-body left no
+/// record and the server takes uploads again.
+#[tokio::test]
+async fn an_upload_answered_201_survives_kill_9_and_one_cut_off_leaves_nothing() {
+    use tokio::io::AsyncWriteExt;
+    let fake = FakeOpenAi::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("tools.toml"), config_text(&fake, "")).unwrap();
+    let mut p = spawn(dir.path()).await;
+    let body: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    let resp = p
+        .http
+        .request_raw("POST", "/files?filename=kept.bin", Some(body.clone()))
+        .await;
+    assert_eq!(resp.status(), 201);
+    let v = body_json(resp).await;
+    let kept = v["id"].as_str().expect("a file id").to_string();
+    // A second upload sends half its body, then the process is killed.
+    let addr = p.http.base.trim_start_matches("http://").to_string();
+    let mut conn = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let head = format!(
+        "POST /files?filename=cut.bin HTTP/1.1\r\nhost: {addr}\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).await.unwrap();
+    conn.write_all(&body[..body.len() / 2]).await.unwrap();
+    conn.flush().await.unwrap();
+    kill9(&mut p).await;
+    drop(conn);
+
+    let p = spawn(dir.path()).await;
+    let resp = p
+        .http
+        .request_raw("GET", &format!("/files/{kept}/content"), None)
+        .await;
+    assert_eq!(resp.status(), 200);
+    let got = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(got.as_ref(), &body[..], "the accepted upload is whole");
+    let store = crate::common::stores::open(&dir.path().join("tools.toml"));
+    let usage = store.file_usage_of(None, 0).await.unwrap();
+    assert_eq!(usage.files, 1, "the cut-off upload left no record");
+    let resp = p
+        .http
+        .request_raw("POST", "/files?filename=again.bin", Some(body))
+        .await;
+    assert_eq!(resp.status(), 201);
+}
+
+async fn body_json(resp: hyper::Response<hyper::body::Incoming>) -> serde_json::Value {
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    serde_json::from_slice(&bytes).unwrap()
 }
