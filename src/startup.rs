@@ -63,6 +63,9 @@ impl Running {
     /// Stop accepting, end running turns with `worker_shutdown`, wait for them and for open
     /// connections (bounded), flush the store.
     pub async fn stop(self) {
+        // No turn starts from here on, then the listener closes: a client that finds it closed
+        // knows that nothing it sent from now on runs here.
+        self.engine.stop_accepting();
         self.shutdown.cancel();
         self.engine.shutdown(SHUTDOWN_GRACE).await;
         // Turns have ended and subscribers have their terminal events: close the streams.

@@ -110,6 +110,7 @@ const SERVER_KEYS: &[&str] = &[
     "max_body_bytes",
     "fsync",
     "session_cache",
+    "drain_s",
     "header_timeout_s",
     "idle_timeout_s",
     "max_connections",
@@ -181,6 +182,7 @@ pub(super) fn apply_server_env(
             "fsync" => server.fsync = Some(boolean()?),
             "max_body_bytes" => server.max_body_bytes = n(int()?),
             "session_cache" => server.session_cache = n(int()?),
+            "drain_s" => server.drain_s = n(int()?),
             "header_timeout_s" => server.header_timeout_s = n(int()?),
             "idle_timeout_s" => server.idle_timeout_s = n(int()?),
             "max_connections" => server.max_connections = n(int()?),
@@ -222,6 +224,6 @@ mod tests {
     #[test]
     fn every_server_key_has_its_variable() {
         assert_eq!(server_var("max_body_bytes"), "TURNSTILE_MAX_BODY_BYTES");
-        assert_eq!(SERVER_KEYS.len(), 13);
+        assert_eq!(SERVER_KEYS.len(), 14);
     }
 }

@@ -59,6 +59,8 @@ pub(super) struct RawServer {
     #[serde(default)]
     pub session_cache: Option<Spanned<i64>>,
     #[serde(default)]
+    pub drain_s: Option<Spanned<i64>>,
+    #[serde(default)]
     pub header_timeout_s: Option<Spanned<i64>>,
     #[serde(default)]
     pub idle_timeout_s: Option<Spanned<i64>>,

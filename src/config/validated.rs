@@ -136,6 +136,9 @@ pub struct ServerConfig {
     /// Idle sessions kept in memory; past that, idle ones are dropped and read back from the log
     /// when next used. Default 1,000.
     pub session_cache: usize,
+    /// On SIGTERM or SIGINT, how long running turns may go on to their end (no new turn
+    /// starts meanwhile) before the rest are ended `worker_shutdown`. Default 0: at once.
+    pub drain: Duration,
     /// A request head not complete by then closes the connection. Default 10 s.
     pub header_timeout: Duration,
     /// An idle keep-alive connection (no request under way) is closed after this. Default 60 s.

@@ -176,12 +176,28 @@ impl Engine {
         approvals::settle_at(&self.inner, session, clock::now_ms().saturating_add(ahead));
     }
 
-    /// Stop accepting turns, end running ones with `worker_shutdown`, wait for them (at most
-    /// `grace`), and make everything durable.
-    pub async fn shutdown(&self, grace: Duration) {
+    /// Start no turn from now on (requests that would are answered `shutting_down`).
+    pub fn stop_accepting(&self) {
         self.inner
             .shutting_down
             .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Stop accepting turns, let running ones go on to their end for up to `[server] drain_s`
+    /// (queued ones do not start: their rows in the inbox stay), end those still running with
+    /// `worker_shutdown`, wait for them (at most `grace`), and make everything durable.
+    pub async fn shutdown(&self, grace: Duration) {
+        self.stop_accepting();
+        let drain = self.inner.config.server.drain;
+        if !drain.is_zero() {
+            self.inner.tracker.close();
+            if tokio::time::timeout(drain, self.inner.tracker.wait())
+                .await
+                .is_ok()
+            {
+                tracing::info!("every running turn ended within drain_s");
+            }
+        }
         let sessions: Vec<Arc<Session>> = lock(&self.inner.sessions).values().cloned().collect();
         for s in sessions {
             if let Some(control) = s.lock().turns().running().cloned() {

@@ -350,3 +350,72 @@ async fn body_json(resp: hyper::Response<hyper::body::Incoming>) -> serde_json::
     let bytes = resp.into_body().collect().await.unwrap().to_bytes();
     serde_json::from_slice(&bytes).unwrap()
 }
+
+/// `[server] drain_s`: on SIGTERM a running turn goes on to its end (its stream gets
+/// `turn.completed`, not `worker_shutdown`), a message queued behind it does not start (its row
+/// stays) and runs after the restart, and the process exits 0.
+#[tokio::test]
+async fn sigterm_with_drain_s_lets_the_running_turn_finish_and_keeps_the_queued_one() {
+    let fake = FakeOpenAi::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_text(&fake, "").replace("[server]\n", "[server]\ndrain_s = 30\n");
+    std::fs::write(dir.path().join("tools.toml"), config).unwrap();
+    let mut p = spawn(dir.path()).await;
+    let sid = new_session(&p.http).await;
+    let gate = Gate::new();
+    fake.push(Reply::text("finished while draining").hold(gate.clone()));
+    let http = p.http.clone();
+    let path = format!("/sessions/{sid}/turns");
+    let stream = tokio::spawn(async move {
+        http.post_sse(
+            &path,
+            &json!({"stream": "message", "messages": [{"role": "user", "content": "go"}]}),
+        )
+        .await
+    });
+    fake.wait_requests(1).await;
+    let (status, queued) = p
+        .http
+        .post(
+            &format!("/sessions/{sid}/messages"),
+            &json!({"content": "later"}),
+        )
+        .await;
+    assert_eq!(status, 202, "{queued}");
+    let queued_id = queued["turn_id"].as_str().unwrap().to_string();
+    let pid = p.child.id().expect("pid");
+    assert!(std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+    // Once the listener is closed no turn starts any more: the held one is let go then.
+    let addr = p.http.base.trim_start_matches("http://").to_string();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(&addr).await.is_ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the listener stayed open"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    gate.open();
+    let frames = stream.await.unwrap();
+    let last = frames.last().expect("frames");
+    assert_eq!(last.event, "turn_stop", "{frames:?}");
+    assert_eq!(last.data["stopReason"], "end_turn", "{:?}", last.data);
+    let status = p.child.wait().await.unwrap();
+    assert!(status.success(), "exit status {status:?}");
+    let t = turns(&stored(dir.path(), &sid).await);
+    assert_eq!(
+        t.len(),
+        1,
+        "the queued turn did not start during the drain: {t:?}"
+    );
+    assert_eq!(t[0].2, "turn.completed");
+
+    fake.push(Reply::text("after the restart"));
+    let p = spawn(dir.path()).await;
+    let end = until_ended(&p.http, &sid, &queued_id).await;
+    assert_eq!(end["type"], "turn.completed", "{end}");
+}

@@ -73,6 +73,10 @@ pub(super) fn server(
                 i64::MAX,
             )?
             .unsigned_abs() as usize,
+        drain: std::time::Duration::from_secs(
+            cx.int(t.drain_s.as_ref(), "server.drain_s", 0, 0, 3600)?
+                .unsigned_abs(),
+        ),
         header_timeout: cx.secs(
             t.header_timeout_s.as_ref(),
             "server.header_timeout_s",

@@ -258,6 +258,13 @@ fn other_sections_and_policy_default() {
         .contains("(expected \"trust\", \"ask\" or \"deny\")"));
     let e = bad("[server]\nsession_cache = -1\n");
     assert_eq!(e.key.as_deref(), Some("server.session_cache"));
+    assert_eq!(ok("").server.drain, std::time::Duration::ZERO);
+    assert_eq!(
+        ok("[server]\ndrain_s = 20\n").server.drain,
+        std::time::Duration::from_secs(20)
+    );
+    let e = bad("[server]\ndrain_s = 4000\n");
+    assert_eq!(e.key.as_deref(), Some("server.drain_s"));
     assert_eq!(c.limits.queued_turns, 32);
     let c = ok("[server]\nheader_timeout_s = 3\nidle_timeout_s = 5\nmax_connections = 7\n[limits]\nqueued_turns = 2\nrunning_turns = 3\nsessions_per_key = 4\nsubscribers_per_session = 5\nfiles_per_message = 6\nsession_servers = 7\ndisk_bytes_per_key = 8\ntool_result_bytes = 9\n[agents.a]\nclient_system_prompt = false\napproval_ttl_s = 11\n[mcp_servers.m]\ncommand = \"x\"\nsandbox = \"landlock\"\nnetwork = true\n");
     assert_eq!(c.server.header_timeout, Duration::from_secs(3));
