@@ -1,4 +1,4 @@
-//! Incremental Server-Sent Events parsing: a tokenizer and the providers' event assembler.
+//! Incremental Server-Sent Events parsing: one tokenizer, two event assemblers.
 //!
 //! - `tokenizer.rs`: the line and field layer both share ([`Tokenizer`], [`field`]): chunks
 //!   split anywhere, `\n` / `\r\n` / `\r` line ends, the leading BOM, `name: value` fields,
@@ -7,6 +7,9 @@
 //!   here). Lenient: data-only events, invalid UTF-8 replaced, and a last event whose blank line
 //!   never came is dispatched by [`SseParser::finish`]; a line or an event over the limit is an
 //!   [`SseError`].
+//! - `strict.rs`: [`StrictParser`], the MCP client's assembler. Strict UTF-8, events with only an
+//!   `id` or `retry` emitted, and an event over the limit read past (its ends kept) rather than
+//!   failing the stream.
 //!
 //! Feed the body chunk by chunk as it arrives ([`SseParser::feed`]) and take the complete events
 //! out ([`SseParser::next_event`]) until it returns `None`; at the end of the body call
@@ -16,8 +19,10 @@
 //! event, longer than the limit (default [`DEFAULT_MAX_EVENT_BYTES`]) is an [`SseError`]. Errors
 //! are terminal: drop the parser.
 
+mod strict;
 mod tokenizer;
 
+pub use strict::{Oversize, StrictEvent, StrictItem, StrictParser};
 pub use tokenizer::{field, Field, Line, Tokenizer};
 
 /// The default cap on one line and on one event's data: 8 MiB.
