@@ -18,7 +18,8 @@
 //!   request whose body one task reads to its end, so that task can poll the connection itself;
 //!   rmcp's transport hands bodies to its own worker and sends requests concurrently on one
 //!   client, which needs the connection to run on a task of its own.
-//! - `event_stream.rs`: the bounded Server-Sent Events parser of the providers' streams.
+//! - `event_stream.rs`: the bounded Server-Sent Events parsers: one tokenizer, and the event
+//!   assemblers of the providers' streams and of the MCP client's.
 
 pub(crate) mod connect;
 pub mod event_stream;

@@ -1868,11 +1868,8 @@ fn random_toml_text_loads_or_fails_in_one_line() {
     );
 }
 
-/// The SSE parser: no panic on any bytes, and the events do not depend on how the stream is
-/// split into chunks.
-#[test]
-fn sse_parser_is_split_invariant_and_never_panics() {
-    use turnstile::outbound::event_stream::SseParser;
+/// Event-stream bytes: the format's tokens, line ends and BOMs among random bytes.
+fn sse_bytes() -> impl Strategy<Value = Vec<u8>> {
     let piece = prop_oneof![
         select(vec![
             "data: ",
@@ -1895,57 +1892,142 @@ fn sse_parser_is_split_invariant_and_never_panics() {
         .prop_map(|s| s.as_bytes().to_vec()),
         vec(any::<u8>(), 0..8),
     ];
-    let stream = vec(piece, 0..40).prop_map(|p| p.concat());
-    check(
-        runner(2000),
-        (stream, vec(any::<prop::sample::Index>(), 0..6), 1usize..64),
-        |(bytes, cuts, limit)| {
-            let run = |chunks: Vec<&[u8]>| {
-                let mut p = SseParser::with_limit(limit);
-                let mut out = Vec::new();
-                for c in chunks {
-                    p.feed(c);
-                    loop {
-                        match p.next_event() {
-                            Ok(Some(ev)) => out.push(Ok(ev)),
-                            Ok(None) => break,
-                            Err(e) => {
-                                out.push(Err(e));
-                                return out;
+    vec(piece, 0..40).prop_map(|p| p.concat())
+}
+
+/// `bytes`, whole and cut at random places, with a limit: the input of the SSE properties.
+fn sse_case() -> impl Strategy<Value = (Vec<u8>, Vec<prop::sample::Index>, usize)> {
+    (
+        sse_bytes(),
+        vec(any::<prop::sample::Index>(), 0..6),
+        1usize..64,
+    )
+}
+
+/// `bytes` cut at `cuts`.
+fn cut<'a>(bytes: &'a [u8], cuts: &[prop::sample::Index]) -> Vec<&'a [u8]> {
+    let mut at: Vec<usize> = cuts.iter().map(|c| c.index(bytes.len() + 1)).collect();
+    at.sort_unstable();
+    let mut chunks = Vec::new();
+    let mut prev = 0;
+    for a in at {
+        chunks.push(&bytes[prev..a]);
+        prev = a;
+    }
+    chunks.push(&bytes[prev..]);
+    chunks
+}
+
+/// The providers' SSE parser: no panic on any bytes, and the events do not depend on how the
+/// stream is split into chunks.
+#[test]
+fn sse_parser_is_split_invariant_and_never_panics() {
+    use turnstile::outbound::event_stream::SseParser;
+    check(runner(2000), sse_case(), |(bytes, cuts, limit)| {
+        let run = |chunks: Vec<&[u8]>| {
+            let mut p = SseParser::with_limit(limit);
+            let mut out = Vec::new();
+            for c in chunks {
+                p.feed(c);
+                loop {
+                    match p.next_event() {
+                        Ok(Some(ev)) => out.push(Ok(ev)),
+                        Ok(None) => break,
+                        Err(e) => {
+                            out.push(Err(e));
+                            return out;
+                        }
+                    }
+                }
+            }
+            match p.finish() {
+                Ok(Some(ev)) => out.push(Ok(ev)),
+                Ok(None) => {}
+                Err(e) => out.push(Err(e)),
+            }
+            out
+        };
+        let whole = run(vec![&bytes]);
+        let split = run(cut(&bytes, &cuts));
+        // An error ends the stream; which event it cut may depend on the split when the
+        // limit is hit, so compare the events before the first error.
+        let ok = |v: &[Result<_, _>]| -> Vec<turnstile::outbound::event_stream::SseEvent> {
+            v.iter().map_while(|r| r.clone().ok()).collect()
+        };
+        let (w, s) = (ok(&whole), ok(&split));
+        if whole.iter().all(Result::is_ok) && split.iter().all(Result::is_ok) {
+            prop_assert_eq!(w, s);
+        }
+        Ok(())
+    });
+}
+
+/// The MCP client's SSE parser: no panic on any bytes, and the same events, events over the
+/// limit and UTF-8 error however the stream is split.
+#[test]
+fn strict_sse_parser_is_split_invariant_and_never_panics() {
+    use turnstile::outbound::event_stream::StrictParser;
+    check(runner(2000), sse_case(), |(bytes, cuts, limit)| {
+        let run = |chunks: Vec<&[u8]>| {
+            let mut p = StrictParser::new(limit, 4);
+            let mut out = Vec::new();
+            for c in chunks {
+                p.feed(c);
+                loop {
+                    match p.next_item() {
+                        Ok(Some(item)) => out.push(Ok(item)),
+                        Ok(None) => break,
+                        Err(e) => {
+                            out.push(Err(e));
+                            return out;
+                        }
+                    }
+                }
+            }
+            out
+        };
+        prop_assert_eq!(run(vec![&bytes]), run(cut(&bytes, &cuts)));
+        Ok(())
+    });
+}
+
+/// The tokenizer both parsers share: the same lines however the stream is split, a line over
+/// the limit in pieces (none empty but a last one), and no more than the limit buffered.
+#[test]
+fn sse_tokenizer_is_split_invariant_and_bounded() {
+    use turnstile::outbound::event_stream::{Line, Tokenizer};
+    check(runner(2000), sse_case(), |(bytes, cuts, limit)| {
+        let run = |chunks: Vec<&[u8]>| -> Result<Vec<(Vec<u8>, bool)>, TestCaseError> {
+            let mut t = Tokenizer::new();
+            let mut lines = Vec::new();
+            let mut open: Option<Vec<u8>> = None;
+            for c in chunks {
+                t.feed(c);
+                while let Some(line) = t.next_line(limit) {
+                    match line {
+                        Line::Whole(b) => {
+                            prop_assert!(open.is_none() && b.len() <= limit);
+                            lines.push((b.to_vec(), false));
+                        }
+                        Line::Piece { bytes, last } => {
+                            prop_assert!(last || !bytes.is_empty());
+                            let line = open.get_or_insert_with(Vec::new);
+                            line.extend_from_slice(bytes);
+                            if last {
+                                prop_assert!(line.len() > limit);
+                                lines.push((std::mem::take(line), true));
+                                open = None;
                             }
                         }
                     }
                 }
-                match p.finish() {
-                    Ok(Some(ev)) => out.push(Ok(ev)),
-                    Ok(None) => {}
-                    Err(e) => out.push(Err(e)),
-                }
-                out
-            };
-            let whole = run(vec![&bytes]);
-            let mut at: Vec<usize> = cuts.iter().map(|c| c.index(bytes.len() + 1)).collect();
-            at.sort_unstable();
-            let mut chunks = Vec::new();
-            let mut prev = 0;
-            for a in at {
-                chunks.push(&bytes[prev..a]);
-                prev = a;
+                prop_assert!(t.buffered() <= limit.max(3));
             }
-            chunks.push(&bytes[prev..]);
-            let split = run(chunks);
-            // An error ends the stream; which event it cut may depend on the split when the
-            // limit is hit, so compare the events before the first error.
-            let ok = |v: &[Result<_, _>]| -> Vec<turnstile::outbound::event_stream::SseEvent> {
-                v.iter().map_while(|r| r.clone().ok()).collect()
-            };
-            let (w, s) = (ok(&whole), ok(&split));
-            if whole.iter().all(Result::is_ok) && split.iter().all(Result::is_ok) {
-                prop_assert_eq!(w, s);
-            }
-            Ok(())
-        },
-    );
+            Ok(lines)
+        };
+        prop_assert_eq!(run(vec![&bytes])?, run(cut(&bytes, &cuts))?);
+        Ok(())
+    });
 }
 
 /// Message content: any JSON parses or fails cleanly, and what parses round-trips.

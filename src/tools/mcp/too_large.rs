@@ -3,8 +3,9 @@
 //!
 //! rmcp drops such a message silently, so the call it answered would wait for its whole
 //! `timeout_s` and end "Cancelled." with no reason. The transports (the stdio reader in
-//! `supervisor/line_limit.rs`, the SSE parser in `http_client/bounded_events.rs`) drop it themselves,
-//! keeping only its first and last [`GLIMPSE`] bytes. [`outline`] reads its top-level members
+//! `supervisor/line_limit.rs`, the SSE parser of `http_client/bounded_events.rs`, which is
+//! `outbound/event_stream/strict.rs`) drop it themselves, keeping only its first and last
+//! [`GLIMPSE`] bytes. [`outline`] reads its top-level members
 //! from those two ends (the id comes first where Python's SDK writes it, last where the
 //! TypeScript SDK does); when it was a response, [`error_line`] is the JSON-RPC error put in
 //! its place, which completes the call with the reason. A message without an id of ours (a
