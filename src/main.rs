@@ -75,6 +75,12 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Make the running server read its config file again (SIGHUP to the process named by
+    /// `data_dir/turnstile.pid`). GET /status shows the outcome under "reload".
+    Reload {
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
     /// Authorize turnstile at an OAuth-protected MCP server: prints the authorization URL to
     /// open, receives the redirect on a loopback port, stores the tokens encrypted.
     Login {
@@ -128,6 +134,9 @@ fn main() -> ExitCode {
             json: json_out,
         } => turnstile::telemetry::init(json, None, runtime.handle())
             .and_then(|_| runtime.block_on(check(config_path(config, &env), &env, json_out))),
+        Command::Reload { config } => load(&config_path(config, &env), &env)
+            .map_err(|e| format!("{e} (the server would refuse it too: fix the file first)"))
+            .and_then(|config| signal_reload(&config)),
         Command::Login { server, config } => {
             turnstile::telemetry::init(json, None, runtime.handle())
                 .and_then(|_| load(&config_path(config, &env), &env))
@@ -172,36 +181,133 @@ async fn serve(
     insecure: bool,
 ) -> Result<ExitCode, String> {
     let addr = listen.unwrap_or(config.server.listen);
+    let pid_file = pid_file(&config);
+    // Before anything else: a SIGHUP from now on reloads rather than ends the process.
+    let mut signals = Signals::new();
     let running = startup::start(config, addr, StartOptions { insecure })
         .await
         .map_err(|e| e.to_string())?;
     tracing::info!(addr = %running.addr, "turnstile listening on http://{}", running.addr);
-    wait_for_signal().await;
+    if let Err(e) = std::fs::write(&pid_file, format!("{}\n", std::process::id())) {
+        tracing::warn!(path = %pid_file.display(), error = %e, "cannot write the pid file: `turnstile reload` will not find this server (SIGHUP still reloads)");
+    }
+    while signals.next().await == Signal::Reload {
+        // On its own task: a stop signal is heard while a reload waits for new MCP servers.
+        let reloader = running.reloader();
+        tokio::spawn(async move { reloader.reload().await });
+    }
     tracing::info!("shutting down: ending running turns (worker_shutdown)");
     running.stop().await;
+    if std::fs::read_to_string(&pid_file).is_ok_and(|p| p.trim() == std::process::id().to_string())
+    {
+        let _ = std::fs::remove_file(&pid_file);
+    }
     tracing::info!("stopped");
     Ok(ExitCode::SUCCESS)
 }
 
-async fn wait_for_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
+/// Where `serve` writes its process id for `turnstile reload`: `data_dir/turnstile.pid` (each
+/// instance has a data folder of its own).
+fn pid_file(config: &Config) -> PathBuf {
+    config.server.data_dir.join("turnstile.pid")
+}
+
+/// `turnstile reload`: SIGHUP to the server whose pid file the config's data folder holds.
+fn signal_reload(config: &Config) -> Result<ExitCode, String> {
+    let path = pid_file(config);
+    let pid: i32 = std::fs::read_to_string(&path)
+        .map_err(|e| {
+            format!(
+                "cannot read {}: {e} (is turnstile serving with this config?)",
+                path.display()
+            )
+        })?
+        .trim()
+        .parse()
+        .map_err(|_| format!("{} does not hold a process id", path.display()))?;
+    // A pid file a crashed server left behind may name some other process by now.
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"));
+    if let Ok(cmdline) = &cmdline {
+        if !String::from_utf8_lossy(cmdline).contains("turnstile") {
+            return Err(format!(
+                "{} names process {pid}, which is not turnstile (a stale pid file?)",
+                path.display()
+            ));
         }
     }
-    #[cfg(not(unix))]
+    #[cfg(unix)]
     {
-        let _ = tokio::signal::ctrl_c().await;
+        // SAFETY: kill only sends a signal.
+        if unsafe { libc::kill(pid, libc::SIGHUP) } != 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(format!(
+                "cannot signal process {pid} (from {}): {e}",
+                path.display()
+            ));
+        }
+    }
+    println!("sent SIGHUP to turnstile (pid {pid}): it reads {} again; GET /status shows the outcome under \"reload\", and the log says why a file is refused", config.path.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Signal {
+    /// SIGHUP: read the config again.
+    Reload,
+    /// SIGINT or SIGTERM.
+    Stop,
+}
+
+/// The signals `serve` heeds, registered once (a SIGHUP between two waits is not lost).
+struct Signals {
+    #[cfg(unix)]
+    term: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    hup: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn new() -> Signals {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Signals {
+                term: signal(SignalKind::terminate()).ok(),
+                hup: signal(SignalKind::hangup()).ok(),
+            }
+        }
+        #[cfg(not(unix))]
+        Signals {}
+    }
+
+    async fn next(&mut self) -> Signal {
+        #[cfg(unix)]
+        {
+            let term = async {
+                match &mut self.term {
+                    Some(t) => {
+                        t.recv().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            let hup = async {
+                match &mut self.hup {
+                    Some(h) => h.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => Signal::Stop,
+                _ = term => Signal::Stop,
+                Some(()) = hup => Signal::Reload,
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            Signal::Stop
+        }
     }
 }
 
@@ -235,7 +341,7 @@ async fn check(path: PathBuf, env: &Env, json: bool) -> Result<ExitCode, String>
     if !json {
         print_check_header(&path, &config);
     }
-    if let Err(e) = startup::provider(&config) {
+    if let Err(e) = startup::router(&config) {
         return fail(e.to_string());
     }
     let config = std::sync::Arc::new(config);
@@ -317,17 +423,25 @@ fn print_progress(p: turnstile::tools::mcp::ServerProgress) {
     }
 }
 
+/// An upstream in `check --json`.
+fn upstream_json(up: &turnstile::config::UpstreamConfig) -> serde_json::Value {
+    serde_json::json!({
+        "name": up.name,
+        "provider": up.provider.as_str(),
+        "base_url": up.base_url,
+        "model": up.model,
+        "models": up.models,
+    })
+}
+
 /// `check --json`'s document.
 fn check_json(c: &Checked<'_>) -> serde_json::Value {
     let config = c.config;
     serde_json::json!({
         "config": c.path.display().to_string(),
         "ok": c.failed.is_empty(),
-        "upstream": {
-            "provider": format!("{:?}", config.upstream.provider).to_lowercase(),
-            "base_url": config.upstream.base_url,
-            "model": config.upstream.model,
-        },
+        "upstream": upstream_json(&config.upstreams[0]),
+        "upstreams": config.upstreams.iter().map(upstream_json).collect::<Vec<_>>(),
         "agents": config.agents.iter().map(|a| serde_json::json!({
             "name": a.name,
             "tools": a.tools,
@@ -379,17 +493,24 @@ fn print_check_text(c: &Checked<'_>) {
 /// What `check` says about the file before starting any server.
 fn print_check_header(path: &std::path::Path, config: &Config) {
     println!("{}: ok", path.display());
-    let up = &config.upstream;
-    println!(
-        "upstream: {:?} {} (model {})",
-        up.provider,
-        if up.base_url.is_empty() {
-            "(built in)"
-        } else {
-            &up.base_url
-        },
-        up.model
-    );
+    for up in &config.upstreams {
+        println!(
+            "upstream {}: {:?} {} (model {}{})",
+            up.name,
+            up.provider,
+            if up.base_url.is_empty() {
+                "(built in)"
+            } else {
+                &up.base_url
+            },
+            up.model,
+            if up.models.is_empty() {
+                String::new()
+            } else {
+                format!(", serves {:?}", up.models)
+            }
+        );
+    }
     for a in &config.agents {
         println!(
             "agent {}: tools {:?}, max_steps {}, turn_timeout_s {}",

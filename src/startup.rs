@@ -9,7 +9,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, ProviderKind};
+use crate::config::{Config, ProviderKind, UpstreamConfig};
 use crate::engine::Engine;
 use crate::files::FileStore;
 use crate::http::auth::Keys;
@@ -18,6 +18,7 @@ use crate::protocol::context::App;
 use crate::protocol::mcp_endpoint::Endpoint as McpEndpoint;
 use crate::tools::toolbox::Toolbox;
 use crate::tools::ToolHost;
+use crate::upstream::router::{Router, Upstream};
 use crate::upstream::{anthropic::Anthropic, echo::Echo, openai::OpenAi, Provider};
 
 /// How long running turns and open connections get to finish on shutdown.
@@ -53,6 +54,8 @@ pub struct Running {
     /// Where `[server] metrics_listen` serves `GET /metrics` without keys (port 0 resolved).
     pub metrics_addr: Option<SocketAddr>,
     pub engine: Engine,
+    /// Reads `tools.toml` again (SIGHUP, `turnstile reload`).
+    reloader: Arc<crate::reload::Reloader>,
     shutdown: CancellationToken,
     streams: CancellationToken,
     server: JoinHandle<()>,
@@ -60,6 +63,16 @@ pub struct Running {
 }
 
 impl Running {
+    /// Read the config file again and apply it, or refuse it (see `reload.rs`).
+    pub async fn reload(&self) -> crate::engine::ReloadReport {
+        self.reloader.reload().await
+    }
+
+    /// What reloads the config, for a task of its own.
+    pub fn reloader(&self) -> Arc<crate::reload::Reloader> {
+        self.reloader.clone()
+    }
+
     /// Stop accepting, end running turns with `worker_shutdown`, wait for them and for open
     /// connections (bounded), flush the store.
     pub async fn stop(self) {
@@ -77,31 +90,43 @@ impl Running {
     }
 }
 
-/// The upstream provider the config names.
-pub fn provider(config: &Config) -> Result<Arc<dyn Provider>, StartError> {
-    let up = &config.upstream;
+/// The upstreams the config names, each with its provider, behind one router.
+pub fn router(config: &Config) -> Result<Arc<Router>, StartError> {
+    let mut upstreams = Vec::with_capacity(config.upstreams.len());
+    for up in &config.upstreams {
+        upstreams.push(Upstream::new(up, provider(config, up)?));
+    }
+    Ok(Arc::new(Router::new(upstreams)))
+}
+
+/// The provider of one upstream.
+fn provider(config: &Config, up: &UpstreamConfig) -> Result<Arc<dyn Provider>, StartError> {
     let key = match &up.api_key_env {
         Some(var) => match config.env.var(var) {
             Some(v) if !v.is_empty() => Some(v.to_string()),
             _ => {
-                tracing::warn!(variable = %var, "the upstream's api_key_env names a variable that is not set; calling the upstream without a key");
+                tracing::warn!(upstream = %up.name, variable = %var, "the upstream's api_key_env names a variable that is not set; calling the upstream without a key");
                 None
             }
         },
         None => None,
     };
-    let headers = upstream_headers(config)?;
+    let headers = upstream_headers(config, up)?;
     Ok(match up.provider {
-        ProviderKind::Echo => {
+        ProviderKind::Echo if config.upstreams.len() == 1 => {
             tracing::info!("no upstream configured: using the built-in echo provider (it answers \"Echo: <your text>\"); add an [upstream] table to {} for a real model", config.path.display());
             Arc::new(Echo)
         }
+        ProviderKind::Echo => {
+            tracing::info!(upstream = %up.name, "upstream: the built-in echo provider");
+            Arc::new(Echo)
+        }
         ProviderKind::OpenAi => {
-            tracing::info!(base_url = %up.base_url, model = %up.model, "upstream: OpenAI-compatible chat completions");
+            tracing::info!(upstream = %up.name, base_url = %up.base_url, model = %up.model, "upstream: OpenAI-compatible chat completions");
             Arc::new(OpenAi::new(up.base_url.clone(), key, up.timeout).with_headers(headers))
         }
         ProviderKind::Anthropic => {
-            tracing::info!(base_url = %up.base_url, model = %up.model, "upstream: Anthropic Messages");
+            tracing::info!(upstream = %up.name, base_url = %up.base_url, model = %up.model, "upstream: Anthropic Messages");
             Arc::new(
                 Anthropic::new(
                     up.base_url.clone(),
@@ -116,22 +141,28 @@ pub fn provider(config: &Config) -> Result<Arc<dyn Provider>, StartError> {
     })
 }
 
-/// `[upstream] headers` with `${VAR}` expanded (values marked sensitive: they often hold
+/// An upstream's `headers` with `${VAR}` expanded (values marked sensitive: they often hold
 /// tokens); a variable that is not set is an error naming it.
 fn upstream_headers(
     config: &Config,
+    up: &UpstreamConfig,
 ) -> Result<Vec<(http::HeaderName, http::HeaderValue)>, StartError> {
+    let table = if config.upstreams.len() == 1 && up.name == "default" {
+        "upstream".to_string()
+    } else {
+        format!("upstreams.{}", up.name)
+    };
     let mut out = Vec::new();
-    for (name, value) in &config.upstream.headers {
+    for (name, value) in &up.headers {
         let value = config.env.expand(value).map_err(|var| {
             StartError::Config(format!(
-                "{}: upstream.headers.{name} uses ${{{var}}}, which is not set in turnstile's environment: set {var}",
+                "{}: {table}.headers.{name} uses ${{{var}}}, which is not set in turnstile's environment: set {var}",
                 config.path.display()
             ))
         })?;
         let bad = |e: &dyn std::fmt::Display| {
             StartError::Config(format!(
-                "{}: upstream.headers.{name}: {e}",
+                "{}: {table}.headers.{name}: {e}",
                 config.path.display()
             ))
         };
@@ -143,11 +174,11 @@ fn upstream_headers(
     Ok(out)
 }
 
-/// The API keys from `[server] api_keys_env`, and the loopback rule without them. A variable
-/// that is named but yields no key stops the server: failing open would serve everything to
-/// anyone.
+/// The API keys from `[server] api_keys_env` and `[keys.*]`, and the loopback rule without
+/// them. A variable that is named but yields no key stops the server: failing open would serve
+/// everything to anyone.
 fn keys(config: &Config, addr: SocketAddr, opts: &StartOptions) -> Result<Keys, StartError> {
-    let keys = match &config.server.api_keys_env {
+    let mut keys = match &config.server.api_keys_env {
         Some(var) => {
             let keys = Keys::parse(config.env.var(var).unwrap_or_default());
             if keys.is_empty() {
@@ -159,9 +190,11 @@ fn keys(config: &Config, addr: SocketAddr, opts: &StartOptions) -> Result<Keys, 
         }
         None => Keys::default(),
     };
+    keys.add_principals(config)
+        .map_err(|e| StartError::Config(format!("{}: {e}", config.path.display())))?;
     if keys.is_empty() && !addr.ip().is_loopback() && !opts.insecure {
         return Err(StartError::Config(format!(
-            "refusing to listen on {addr} without API keys: set [server] api_keys_env to a variable holding comma-separated keys, listen on a loopback address, or pass --insecure"
+            "refusing to listen on {addr} without API keys: add [keys.NAME] tables or set [server] api_keys_env to a variable holding comma-separated keys, listen on a loopback address, or pass --insecure"
         )));
     }
     Ok(keys)
@@ -256,6 +289,40 @@ async fn serve_metrics(
     Ok((bound, tokio::spawn(task)))
 }
 
+/// The router of `config`'s upstreams; `provider` (tests) stands for the first upstream alone.
+fn router_with(
+    config: &Config,
+    provider: Option<&Arc<dyn Provider>>,
+) -> Result<Arc<Router>, StartError> {
+    match provider {
+        Some(p) => Ok(Arc::new(Router::new(vec![Upstream::new(
+            &config.upstreams[0],
+            p.clone(),
+        )]))),
+        None => router(config),
+    }
+}
+
+/// What reloads the config of this server: it builds the router and the keys as start-up did.
+fn reloader(
+    engine: &Engine,
+    cell: &Arc<crate::sync::Swap<Keys>>,
+    addr: SocketAddr,
+    opts: StartOptions,
+    provider: Option<Arc<dyn Provider>>,
+) -> Arc<crate::reload::Reloader> {
+    let build: crate::reload::Build = Box::new(move |config: &Config| {
+        let router = router_with(config, provider.as_ref()).map_err(|e| e.to_string())?;
+        let keys = keys(config, addr, &opts).map_err(|e| e.to_string())?;
+        Ok((router, keys))
+    });
+    Arc::new(crate::reload::Reloader::new(
+        engine.clone(),
+        cell.clone(),
+        build,
+    ))
+}
+
 /// Start serving on `addr` (port 0 picks a free port).
 pub async fn start(
     config: Config,
@@ -278,7 +345,8 @@ pub async fn tool_host(
     Ok(host)
 }
 
-/// Start serving with a given provider (tests, benchmarks) and tool host.
+/// Start serving with a given provider (tests, benchmarks: it stands for the first upstream
+/// alone) and tool host.
 pub async fn start_with(
     config: Config,
     addr: SocketAddr,
@@ -287,10 +355,7 @@ pub async fn start_with(
     tools: Option<Arc<dyn ToolHost>>,
 ) -> Result<Running, StartError> {
     let keys = keys(&config, addr, &opts)?;
-    let provider = match provider_override {
-        Some(p) => p,
-        None => provider(&config)?,
-    };
+    let router = router_with(&config, provider_override.as_ref())?;
     let store = open_store(&config)?;
     let files = open_files(&config, &store)?;
     // Made by an older version, or by hand, perhaps with looser modes.
@@ -303,8 +368,15 @@ pub async fn start_with(
         None => tool_host(&config, Some(files.clone())).await?,
     };
     let streams = CancellationToken::new();
-    let mcp = McpEndpoint::new(&config, &tools, &streams);
-    let engine = Engine::open(config, store, provider, tools, Some(files.clone())).await?;
+    let engine = Engine::open(
+        config.clone(),
+        store,
+        router,
+        tools.clone(),
+        Some(files.clone()),
+    )
+    .await?;
+    let mcp = McpEndpoint::new(&config, &engine.config_cell(), &tools, &streams);
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|source| StartError::Listen { addr, source })?;
@@ -324,6 +396,8 @@ pub async fn start_with(
         addr,
         !keys.is_empty(),
     );
+    let keys = Arc::new(crate::sync::Swap::new(Arc::new(keys)));
+    let reloader = reloader(&engine, &keys, addr, opts, provider_override);
     let app = Arc::new(App {
         engine: engine.clone(),
         keys,
@@ -344,6 +418,7 @@ pub async fn start_with(
         addr,
         metrics_addr,
         engine,
+        reloader,
         shutdown,
         streams,
         server,

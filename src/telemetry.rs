@@ -23,8 +23,8 @@ use tracing_subscriber::Layer;
 use crate::config::TelemetryConfig;
 
 /// The span of one HTTP request. `route` is the route's template (`/sessions/{id}/turns`), never
-/// the raw path; `session` the session the path names, if any. `turn`, `status` and
-/// `duration_ms` are recorded later.
+/// the raw path; `session` the session the path names, if any. `principal` (the owner id of the
+/// caller's key), `turn`, `status` and `duration_ms` are recorded later.
 pub fn request_span(method: &str, route: &'static str, session: Option<&str>) -> Span {
     tracing::info_span!(
         "request",
@@ -33,6 +33,7 @@ pub fn request_span(method: &str, route: &'static str, session: Option<&str>) ->
         %method,
         %route,
         session = session.map(tracing::field::display),
+        principal = Empty,
         turn = Empty,
         status = Empty,
         duration_ms = Empty,
@@ -60,20 +61,36 @@ pub fn request_done(span: &Span, quiet: bool, status: u16, took: Duration) {
     }
 }
 
+/// Notes who calls on the request's span (the current one): the owner id of its key's principal
+/// (`key:NAME`, or the digest of an `api_keys_env` key); nothing without keys.
+pub fn note_principal(owner: Option<&str>) {
+    if let Some(owner) = owner {
+        Span::current().record("principal", tracing::field::display(owner));
+    }
+}
+
 /// Notes the turn a request started on the request's span (the current one; a no-op elsewhere).
 pub fn note_turn(turn: &str) {
     Span::current().record("turn", tracing::field::display(turn));
 }
 
-/// The span of one turn, a child of `parent` (the span current when the turn was started).
-/// What it ends with is recorded by [`turn_done`].
-pub fn turn_span(parent: &Span, session: &str, turn: &str, agent: &str) -> Span {
+/// The span of one turn, a child of `parent` (the span current when the turn was started),
+/// naming the session's principal (its owner id; a queued turn may run long after, and apart
+/// from, the request that sent it). What it ends with is recorded by [`turn_done`].
+pub fn turn_span(
+    parent: &Span,
+    session: &str,
+    turn: &str,
+    agent: &str,
+    principal: Option<&str>,
+) -> Span {
     tracing::info_span!(
         parent: parent,
         "turn",
         %session,
         %turn,
         %agent,
+        principal = principal.map(tracing::field::display),
         outcome = Empty,
         reason = Empty,
         steps = Empty,
@@ -121,12 +138,14 @@ pub fn turn_done(end: &TurnEnd<'_>) {
     span.record("duration_ms", duration_ms);
 }
 
-/// The span of one model call attempt (`attempt` counts from 1), a child of the current (turn)
-/// span; `outcome` and the tokens are recorded by [`model_done`].
-pub fn model_span(provider: &str, model: &str, attempt: u32) -> Span {
+/// The span of one model call attempt (`attempt` counts from 1 on each upstream), a child of
+/// the current (turn) span: which upstream and model answered; `outcome` and the tokens are
+/// recorded by [`model_done`].
+pub fn model_span(upstream: &str, provider: &str, model: &str, attempt: u32) -> Span {
     tracing::info_span!(
         "model_call",
         otel.kind = "client",
+        %upstream,
         %provider,
         %model,
         attempt,

@@ -7,12 +7,12 @@ pub(crate) mod routes;
 
 use std::sync::Arc;
 
-use http::StatusCode;
+use http::{header, StatusCode};
 use tracing::Instrument;
 
 use crate::http::{json_response, ApiError, Request, Response};
 use crate::protocol::context::{App, Caller};
-use crate::protocol::{aap, console, events, files_api, operator, runs};
+use crate::protocol::{aap, console, events, files_api, operator, runs, usage_api};
 use routes::{resolve, Endpoint};
 
 /// Serve one request, in a span of its own (see [`crate::telemetry::request_span`]) that ends
@@ -39,12 +39,17 @@ pub(crate) async fn handle(app: Arc<App>, req: Request) -> Response {
             crate::http::browser::require_json(&req)?;
         }
         let caller = Caller {
-            owner: if route.is_public(app.public_meta, app.mcp.enabled()) {
-                None
+            principal: if !route.is_public(app.public_meta, app.mcp.enabled()) {
+                app.keys.get().principal(req.headers())?
+            } else if route == Endpoint::Meta && req.headers().contains_key(header::AUTHORIZATION) {
+                // A public `/meta` shows a key's own agents to a client that sends it (and, as
+                // before principals, the public view to one whose key is not valid).
+                app.keys.get().principal(req.headers()).unwrap_or(None)
             } else {
-                app.keys.owner(&req)?
+                None
             },
         };
+        crate::telemetry::note_principal(caller.owner());
         let (limit, key, kind) = body_limit(&app, &route);
         crate::http::body::check_declared_length(req.headers(), limit, key, kind)?;
         dispatch(&app, route, caller, req).await
@@ -76,10 +81,11 @@ async fn dispatch(
             &serde_json::json!({"status": "ok"}),
         )),
         Endpoint::Readyz => operator::readyz(app).await,
-        Endpoint::Status => operator::status(app).await,
+        Endpoint::Status => operator::status(app, &caller).await,
         Endpoint::Metrics => Ok(prometheus::response(&app.engine)),
-        Endpoint::Meta => Ok(aap::sessions::meta(app)),
-        Endpoint::Tools => Ok(operator::tools(app)),
+        Endpoint::Meta => Ok(aap::sessions::meta(app, &caller)),
+        Endpoint::Tools => Ok(operator::tools(app, &caller)),
+        Endpoint::Usage => usage_api::usage(app, &caller, &req).await,
         Endpoint::ListSessions => aap::sessions::list(app, &caller, &req).await,
         Endpoint::CreateSession => aap::sessions::create(app, &caller, req).await,
         Endpoint::GetSession(id) => aap::sessions::get(app, &caller, &id).await,
@@ -102,6 +108,9 @@ async fn dispatch(
         Endpoint::FileContent(id) => files_api::content(app, &caller, &id, &req).await,
         Endpoint::Console(asset) => console::asset(&asset, &req),
         Endpoint::ConsolePending => console::pending(app, &caller, &req).await,
-        Endpoint::Mcp(agent) => app.mcp.handle(agent.as_deref(), caller.owner, req).await,
+        Endpoint::Mcp(agent) => {
+            let caller = (caller.owned(), caller.scope());
+            app.mcp.handle(agent.as_deref(), caller, req).await
+        }
     }
 }

@@ -20,6 +20,8 @@ pub(crate) enum Endpoint {
     History(String),
     Turns(String),
     Tools,
+    /// `GET /usage`: principals' spend.
+    Usage,
     Messages(String),
     EventHistory(String),
     EventStream(String),
@@ -67,6 +69,7 @@ impl Endpoint {
             Endpoint::History(_) => "/sessions/{id}/history",
             Endpoint::Turns(_) => "/sessions/{id}/turns",
             Endpoint::Tools => "/tools",
+            Endpoint::Usage => "/usage",
             Endpoint::Messages(_) => "/sessions/{id}/messages",
             Endpoint::EventHistory(_) => "/sessions/{id}/events/history",
             Endpoint::EventStream(_) => "/sessions/{id}/events/stream",
@@ -150,6 +153,7 @@ fn top_level(m: &Method, segs: &[&str]) -> Found {
         ["metrics"] => get(m, Endpoint::Metrics),
         ["meta"] => get(m, Endpoint::Meta),
         ["tools"] => get(m, Endpoint::Tools),
+        ["usage"] => get(m, Endpoint::Usage),
         ["sessions"] => (
             match *m {
                 Method::GET => Some(Endpoint::ListSessions),

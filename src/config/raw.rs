@@ -19,6 +19,9 @@ pub(super) struct RawConfig {
     pub server: Option<Spanned<RawServer>>,
     #[serde(default)]
     pub upstream: Option<Spanned<RawUpstream>>,
+    /// `[upstreams.NAME]`, in file order (the default order of every agent's upstreams).
+    #[serde(default)]
+    pub upstreams: Option<IndexMap<String, Spanned<RawUpstream>>>,
     /// `[agents.NAME]`, in file order (the first is the default agent).
     #[serde(default)]
     pub agents: Option<IndexMap<String, Spanned<RawAgent>>>,
@@ -36,6 +39,9 @@ pub(super) struct RawConfig {
     #[serde(default)]
     pub mcp_endpoint: Option<Spanned<RawMcpEndpoint>>,
     pub store: Option<Spanned<RawStore>>,
+    /// `[keys.NAME]`, in file order.
+    #[serde(default)]
+    pub keys: Option<IndexMap<String, Spanned<RawKey>>>,
 }
 
 /// `[server]`
@@ -96,6 +102,28 @@ pub(super) struct RawUpstream {
     pub retries: Option<Spanned<i64>>,
     #[serde(default)]
     pub headers: Option<Spanned<IndexMap<String, String>>>,
+    #[serde(default)]
+    pub models: Option<Vec<Spanned<String>>>,
+    #[serde(default)]
+    pub max_in_flight: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub breaker_failures: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub breaker_open_s: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub price: Option<Spanned<RawPrice>>,
+}
+
+/// `[upstreams.X] price = { input, output, cached_input }`
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPrice {
+    #[serde(default)]
+    pub input: Option<Spanned<f64>>,
+    #[serde(default)]
+    pub output: Option<Spanned<f64>>,
+    #[serde(default)]
+    pub cached_input: Option<Spanned<f64>>,
 }
 
 /// `[agents.NAME]`
@@ -120,6 +148,8 @@ pub(super) struct RawAgent {
     pub thinking: Option<bool>,
     #[serde(default)]
     pub models: Option<Vec<Spanned<String>>>,
+    #[serde(default)]
+    pub upstreams: Option<Vec<Spanned<String>>>,
     #[serde(default)]
     pub client_system_prompt: Option<bool>,
     #[serde(default)]
@@ -269,6 +299,15 @@ pub(super) struct RawLimits {
     pub files_per_key: Option<Spanned<i64>>,
     #[serde(default)]
     pub tool_result_bytes: Option<Spanned<i64>>,
+    /// Budgets (`config/load/budgets.rs`); `rate_per_minute` is the contract's older name.
+    #[serde(default, alias = "rate_per_minute")]
+    pub requests_per_minute: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub tokens_per_day: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub tool_calls_per_day: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub usd_per_month: Option<Spanned<f64>>,
 }
 
 /// `[telemetry]`
@@ -305,4 +344,33 @@ pub(super) struct RawStore {
     pub url_env: Option<Spanned<String>>,
     #[serde(default)]
     pub lease_s: Option<Spanned<i64>>,
+}
+
+/// `[keys.NAME]`: a principal.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawKey {
+    #[serde(default)]
+    pub key_env: Option<Spanned<String>>,
+    #[serde(default)]
+    pub key_sha256: Option<Spanned<String>>,
+    #[serde(default)]
+    pub key_env_next: Option<Spanned<String>>,
+    #[serde(default)]
+    pub key_sha256_next: Option<Spanned<String>>,
+    #[serde(default)]
+    pub agents: Option<Vec<Spanned<String>>>,
+    #[serde(default)]
+    pub tools: Option<Vec<Spanned<String>>>,
+    #[serde(default)]
+    pub admin: Option<bool>,
+    /// Budgets (`config/load/budgets.rs`); `rate_per_minute` is the contract's older name.
+    #[serde(default, alias = "rate_per_minute")]
+    pub requests_per_minute: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub tokens_per_day: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub tool_calls_per_day: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub usd_per_month: Option<Spanned<f64>>,
 }

@@ -1,10 +1,13 @@
 //! The validated configuration: what every part of turnstile reads, each default applied.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::principals::{KeyConfig, Scope, KEY_OWNER_PREFIX};
+pub use super::upstreams::{Price, ProviderKind, UpstreamConfig};
 use super::Env;
 
 /// The whole validated configuration.
@@ -13,7 +16,9 @@ pub struct Config {
     /// The file it came from (for messages).
     pub path: PathBuf,
     pub server: ServerConfig,
-    pub upstream: UpstreamConfig,
+    /// `[upstreams.NAME]` in file order, or the lone `[upstream]` as one entry named
+    /// `default`; never empty (a file with neither gets the built-in echo provider).
+    pub upstreams: Vec<UpstreamConfig>,
     /// In file order; never empty (a file with no `[agents.*]` gets one `assistant` agent).
     /// The first is the default agent.
     pub agents: Vec<AgentConfig>,
@@ -29,6 +34,8 @@ pub struct Config {
     pub mcp_endpoint: McpEndpointConfig,
     /// `[store]`: where the event log lives.
     pub store: StoreConfig,
+    /// `[keys.NAME]`: the principals, in file order (see [`super::principals`]).
+    pub keys: Vec<KeyConfig>,
     /// The environment it was loaded with: the variables the file names (`api_keys_env`,
     /// `api_key_env`, `url_env`, `${VAR}` in headers) are read from it.
     pub env: Env,
@@ -155,34 +162,6 @@ pub struct ServerConfig {
     pub secret_key_env: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProviderKind {
-    OpenAi,
-    Anthropic,
-    Echo,
-}
-
-#[derive(Debug, Clone)]
-pub struct UpstreamConfig {
-    /// `Echo` when the file has no `[upstream]` table.
-    pub provider: ProviderKind,
-    /// Without a trailing slash. Defaults: openai `https://api.openai.com/v1`,
-    /// anthropic `https://api.anthropic.com/v1`, echo empty.
-    pub base_url: String,
-    /// The environment variable holding the upstream's key (read at start-up, never logged).
-    pub api_key_env: Option<String>,
-    /// Required for openai and anthropic; `echo` for echo.
-    pub model: String,
-    pub max_tokens: Option<u32>,
-    /// The whole upstream call. Default 600 s.
-    pub timeout: Duration,
-    /// Retries on connect errors, 429 and 5xx. Default 2.
-    pub retries: u32,
-    /// Extra headers on every upstream request, kept as written; `${VAR}` is expanded when
-    /// the provider is built.
-    pub headers: BTreeMap<String, String>,
-}
-
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
     /// The table's key: `[agents.NAME]`.
@@ -196,8 +175,8 @@ pub struct AgentConfig {
     pub system_prompt: String,
     /// Globs over federated tool names this agent may use. Default `["*"]`.
     pub tools: Vec<String>,
-    /// The compiled `tools` globs.
-    pub tool_globs: globset::GlobSet,
+    /// The compiled `tools` globs (narrowed by a principal's, see [`super::principals`]).
+    pub tool_globs: super::principals::ToolGlobs,
     /// Model calls per turn. Default 32, at least 1.
     pub max_steps: u32,
     /// Default 3600 s.
@@ -206,6 +185,9 @@ pub struct AgentConfig {
     pub thinking: bool,
     /// Offered to clients as the AAP select option `model`; empty means the option is not offered.
     pub models: Vec<String>,
+    /// The upstreams its model calls may go to, by name, in order (routing and fallback).
+    /// Default: every upstream, in file order.
+    pub upstreams: Vec<String>,
     /// Whether a run's `system_prompt` may replace this agent's. Default `true` (spec 002 allows it).
     pub client_system_prompt: bool,
     /// A pending permission is denied with reason "approval expired" after this. Default 3600 s.
@@ -408,6 +390,9 @@ pub struct LimitsConfig {
     /// A tool result larger than this reaches the model as its first part plus a note naming a
     /// workspace file holding the whole. Default 256 KiB.
     pub tool_result_bytes: usize,
+    /// `requests_per_minute`, `tokens_per_day`, `tool_calls_per_day`, `usd_per_month`: each
+    /// principal's, unless its `[keys.NAME]` table sets its own. Default: none.
+    pub budgets: crate::config::Budgets,
 }
 
 impl Default for LimitsConfig {
@@ -423,6 +408,7 @@ impl Default for LimitsConfig {
             disk_bytes_per_key: 10 * 1024 * 1024 * 1024,
             files_per_key: 100_000,
             tool_result_bytes: 256 * 1024,
+            budgets: Default::default(),
         }
     }
 }
@@ -436,5 +422,81 @@ impl Config {
     /// The default agent (the first in the file).
     pub fn default_agent(&self) -> &AgentConfig {
         &self.agents[0]
+    }
+
+    /// The upstream with this name.
+    pub fn upstream(&self, name: &str) -> Option<&UpstreamConfig> {
+        self.upstreams.iter().find(|u| u.name == name)
+    }
+
+    /// The model an agent's calls go to when the session picked none: its first upstream's.
+    pub fn default_model(&self, agent: &AgentConfig) -> &str {
+        agent
+            .upstreams
+            .first()
+            .and_then(|name| self.upstream(name))
+            .or(self.upstreams.first())
+            .map_or("echo", |u| u.model.as_str())
+    }
+
+    /// The `[keys.NAME]` principal whose owner id this is (`None` for a key of `api_keys_env`,
+    /// and without keys).
+    pub fn key_of(&self, owner: Option<&str>) -> Option<&KeyConfig> {
+        let name = owner?.strip_prefix(KEY_OWNER_PREFIX)?;
+        self.keys.iter().find(|k| k.name == name)
+    }
+
+    /// What the owner of this id may do (everything but admin when not a `[keys.NAME]` one).
+    /// A `key:NAME` owner whose table is gone from the file may do nothing: its sessions (an
+    /// admin may still act in them, a queued turn may still run) get no agent and no tool,
+    /// never the unnarrowed default.
+    pub fn scope_of(&self, owner: Option<&str>) -> Cow<'_, Scope> {
+        match self.key_of(owner) {
+            Some(k) => Cow::Borrowed(&k.scope),
+            None if owner.is_some_and(|o| o.starts_with(KEY_OWNER_PREFIX)) => {
+                Cow::Owned(Scope::nothing())
+            }
+            None => Cow::Owned(Scope::default()),
+        }
+    }
+
+    /// The budgets and rate limit of the owner of this id: its `[keys.NAME]` table's, each
+    /// unset one `[limits]`'s (a key of `api_keys_env` and a keyless server have `[limits]`'s).
+    pub fn budgets_of(&self, owner: Option<&str>) -> crate::config::Budgets {
+        match self.key_of(owner) {
+            Some(k) => k.budgets.or(self.limits.budgets),
+            None => self.limits.budgets,
+        }
+    }
+
+    /// Agent `name` as the owner of this id sees it (its tools narrowed); `None` when there is
+    /// no such agent or it may not use it.
+    pub fn agent_as(&self, owner: Option<&str>, name: &str) -> Option<Cow<'_, AgentConfig>> {
+        let agent = self.agent(name)?;
+        let scope = self.scope_of(owner);
+        scope.may_use(name).then(|| agent.narrowed(&scope))
+    }
+
+    /// The agents the owner of this id may use, in file order; the first is its default.
+    pub fn agents_of(&self, owner: Option<&str>) -> Vec<&AgentConfig> {
+        let scope = self.scope_of(owner);
+        self.agents
+            .iter()
+            .filter(|a| scope.may_use(&a.name))
+            .collect()
+    }
+}
+
+impl AgentConfig {
+    /// This agent as a principal of `scope` sees it: its tools narrowed by the scope's `tools`.
+    pub fn narrowed(&self, scope: &Scope) -> Cow<'_, AgentConfig> {
+        match &scope.tools {
+            None => Cow::Borrowed(self),
+            Some(within) => {
+                let mut narrowed = self.clone();
+                narrowed.tool_globs = self.tool_globs.within(within.clone());
+                Cow::Owned(narrowed)
+            }
+        }
     }
 }

@@ -46,7 +46,7 @@ pub fn expired_result() -> String {
 /// The agent's `approval_ttl_s` (the default when the agent is gone).
 fn ttl(inner: &Inner, record: &SessionRecord) -> Duration {
     inner
-        .config
+        .config()
         .agent(&record.agent)
         .map_or(Duration::from_secs(3600), |a| a.approval_ttl)
 }
@@ -132,8 +132,47 @@ fn write_record(session: &Session, st: &mut State, store: &Store) {
 
 /// Apply expiry to a session (lazily, on every request that takes it, and from its timer):
 /// see the module's doc. Arms the timer for the next deadline.
-pub(crate) fn settle(inner: &Arc<Inner>, session: &Arc<Session>) {
-    settle_at(inner, session, clock::now_ms());
+///
+/// On a shared store only the holder of the session's lease writes its log: calls to settle
+/// there take the lease first (when no other instance holds it; one that does settles them
+/// itself, and its MCP calls waiting on questions are alive there, whatever the log says).
+pub(crate) async fn settle(inner: &Arc<Inner>, session: &Arc<Session>) {
+    settle_as_of(inner, session, clock::now_ms).await;
+}
+
+/// [`settle`] as if it were `now_ms()`.
+pub(crate) async fn settle_as_of(
+    inner: &Arc<Inner>,
+    session: &Arc<Session>,
+    now_ms: impl Fn() -> i64,
+) {
+    settle_at(inner, session, now_ms());
+    if !settles_with_lease(inner, session) {
+        return;
+    }
+    let Ok(claim) = super::scaleout::claim(inner, session).await else {
+        return;
+    };
+    // (Read back with the lease: stamped again.)
+    settle_at(inner, session, now_ms());
+    drop(claim);
+    super::scaleout::release_when_idle(inner, session).await;
+}
+
+/// Whether this instance may write the session's log now: the embedded store, or it holds the
+/// session's lease.
+fn may_write(inner: &Inner, session: &Session) -> bool {
+    inner.store.instance().is_none() || inner.store.lease_mark(&session.id).is_some()
+}
+
+/// Whether the session has calls to settle that only the lease's holder may write.
+fn settles_with_lease(inner: &Inner, session: &Session) -> bool {
+    if may_write(inner, session) {
+        return false;
+    }
+    let st = session.lock();
+    let pending = st.pending();
+    !pending.is_empty() && pending.iter().all(|p| p.expired) && st.turns().running().is_none()
 }
 
 /// [`settle`] as if it were `now_ms`.
@@ -170,6 +209,10 @@ pub(crate) fn settle_locked(
     if !all_expired || st.turns().running().is_some() || open_in_log {
         st.wait_on_calls(calls);
         return next;
+    }
+    if !may_write(inner, session) {
+        st.wait_on_calls(calls);
+        return None;
     }
     let turn_id = ids::new("turn");
     let blocks: Vec<Value> = calls.iter().map(expired_block).collect();
@@ -258,7 +301,7 @@ fn arm(inner: &Arc<Inner>, session: &Arc<Session>, due: i64) {
             return;
         };
         session.lock().timer_fired();
-        settle(&inner, &session);
+        settle(&inner, &session).await;
     });
     st.arm_timer(due, task.abort_handle());
 }

@@ -232,6 +232,20 @@ pub(crate) fn unresumable(pending: &mut [Pending]) {
     }
 }
 
+/// The calls a turn stopped on, read from the log by an instance other than the one whose MCP
+/// calls wait on questions (it holds the session's lease), as that one has them: the questions
+/// still asked, and the MCP calls that asked them running, not waiting on an answer (undoes
+/// [`unresumable`]).
+pub(crate) fn still_asked(pending: &mut Vec<Pending>) {
+    pending.retain(|p| p.ended.as_deref() != Some("Cancelled."));
+    for p in pending.iter_mut() {
+        if p.ended.as_deref() == Some(RESTARTED) {
+            p.expired = false;
+            p.ended = None;
+        }
+    }
+}
+
 /// What the model is sent: the elicitation calls (`tool`) and their results left out; they
 /// were a channel to the person, not the model's calls.
 pub(crate) fn hide(messages: &mut Vec<Message>, tool: &str) {

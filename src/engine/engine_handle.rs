@@ -13,13 +13,18 @@ use super::session_tools;
 use super::types::EngineError;
 use crate::config::{AgentConfig, Config};
 use crate::log::{InboxRow, Store};
+use crate::sync::Swap;
 use crate::tools::{ServerTool, ToolHost};
-use crate::upstream::Provider;
+use crate::upstream::router::Router;
 
 pub(crate) struct Inner {
-    pub(crate) config: Arc<Config>,
+    /// The configuration now; a reload replaces it whole (see [`Inner::config`]).
+    pub(crate) config: Arc<Swap<Config>>,
     pub(crate) store: Store,
-    pub(crate) provider: Arc<dyn Provider>,
+    /// The upstreams every model call goes through, rebuilt by a reload.
+    pub(crate) router: Swap<Router>,
+    /// What the last reload came to (`GET /status`).
+    pub(crate) reloaded: Mutex<Option<crate::engine::ReloadReport>>,
     pub(crate) tools: Arc<dyn ToolHost>,
     pub(crate) files: Option<crate::files::FileStore>,
     pub(crate) sessions: Mutex<HashMap<String, Arc<Session>>>,
@@ -36,15 +41,38 @@ pub(crate) struct Inner {
     /// Sessions per owner (`[limits] sessions_per_key`): counted from the store on an owner's
     /// first create, then kept here as sessions are made and deleted.
     pub(crate) owned: Mutex<HashMap<Option<String>, usize>>,
+    /// Each principal's spend against its budgets and rate limit (`crate::usage`).
+    pub(crate) ledger: crate::usage::Ledger,
     /// Applies the requests another instance sent to this one (`engine/command/relayed.rs`),
     /// for the inbox's taker (`engine/scaleout/relay.rs`), which the commands sit above.
     pub(crate) apply_relayed: ApplyRelayed,
 }
 
-/// Applies rows taken from a session's inbox; the rows that must wait (put back).
-pub(crate) type ApplyRelayed = fn(&Engine, &Arc<Session>, Vec<InboxRow>) -> Vec<InboxRow>;
+/// Applies rows taken from a session's inbox.
+pub(crate) type ApplyRelayed = fn(&Engine, &Arc<Session>, Vec<InboxRow>) -> Applied;
+
+/// What applying rows of the inbox came to.
+#[derive(Debug, Default)]
+pub(crate) struct Applied {
+    /// The rows that must wait (put back).
+    pub(crate) back: Vec<InboxRow>,
+    /// Replies to the requests whose senders wait for them (a cancel, an interrupt, a plan
+    /// decision), by row seq: JSON, `{"stopped": [turn ids]}` or `{"error": "…"}` or `{}`.
+    pub(crate) replies: Vec<(i64, String)>,
+}
 
 impl Inner {
+    /// The configuration now. A turn, a request or a task takes it once and keeps that
+    /// snapshot to its end, so that a reload never changes the rules under it midway.
+    pub(crate) fn config(&self) -> Arc<Config> {
+        self.config.get()
+    }
+
+    /// The upstreams now (a snapshot, as [`Inner::config`]).
+    pub(crate) fn router(&self) -> Arc<Router> {
+        self.router.get()
+    }
+
     /// How long an event may wait to be committed while its turn waits on a model or tool call
     /// (see [`turn::SYNC_AFTER`]).
     pub(crate) fn sync_after(&self) -> std::time::Duration {
@@ -72,8 +100,35 @@ pub struct Engine {
 }
 
 impl Engine {
-    pub fn config(&self) -> &Arc<Config> {
-        &self.inner.config
+    /// The configuration now (a reload replaces it; a caller keeps the snapshot it took).
+    pub fn config(&self) -> Arc<Config> {
+        self.inner.config()
+    }
+
+    /// The cell that holds the configuration, for the parts outside the engine that read it
+    /// per request (`/mcp`).
+    pub(crate) fn config_cell(&self) -> Arc<Swap<Config>> {
+        self.inner.config.clone()
+    }
+
+    /// Put a reloaded configuration and the router built from it in place: first the tool
+    /// host's servers and policy (new servers are started, so that the new agents find their
+    /// tools), then the config and the upstreams. From then on new turns and requests see them;
+    /// running turns keep the snapshot they took.
+    pub async fn reconfigure(&self, config: Arc<Config>, router: Arc<Router>) {
+        self.inner.tools.reconfigure(config.clone()).await;
+        self.inner.router.set(router);
+        self.inner.config.set(config);
+    }
+
+    /// Record what a reload came to (shown by `GET /status`).
+    pub fn set_reload_report(&self, report: crate::engine::ReloadReport) {
+        *crate::sync::lock(&self.inner.reloaded) = Some(report);
+    }
+
+    /// What the last reload came to, if there was one.
+    pub fn reload_report(&self) -> Option<crate::engine::ReloadReport> {
+        crate::sync::lock(&self.inner.reloaded).clone()
     }
 
     pub fn store(&self) -> &Store {
@@ -100,9 +155,14 @@ impl Engine {
         self.inner.tools.servers()
     }
 
+    /// Every upstream's state: breaker, calls in flight (`/status`).
+    pub fn upstreams(&self) -> Vec<crate::upstream::router::UpstreamStatus> {
+        self.inner.router().status()
+    }
+
     /// A session's workspace folder: `sandboxes/<session id>/`.
     pub fn workspace(&self, session_id: &str) -> std::path::PathBuf {
-        self.inner.config.server.sandboxes.join(session_id)
+        self.inner.config().server.sandboxes.join(session_id)
     }
 
     /// Moves whenever the tool host's tool set changes.

@@ -52,6 +52,7 @@ pub mod history;
 pub mod log_follower;
 pub mod oversize;
 mod registry;
+mod reload_report;
 mod replay;
 mod run_by_watcher;
 mod scaleout;
@@ -76,19 +77,20 @@ use tokio_util::task::TaskTracker;
 use crate::clock;
 use crate::config::Config;
 use crate::log::{FailReason, Store};
-use crate::sync::lock;
+use crate::sync::{lock, Swap};
 use crate::tools::ToolHost;
-use crate::upstream::Provider;
+use crate::upstream::router::Router;
 use engine_handle::Inner;
 
 pub use engine_handle::Engine;
+pub use reload_report::ReloadReport;
 pub use session::Session;
 pub use session_record::{Pending, PendingKind, PlanDecision, SessionRecord, ToolGrant};
 pub use turn_handle::TurnHandle;
 pub use turn_job::StopCause;
 pub use types::{
     AgentChoice, Client, ClientResult, Delivery, DeltaKind, EngineError, Feed, NewSession,
-    Permission, Runner, SessionUpdate, SessionView, ShownText, Status, TurnInput, TurnOrder,
+    Permission, Reach, Runner, SessionUpdate, SessionView, ShownText, Status, TurnInput, TurnOrder,
     WhenBusy,
 };
 
@@ -97,15 +99,16 @@ impl Engine {
     pub async fn open(
         config: Arc<Config>,
         store: Store,
-        provider: Arc<dyn Provider>,
+        router: Arc<Router>,
         tools: Arc<dyn ToolHost>,
         files: Option<crate::files::FileStore>,
     ) -> Result<Engine, EngineError> {
         let engine = Engine {
             inner: Arc::new(Inner {
-                config,
-                store,
-                provider,
+                config: Arc::new(Swap::new(config)),
+                store: store.clone(),
+                router: Swap::new(router),
+                reloaded: Mutex::new(None),
                 tools,
                 files,
                 sessions: Mutex::new(HashMap::new()),
@@ -116,6 +119,7 @@ impl Engine {
                 sweeper: Default::default(),
                 running_turns: Default::default(),
                 owned: Default::default(),
+                ledger: crate::usage::Ledger::new(store.clone()),
                 apply_relayed: command::relayed::apply,
             }),
         };
@@ -158,7 +162,11 @@ impl Engine {
                 }
                 continue;
             };
-            let left = (self.inner.apply_relayed)(self, &session, rows);
+            let applied = (self.inner.apply_relayed)(self, &session, rows);
+            if let Err(e) = store.notify_applied(applied.replies).await {
+                tracing::warn!(session = %id, error = %e, "could not reply to relayed requests");
+            }
+            let left = applied.back;
             tracing::info!(session = %id, turns = n - left.len(), "carrying out turns accepted before the restart");
             if !left.is_empty() {
                 tracing::warn!(session = %id, turns = left.len(), "turns accepted before the restart wait for the next start: the server runs all the turns it may");
@@ -171,9 +179,10 @@ impl Engine {
     /// Testing: apply approval expiry to a session as if `ahead` had passed (see
     /// `engine/approvals.rs`), so tests need not wait out `approval_ttl_s`.
     #[doc(hidden)]
-    pub fn expire_approvals_ahead(&self, session: &Arc<Session>, ahead: Duration) {
+    pub async fn expire_approvals_ahead(&self, session: &Arc<Session>, ahead: Duration) {
         let ahead = ahead.as_millis().min(i64::MAX as u128) as i64;
-        approvals::settle_at(&self.inner, session, clock::now_ms().saturating_add(ahead));
+        let now = || clock::now_ms().saturating_add(ahead);
+        approvals::settle_as_of(&self.inner, session, now).await;
     }
 
     /// Start no turn from now on (requests that would are answered `shutting_down`).
@@ -188,7 +197,7 @@ impl Engine {
     /// `worker_shutdown`, wait for them (at most `grace`), and make everything durable.
     pub async fn shutdown(&self, grace: Duration) {
         self.stop_accepting();
-        let drain = self.inner.config.server.drain;
+        let drain = self.inner.config().server.drain;
         if !drain.is_zero() {
             self.inner.tracker.close();
             if tokio::time::timeout(drain, self.inner.tracker.wait())

@@ -10,9 +10,9 @@ use super::approvals;
 use super::engine_handle::Engine;
 use super::session::Session;
 use super::session_record::{Pending, PendingKind, SessionRecord, ToolGrant};
-use super::types::{EngineError, SessionView, Status};
+use super::types::{EngineError, Reach, SessionView, Status};
 use crate::ids;
-use crate::log::StoreError;
+use crate::log::{Owners, StoreError};
 use crate::message::ToolSpec;
 use crate::sync::lock;
 
@@ -34,7 +34,7 @@ impl Engine {
             // read before that create stored its session).
             lock(&self.inner.owned).entry(owner.clone()).or_insert(n);
         }
-        let limit = self.inner.config.limits.sessions_per_key;
+        let limit = self.inner.config().limits.sessions_per_key;
         let mut owned = lock(&self.inner.owned);
         let n = owned.entry(owner.clone()).or_insert(0);
         if *n >= limit {
@@ -90,7 +90,7 @@ impl Engine {
             .share_deltas(self.inner.store.delta_tap(&session.id));
         let mut map = lock(&self.inner.sessions);
         let kept = self.taken(map.entry(id.to_string()).or_insert(session));
-        let bound = self.inner.config.server.session_cache;
+        let bound = self.inner.config().server.session_cache;
         if map.len() > bound {
             let committed = self.inner.store.committed();
             let mut idle: Vec<(u64, String)> = map
@@ -121,12 +121,8 @@ impl Engine {
         lock(&self.inner.sessions).get(id).map(|s| self.taken(s))
     }
 
-    /// A session this owner may see.
-    pub async fn session(
-        &self,
-        owner: Option<&str>,
-        id: &str,
-    ) -> Result<Arc<Session>, EngineError> {
+    /// A session within `reach`.
+    pub async fn session(&self, reach: Reach<'_>, id: &str) -> Result<Arc<Session>, EngineError> {
         let not_found = || EngineError::NotFound {
             what: "session",
             id: id.to_string(),
@@ -135,16 +131,50 @@ impl Engine {
             return Err(not_found());
         }
         match self.load(id).await? {
-            Some(s) if s.owner.as_deref() == owner && !s.lock().is_deleted() => {
+            Some(s) if reach.includes(s.owner.as_deref()) && !s.lock().is_deleted() => {
                 // Expired permissions are applied by every request that takes the session.
-                approvals::settle(&self.inner, &s);
+                approvals::settle(&self.inner, &s).await;
                 Ok(s)
             }
             _ => Err(not_found()),
         }
     }
 
-    /// A page of this owner's sessions in creation order, and the cursor of the next page.
+    /// [`Engine::session`] as the log holds it now, for a request that reads it (its view, its
+    /// history). On a shared store, an instance that does not hold the session's lease may not
+    /// have heard yet what another instance committed (or deleted) a moment ago: two point
+    /// reads at once (the session's row, the log past its end here), and the session read back
+    /// if the log has moved on, so that a client reads its own writes whichever instance it
+    /// reaches.
+    pub async fn session_now(
+        &self,
+        reach: Reach<'_>,
+        id: &str,
+    ) -> Result<Arc<Session>, EngineError> {
+        let session = self.session(reach, id).await?;
+        let store = &self.inner.store;
+        if store.instance().is_none() || store.lease_mark(&session.id).is_some() {
+            return Ok(session);
+        }
+        let seen = session.lock().next_seq();
+        let (row, newer) = tokio::join!(
+            store.session(&session.id),
+            store.events(&session.id, seen, 1)
+        );
+        // (Deleted there: the read back marks it deleted here.)
+        if row?.is_none() || !newer?.is_empty() {
+            let _ = super::scaleout::read_back(&self.inner, &session, |_| ()).await;
+        }
+        if session.lock().is_deleted() {
+            return Err(EngineError::NotFound {
+                what: "session",
+                id: id.to_string(),
+            });
+        }
+        Ok(session)
+    }
+
+    /// A page of the sessions within `reach` in creation order, and the cursor of the next page.
     ///
     /// Read from the sessions table, never from a session's log: a session in memory shows its
     /// live status; one that is not is at rest (idle, or awaiting the client when its last
@@ -152,14 +182,17 @@ impl Engine {
     /// records (the listing does not show them), and nothing is loaded into memory.
     pub async fn list_sessions(
         &self,
-        owner: Option<&str>,
+        reach: Reach<'_>,
         after: Option<&str>,
     ) -> Result<(Vec<SessionView>, Option<String>), EngineError> {
         let rows = self
             .inner
             .store
             .list_sessions(
-                owner.map(String::from),
+                match reach {
+                    Reach::Owner(owner) => Owners::One(owner.map(String::from)),
+                    Reach::Every => Owners::Every,
+                },
                 after.map(String::from),
                 PAGE_SIZE + 1,
             )
@@ -183,6 +216,7 @@ impl Engine {
             at_rest.push((out.len(), row.id.clone()));
             out.push(SessionView {
                 id: row.id,
+                owner: row.owner,
                 created_at: row.created_at,
                 record: SessionRecord {
                     agent: record.agent,
@@ -221,6 +255,25 @@ impl Engine {
         view(session)
     }
 
+    /// [`Engine::view`], with the turns queued for it on another instance (a shared store
+    /// whose lease another holds: its queue is in the inbox, not here).
+    pub async fn view_now(&self, session: &Session) -> SessionView {
+        let mut v = view(session);
+        let store = &self.inner.store;
+        if v.queued.is_empty()
+            && store.instance().is_some()
+            && store.lease_mark(&session.id).is_none()
+        {
+            match store.queued_turns(&session.id).await {
+                Ok(queued) => v.queued = queued,
+                Err(e) => {
+                    tracing::warn!(session = %session.id, error = %e, "could not read the turns queued elsewhere")
+                }
+            }
+        }
+        v
+    }
+
     /// For `GET /metrics`: the sessions in memory, and the tool calls among them that wait for
     /// a client's permission.
     pub fn gauges(&self) -> (usize, usize) {
@@ -245,7 +298,7 @@ impl Engine {
         let sessions: Vec<Arc<Session>> = lock(&self.inner.sessions).values().cloned().collect();
         let mut by_agent: std::collections::BTreeMap<String, usize> = self
             .inner
-            .config
+            .config()
             .agents
             .iter()
             .map(|a| (a.name.clone(), 0))
@@ -283,7 +336,11 @@ pub(crate) fn view(session: &Session) -> SessionView {
 /// A consistent view of a session; its record's seed only `with_seed`.
 fn view_parts(session: &Session, with_seed: bool) -> SessionView {
     let st = session.lock();
-    let running_turn = st.turns().running().map(|r| r.turn_id.clone());
+    // A turn the log has open that does not run here runs on another instance (shared store).
+    let running_turn = st.turns().running().map(|r| r.turn_id.clone()).or_else(|| {
+        let last = st.out().tail.last()?;
+        (!last.body.is_terminal()).then(|| last.turn_id.clone())
+    });
     let status = if st.plan().is_some() {
         Status::PlanPendingApproval
     } else if running_turn.is_some() {
@@ -295,6 +352,7 @@ fn view_parts(session: &Session, with_seed: bool) -> SessionView {
     };
     SessionView {
         id: session.id.to_string(),
+        owner: session.owner.clone(),
         created_at: session.created_at.clone(),
         record: if with_seed {
             st.record().as_ref().clone()

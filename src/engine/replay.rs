@@ -16,6 +16,50 @@ pub(crate) struct PlanWait {
     pub(crate) plan: String,
 }
 
+/// The calls of an earlier turn that `turn_id`'s `user.message` answers (a permission, a client
+/// tool's result) with no `agent.tool_result` of `turn_id` for them yet: a turn cut off before
+/// it wrote them must still answer them, or the history holds calls without their answers.
+pub(crate) fn carried_calls(events: &[Arc<Event>], turn_id: &str) -> Vec<String> {
+    let mut carried: Vec<String> = Vec::new();
+    for ev in events.iter().filter(|e| e.turn_id == turn_id) {
+        match &ev.body {
+            EventBody::UserMessage { content, .. } => {
+                let blocks = content.as_array().into_iter().flatten();
+                carried.extend(
+                    blocks
+                        .filter(|b| {
+                            matches!(b["type"].as_str(), Some("tool_permission" | "tool_result"))
+                        })
+                        .filter_map(|b| b["tool_use_id"].as_str().map(str::to_string)),
+                );
+            }
+            EventBody::ToolResult { tool_use_id, .. } => carried.retain(|i| i != tool_use_id),
+            _ => {}
+        }
+    }
+    carried
+}
+
+/// The tool calls of a history that have no result (in the order they were made): those of a
+/// turn cut off, and those of the turn before that a new message went on past.
+pub(crate) fn unanswered_calls(history: &[crate::message::Message]) -> Vec<String> {
+    use crate::message::{Block, Content, Message};
+    let mut calls: Vec<String> = Vec::new();
+    for m in history {
+        match m {
+            Message::Assistant {
+                content: Content::Blocks(blocks),
+            } => calls.extend(blocks.iter().filter_map(|b| match b {
+                Block::ToolUse { tool_call_id, .. } => Some(tool_call_id.clone()),
+                _ => None,
+            })),
+            Message::Tool { tool_call_id, .. } => calls.retain(|c| c != tool_call_id),
+            _ => {}
+        }
+    }
+    calls
+}
+
 /// The tool uses of `turn_id` among `events` that have no result.
 pub(crate) fn open_calls(events: &[Arc<Event>], turn_id: &str) -> Vec<String> {
     let mut open = Vec::new();

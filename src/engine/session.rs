@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::broadcast;
 
-use super::replay::{open_calls, LogCopy, Logged};
+use super::replay::{carried_calls, open_calls, unanswered_calls, LogCopy, Logged};
 use super::session_record::{Pending, SessionRecord};
 use super::session_state::State;
 use super::types::{DeltaKind, Feed};
@@ -29,6 +29,8 @@ pub struct Session {
     /// Open event and run streams (`[limits] subscribers_per_session`).
     pub(crate) streams: std::sync::atomic::AtomicUsize,
     state: Mutex<State>,
+    /// Told when a turn has ended here (its terminal event published, the next turn begun).
+    turn_over: tokio::sync::Notify,
     /// What protocol adapters keep per session, one value per type (see [`Session::extension`]).
     extensions: Mutex<Vec<Arc<dyn std::any::Any + Send + Sync>>>,
 }
@@ -50,8 +52,27 @@ impl Session {
             used: Default::default(),
             extensions: Default::default(),
             streams: Default::default(),
+            turn_over: Default::default(),
             state: Mutex::new(State::new(record, logged)),
         }
+    }
+
+    /// Wait (at most `within`) for the running turn to be over when its terminal event is
+    /// written already. On a shared store the other instances see that event once it is
+    /// committed, before this one has handed the session over: a client there that saw the
+    /// turn end may send its next turn here in that gap, and must not be told `session_busy`.
+    pub(crate) async fn until_ending_turn_over(&self, within: std::time::Duration) {
+        let over = self.turn_over.notified();
+        tokio::pin!(over);
+        over.as_mut().enable();
+        if self.lock().turn_ending() {
+            let _ = tokio::time::timeout(within, over).await;
+        }
+    }
+
+    /// The running turn is over (see [`Session::until_ending_turn_over`]).
+    pub(crate) fn turn_over(&self) {
+        self.turn_over.notify_waiters();
     }
 
     /// Whether a commit of the session's events failed ([`State::lost_writes`]): then
@@ -137,8 +158,9 @@ impl Session {
     }
 
     /// If the session's last turn is open in the log (cut off by a crash, or its closing could
-    /// not be written), append what closes it: its open calls cancelled, then `turn.failed` for
-    /// this reason, saying `why`. The turn closed, if one was open.
+    /// not be written), append what closes it: its open calls, and the earlier turn's calls it
+    /// was answering, cancelled, then `turn.failed` for this reason, saying `why`. The turn
+    /// closed, if one was open.
     pub(crate) fn close_open_locked(
         &self,
         st: &mut State,
@@ -148,7 +170,16 @@ impl Session {
     ) -> Option<String> {
         let last = st.out().tail.last().filter(|e| !e.body.is_terminal())?;
         let turn_id = last.turn_id.clone();
-        for call in open_calls(&st.out().tail, &turn_id) {
+        let mut calls = carried_calls(&st.out().tail, &turn_id);
+        calls.extend(open_calls(&st.out().tail, &turn_id));
+        // A new message that went on past the calls the turn before stopped on answers them
+        // first ("not answered"): cut off before it wrote that, they are still open.
+        for call in unanswered_calls(&st.history().messages()) {
+            if !calls.contains(&call) {
+                calls.push(call);
+            }
+        }
+        for call in calls {
             let result = EventBody::ToolResult {
                 tool_use_id: call,
                 content: "Cancelled.".into(),

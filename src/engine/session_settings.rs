@@ -6,6 +6,8 @@ use super::session::Session;
 use super::session_record::SessionRecord;
 use super::session_tools;
 use super::types::{EngineError, SessionUpdate};
+use std::borrow::Cow;
+
 use crate::config::{AgentConfig, Config};
 use crate::log::SessionRow;
 
@@ -20,6 +22,48 @@ impl Engine {
         });
         let mut st = session.lock();
         st.record_stored(ticket);
+    }
+
+    /// Agent `name` of a session of `session`'s owner, as its principal sees it (its tools
+    /// narrowed by `[keys.NAME] tools`): `forbidden` when the principal may not use it (its
+    /// `agents` no longer name it), a conflict when it is no longer configured.
+    pub(crate) fn agent_of<'a>(
+        &'a self,
+        session: &Session,
+        name: &str,
+    ) -> Result<Cow<'a, AgentConfig>, EngineError> {
+        self.agent_for(session.owner.as_deref(), name)
+            .map_err(|e| match e {
+                EngineError::Invalid(_) => EngineError::Conflict(format!(
+                    "the session's agent {name:?} is no longer configured"
+                )),
+                e => e,
+            })
+    }
+
+    /// Agent `name` for a principal of this owner id: `forbidden` when it may not use it, an
+    /// invalid request when there is no such agent.
+    pub(crate) fn agent_for<'a>(
+        &'a self,
+        owner: Option<&str>,
+        name: &str,
+    ) -> Result<Cow<'a, AgentConfig>, EngineError> {
+        let config = self.inner.config();
+        let config = &*config;
+        if config.agent(name).is_none() {
+            return Err(EngineError::Invalid(format!(
+                "unknown agent {name:?}; GET /meta lists the agents: {}",
+                agent_names(config, owner)
+            )));
+        }
+        // Owned: the config is a snapshot that a reload may replace.
+        let agent = config.agent_as(owner, name).ok_or_else(|| {
+            EngineError::Forbidden(format!(
+                "this key may not use agent {name:?} ([keys] agents in tools.toml); GET /meta lists the agents it may use: {}",
+                agent_names(config, owner)
+            ))
+        })?;
+        Ok(Cow::Owned(agent.into_owned()))
     }
 
     /// Validate overrides against the agent and apply them to a record.
@@ -99,9 +143,10 @@ pub(crate) fn is_empty_update(u: &SessionUpdate) -> bool {
     u.tools.is_none() && u.options.is_none() && u.client_tools.is_none()
 }
 
-pub(crate) fn agent_names(config: &Config) -> String {
+/// The agents a principal of this owner id may use, for messages.
+pub(crate) fn agent_names(config: &Config, owner: Option<&str>) -> String {
     config
-        .agents
+        .agents_of(owner)
         .iter()
         .map(|a| a.name.as_str())
         .collect::<Vec<_>>()

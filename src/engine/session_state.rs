@@ -223,6 +223,18 @@ impl State {
         &self.turns
     }
 
+    /// Whether the running turn's terminal event is written (waiting for its commit, or for
+    /// the turn to hand the session over).
+    pub(crate) fn turn_ending(&self) -> bool {
+        let Some(running) = self.turns.running() else {
+            return false;
+        };
+        self.out
+            .held
+            .last()
+            .is_some_and(|(_, e)| e.body.is_terminal() && *e.turn_id == *running.turn_id)
+    }
+
     /// A turn admitted (see [`TurnQueue::push`]): returned when it runs now, else it waits
     /// behind the running one.
     pub(crate) fn queue_turn(&mut self, job: Job) -> Option<Job> {

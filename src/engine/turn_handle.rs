@@ -39,6 +39,9 @@ pub struct TurnHandle {
     accept: Accept,
     /// What [`TurnHandle::accepted`] read of the turn, for [`TurnHandle::recv`] to return first.
     peeked: Option<Feed>,
+    /// A turn another instance starts (see [`TurnHandle::followed`]): by when its first event
+    /// must be in the log, else the handle ends.
+    first_by: Option<tokio::time::Instant>,
 }
 
 /// When a started turn is accepted durably.
@@ -89,7 +92,39 @@ impl TurnHandle {
             running,
             accept: Accept::FirstEvent,
             peeked: None,
+            first_by: None,
         }
+    }
+
+    /// A turn another instance runs (it was sent the order through the store's inbox, see
+    /// `command/answer_relay.rs`): its events read from the log, `follow`ed from before it.
+    /// Accepted already (the inbox row is committed); its text comes whole with each stored
+    /// message (no streamed fragments reach this instance).
+    pub(crate) fn followed(
+        (turn_id, after_seq): (String, u64),
+        engine: &Engine,
+        session: &Arc<Session>,
+        follow: Follow,
+    ) -> TurnHandle {
+        let (sink, feed, overflow) = super::delivery::channel::channel();
+        drop(sink);
+        overflow.lose_fragments();
+        let mut handle = TurnHandle::new(
+            (turn_id, after_seq),
+            engine.clone(),
+            session.clone(),
+            (feed, overflow, None, None),
+        )
+        .accepted_when(Accept::Ticket(0));
+        handle.follow = Some(Box::new(follow));
+        handle
+    }
+
+    /// End the handle (no terminal event) when the turn has not begun within `wait`: the
+    /// instance it was sent to did not start it.
+    pub(crate) fn first_event_within(mut self, wait: std::time::Duration) -> TurnHandle {
+        self.first_by = Some(tokio::time::Instant::now() + wait);
+        self
     }
 
     /// This turn is accepted as `accept` says.
@@ -145,8 +180,18 @@ impl TurnHandle {
                 return None;
             }
             if let Some(follow) = self.follow.as_mut() {
-                match follow.next().await {
+                let next = match self.first_by {
+                    None => follow.next().await,
+                    Some(by) => tokio::time::timeout_at(by, follow.next())
+                        .await
+                        .unwrap_or_else(|_| {
+                            tracing::warn!(turn = %self.turn_id, "the instance holding the session did not start the turn it was sent; its client's stream ends");
+                            None
+                        }),
+                };
+                match next {
                     Some(Feed::Event(ev)) if *ev.turn_id == *self.turn_id => {
+                        self.first_by = None;
                         self.done = ev.body.is_terminal();
                         return Some(Feed::Event(ev));
                     }

@@ -44,6 +44,12 @@ impl TurnQueue {
         self.running.is_none() && self.queued.is_empty()
     }
 
+    /// Whether the turn `turn_id` runs or waits here (a cancelled one waiting to be logged too).
+    pub(crate) fn holds(&self, turn_id: &str) -> bool {
+        self.running.as_ref().is_some_and(|r| r.turn_id == turn_id)
+            || self.queued.iter().any(|q| q.control.turn_id == turn_id)
+    }
+
     /// The turns still waiting behind the running one (a cancelled one waits only to be
     /// logged).
     pub(crate) fn live(&self) -> Vec<String> {

@@ -27,6 +27,9 @@ pub enum EngineError {
     /// The request is malformed or names things that do not exist.
     #[error("{0}")]
     Invalid(String),
+    /// The caller's principal may not do this (`[keys.NAME]`: an agent it may not use).
+    #[error("{0}")]
+    Forbidden(String),
     #[error("the server is shutting down; retry against another instance or after restart")]
     ShuttingDown,
     /// A quota of `[limits]` is reached: 429 (what the caller holds: its sessions, its
@@ -41,6 +44,10 @@ pub enum EngineError {
         /// Seconds for `Retry-After`.
         retry_after: u64,
     },
+    /// The principal's rate limit or a budget of its refuses a new turn (429, `rate_limited`
+    /// or `budget_exceeded`, with `Retry-After`); boxed, as it is rare.
+    #[error("{0}")]
+    Refused(Box<crate::usage::Refusal>),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -64,7 +71,7 @@ pub struct AgentChoice {
 }
 
 /// Session-level overrides sent with a turn (AAP: persisted for the session's lifetime).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct SessionUpdate {
     pub tools: Option<Vec<ToolGrant>>,
     /// Merged by key.
@@ -210,7 +217,7 @@ pub enum TurnInput {
 }
 
 /// A client tool's result.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct ClientResult {
     pub call_id: String,
     /// A string or content blocks.
@@ -219,7 +226,7 @@ pub struct ClientResult {
 }
 
 /// The client's decision on a server tool call.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Permission {
     pub call_id: String,
     pub granted: bool,
@@ -237,10 +244,30 @@ pub enum Status {
     PlanPendingApproval,
 }
 
+/// Whose sessions a request reaches: its principal's own (`Owner(None)`: a server without
+/// keys), or every one (an admin principal: `[keys.NAME] admin = true`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reach<'a> {
+    Owner(Option<&'a str>),
+    Every,
+}
+
+impl Reach<'_> {
+    /// Whether a session of `owner` is within reach.
+    pub fn includes(self, owner: Option<&str>) -> bool {
+        match self {
+            Reach::Owner(o) => o == owner,
+            Reach::Every => true,
+        }
+    }
+}
+
 /// A consistent view of a session.
 #[derive(Debug, Clone)]
 pub struct SessionView {
     pub id: String,
+    /// Its owner id (see [`crate::config::Principal`]): the narrowing of its agent's tools.
+    pub owner: Option<String>,
     pub created_at: String,
     pub record: SessionRecord,
     pub status: Status,

@@ -70,6 +70,11 @@ impl ApiError {
         ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
     }
 
+    /// A 403 `forbidden`: the caller's key may not do this (`[keys.NAME]` in tools.toml).
+    pub(crate) fn forbidden(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::FORBIDDEN, "forbidden", message)
+    }
+
     pub(crate) fn conflict(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::CONFLICT, "conflict", message)
     }
@@ -114,6 +119,7 @@ impl From<EngineError> for ApiError {
             },
             EngineError::Conflict(_) => ApiError::conflict(message),
             EngineError::Invalid(_) => ApiError::bad_request(message),
+            EngineError::Forbidden(_) => ApiError::forbidden(message),
             EngineError::OverLimit {
                 kind,
                 server_wide,
@@ -130,6 +136,11 @@ impl From<EngineError> for ApiError {
                     ..ApiError::new(status, kind, message)
                 }
             }
+            EngineError::Refused(r) => ApiError {
+                extra: Some(Box::new(r.fields())),
+                retry_after: Some(r.retry_after.min(u16::MAX as u64) as u16),
+                ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, r.kind, message)
+            },
             EngineError::ShuttingDown => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", message)
             }

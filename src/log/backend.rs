@@ -95,7 +95,9 @@ use super::event::Event;
 use super::group::GroupCommit;
 pub(crate) use super::rows::pg_error_text;
 pub(crate) use super::rows::WriteOp;
-pub(crate) use super::rows::{FileRow, FileUsage, KeyReserved, KeyRow, SessionRow, StoreError};
+pub(crate) use super::rows::{
+    FileRow, FileUsage, KeyReserved, KeyRow, Owners, SessionRow, StoreError, UsageFilter, UsageRow,
+};
 
 /// What a store backend implements: the event log, the session table and file records, with
 /// group commit. See the [module documentation](self) for the model and the invariants.
@@ -159,6 +161,12 @@ pub(crate) trait StoreBackend: Clone + Send + Sync + 'static {
         self.queue().push_key(row, forget_before_ms)
     }
 
+    /// Queue an increment of a usage row (committed with what is queued with it: a turn's
+    /// events that report the usage come after it in the queue).
+    fn add_usage(&self, row: UsageRow) -> u64 {
+        self.queue().push(WriteOp::Usage(row))
+    }
+
     // --- Durability. ---
 
     /// Returns once everything queued before the call has been through a commit (leading one,
@@ -213,10 +221,10 @@ pub(crate) trait StoreBackend: Clone + Send + Sync + 'static {
         &self,
         id: &str,
     ) -> impl Future<Output = Result<Option<SessionRow>, StoreError>> + Send;
-    /// An owner's sessions in id order after `after` (exclusive), at most `limit`.
+    /// The sessions of `owners` in id order after `after` (exclusive), at most `limit`.
     fn list_sessions(
         &self,
-        owner: Option<String>,
+        owners: Owners,
         after: Option<String>,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<SessionRow>, StoreError>> + Send;
@@ -239,6 +247,14 @@ pub(crate) trait StoreBackend: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<KeyReserved, StoreError>> + Send;
     /// Give back a reservation whose request started no turn (PostgreSQL; nothing on SQLite).
     fn release_key(&self, row: KeyRow) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    // --- Usage. ---
+
+    /// The usage rows `filter` names, at most [`USAGE_ROWS_AT_MOST`](super::rows::USAGE_ROWS_AT_MOST).
+    fn usage(
+        &self,
+        filter: UsageFilter,
+    ) -> impl Future<Output = Result<Vec<UsageRow>, StoreError>> + Send;
 
     // --- File records. ---
 

@@ -25,5 +25,8 @@ pub use event::{Event, EventBody, FailReason, FileRef, StopReason};
 pub use postgres::deltas::{DeltaTap, DeltaWatch, RemoteDelta};
 pub use postgres::inbox::{InboxRow, Posted, Released};
 pub use postgres::lease::{ClaimGuard, Heard, LeaseTaken};
-pub use rows::{FileRow, FileUsage, KeyReserved, KeyRow, SessionRow, StoreError};
+pub(crate) use rows::USAGE_ROWS_AT_MOST;
+pub use rows::{
+    FileRow, FileUsage, KeyReserved, KeyRow, Owners, SessionRow, StoreError, UsageFilter, UsageRow,
+};
 pub use store_handle::Store;

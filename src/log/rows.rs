@@ -99,6 +99,14 @@ pub(crate) fn pg_error_text(e: &tokio_postgres::Error) -> String {
     }
 }
 
+/// Whose sessions a listing holds: one owner's (`None`: those made without an API key), or
+/// every one (an admin principal's listing).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Owners {
+    One(Option<String>),
+    Every,
+}
+
 /// A session row: its id, owner, creation time and its record (JSON, owned by the engine).
 #[derive(Debug, Clone)]
 pub struct SessionRow {
@@ -152,6 +160,42 @@ pub enum KeyReserved {
     Taken(KeyRow),
 }
 
+/// One row of usage (see `crate::usage`): what one principal's model calls and tool calls of
+/// one agent, upstream and model came to on one UTC day. Written as an increment: the store
+/// adds each count to the row with the same key (upsert-add), so instances sharing a store
+/// (PostgreSQL) each add theirs. A tool call's row has `upstream` and `model` empty.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct UsageRow {
+    /// The principal's owner id; empty for a server without keys.
+    pub owner: String,
+    /// `YYYY-MM-DD`, UTC.
+    pub day: String,
+    pub agent: String,
+    pub upstream: String,
+    pub model: String,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    /// Input tokens read from the provider's prompt cache (part of `input_tokens`).
+    pub cached_tokens: u64,
+    pub usd: f64,
+    /// Model calls answered.
+    pub calls: u64,
+    /// Server tool calls run.
+    pub tool_calls: u64,
+}
+
+/// Which usage rows a read wants: one owner's (`None`: every owner's), days `from..=to`
+/// (`YYYY-MM-DD`, either open).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UsageFilter {
+    pub owner: Option<String>,
+    pub from: Option<String>,
+    pub to: Option<String>,
+}
+
+/// Usage rows a read returns at most (a read past it is cut, and says so).
+pub(crate) const USAGE_ROWS_AT_MOST: usize = 100_000;
+
 /// Expired idempotency keys deleted by one purge at most (see `WriteOp::PurgeKeys`).
 pub(crate) const PURGE_KEYS_AT_MOST: i64 = 2000;
 
@@ -195,6 +239,8 @@ pub(crate) enum WriteOp {
     PutKey(KeyRow),
     /// Delete at most [`PURGE_KEYS_AT_MOST`] idempotency keys created before this (ms).
     PurgeKeys(i64),
+    /// Add to a usage row (see [`UsageRow`]).
+    Usage(UsageRow),
 }
 
 impl WriteOp {

@@ -163,15 +163,44 @@ impl Store {
     }
 
     /// Scale-out: take, in order, the requests waiting for this instance (holding the lease)
-    /// in the session's inbox, at most `room` messages; and whether some stay.
+    /// in the session's inbox, at most `room` messages; and whether some stay. `own_too`: the
+    /// rows this process marked as its own too (see `postgres/inbox.rs`).
     pub async fn take_inbox(
         &self,
         session_id: &str,
         room: usize,
+        own_too: bool,
     ) -> Result<(Vec<InboxRow>, bool), StoreError> {
         match &self.backend {
             Backend::Sqlite(_) => Ok((Vec::new(), false)),
-            Backend::Postgres(p) => p.take_inbox(session_id, room).await,
+            Backend::Postgres(p) => p.take_inbox(session_id, room, own_too).await,
+        }
+    }
+
+    /// Scale-out: say that these inbox rows (by seq) were applied, each with its outcome,
+    /// to the instances that sent them (see `postgres/applied.rs`).
+    pub async fn notify_applied(&self, replies: Vec<(i64, String)>) -> Result<(), StoreError> {
+        match &self.backend {
+            Backend::Sqlite(_) => Ok(()),
+            Backend::Postgres(p) => p.notify_applied(replies).await,
+        }
+    }
+
+    /// Scale-out: the outcome the holder replied for the inbox row `seq` it applied; `None`
+    /// if none comes `within`.
+    pub async fn applied(&self, seq: i64, within: std::time::Duration) -> Option<String> {
+        match &self.backend {
+            Backend::Sqlite(_) => None,
+            Backend::Postgres(p) => p.applied(seq, within).await,
+        }
+    }
+
+    /// Scale-out: the turns queued for a session on any instance, in the order they run
+    /// (none on the embedded store: its queue is the engine's).
+    pub async fn queued_turns(&self, session_id: &str) -> Result<Vec<String>, StoreError> {
+        match &self.backend {
+            Backend::Sqlite(_) => Ok(Vec::new()),
+            Backend::Postgres(p) => p.queued_turns(session_id).await,
         }
     }
 
@@ -452,14 +481,14 @@ impl Store {
         on_backend!(self, b => b.session(id).await)
     }
 
-    /// Sessions in creation order after `after` (exclusive), at most `limit`, for one owner.
+    /// Sessions in creation order after `after` (exclusive), at most `limit`, of `owners`.
     pub async fn list_sessions(
         &self,
-        owner: Option<String>,
+        owners: super::Owners,
         after: Option<String>,
         limit: usize,
     ) -> Result<Vec<SessionRow>, StoreError> {
-        on_backend!(self, b => b.list_sessions(owner, after, limit).await)
+        on_backend!(self, b => b.list_sessions(owners, after, limit).await)
     }
 
     /// How many sessions an owner has (`None`: the sessions of a server without keys).
@@ -480,6 +509,20 @@ impl Store {
         min_bytes: u64,
     ) -> Result<FileUsage, StoreError> {
         on_backend!(self, b => b.file_usage_of(owner, min_bytes).await)
+    }
+
+    /// Queue an increment of a usage row: committed with the writes queued with it (a turn's
+    /// events that report the usage are queued after it).
+    pub fn add_usage(&self, row: super::UsageRow) -> u64 {
+        on_backend!(self, b => b.add_usage(row))
+    }
+
+    /// The usage rows `filter` names (at most 100,000).
+    pub async fn usage(
+        &self,
+        filter: super::UsageFilter,
+    ) -> Result<Vec<super::UsageRow>, StoreError> {
+        on_backend!(self, b => b.usage(filter).await)
     }
 
     /// Whether a file record names the blob with this SHA-256.

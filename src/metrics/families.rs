@@ -96,6 +96,17 @@ pub(super) struct SamplingLabels {
     pub(super) outcome: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct PrincipalLabels {
+    pub(super) principal: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct RefusalLabels {
+    pub(super) principal: String,
+    pub(super) budget: &'static str,
+}
+
 /// Every metric, and the handles resolved so far.
 pub(super) struct Metrics {
     pub(super) registry: Registry,
@@ -115,6 +126,10 @@ pub(super) struct Metrics {
     pub(super) mcp_sampling_output_tokens: Family<ServerLabels, Counter>,
     pub(super) mcp_endpoint_sessions: Family<StateLabels, Gauge>,
     pub(super) store_commit_seconds: Histogram,
+    pub(super) principal_input_tokens: Family<PrincipalLabels, Counter>,
+    pub(super) principal_output_tokens: Family<PrincipalLabels, Counter>,
+    pub(super) principal_usd: Family<PrincipalLabels, Counter<f64, std::sync::atomic::AtomicU64>>,
+    pub(super) principal_refusals: Family<RefusalLabels, Counter>,
     pub(super) pending_approvals: Gauge,
     pub(super) sessions: Gauge,
     pub(super) streams: Gauge,
@@ -152,6 +167,10 @@ impl Metrics {
             mcp_sampling_output_tokens: Family::default(),
             mcp_endpoint_sessions: Family::default(),
             store_commit_seconds: hist(COMMIT_BUCKETS),
+            principal_input_tokens: Family::default(),
+            principal_output_tokens: Family::default(),
+            principal_usd: Family::default(),
+            principal_refusals: Family::default(),
             pending_approvals: Gauge::default(),
             sessions: Gauge::default(),
             streams: Gauge::default(),
@@ -182,6 +201,10 @@ impl Metrics {
             "turnstile_mcp_sampling_output_tokens", "Output tokens of the upstream calls that answered sampling requests, by server" => m.mcp_sampling_output_tokens;
             "turnstile_mcp_endpoint_sessions", "Open /mcp sessions, by state (live: in memory; parked: idle, kept as a record until their next request)" => m.mcp_endpoint_sessions;
             "turnstile_store_commit_duration_seconds", "Time to write one group commit of the event log" => m.store_commit_seconds;
+            "turnstile_principal_input_tokens", "Input tokens of the model calls of each principal's turns, as the upstreams reported them" => m.principal_input_tokens;
+            "turnstile_principal_output_tokens", "Output tokens of the model calls of each principal's turns, as the upstreams reported them" => m.principal_output_tokens;
+            "turnstile_principal_usd", "USD spent by each principal's model calls, priced from the answering upstream's price table" => m.principal_usd;
+            "turnstile_principal_refusals", "Turns (and tool calls) refused by a principal's rate limit or budget, by principal and budget" => m.principal_refusals;
         );
         m
     }

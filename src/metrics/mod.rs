@@ -13,6 +13,7 @@
 
 mod families;
 mod gauges;
+mod spend_metrics;
 mod tool_metrics;
 mod turn_metrics;
 
@@ -25,6 +26,7 @@ pub(crate) use families::{
 pub(crate) use gauges::{
     connection_open, mcp_endpoint_session, store_commit, store_commit_took, stream_open, GaugeGuard,
 };
+pub(crate) use spend_metrics::spend;
 pub(crate) use tool_metrics::{
     mcp, mcp_sampling, tool, McpMetrics, NotRun, ToolDirectory, ToolLabels,
 };

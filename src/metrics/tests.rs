@@ -39,6 +39,7 @@ fn handles_are_resolved_once_per_name() {
         Some(crate::message::Usage {
             input_tokens: 3,
             output_tokens: 4,
+            ..Default::default()
         }),
     );
     assert_eq!(b.input_tokens.get(), 3);

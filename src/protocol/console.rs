@@ -118,14 +118,14 @@ pub(crate) async fn pending(
     caller: &Caller,
     req: &Request,
 ) -> Result<Response, ApiError> {
-    let owner = caller.owner.as_deref();
+    let reach = caller.reach();
     let mut ids = Vec::new();
     if let Some(id) = query_param(req, "session") {
         ids.push(id);
     } else {
         let mut after: Option<String> = None;
         loop {
-            let (views, next) = app.engine.list_sessions(owner, after.as_deref()).await?;
+            let (views, next) = app.engine.list_sessions(reach, after.as_deref()).await?;
             ids.extend(
                 views
                     .iter()
@@ -142,7 +142,7 @@ pub(crate) async fn pending(
     let mut out = Vec::new();
     for id in ids {
         // Deleted meanwhile (or another key's, for `?session=`): nothing waits there.
-        let Ok(session) = app.engine.session(owner, &id).await else {
+        let Ok(session) = app.engine.session(reach, &id).await else {
             continue;
         };
         let view = app.engine.view(&session);

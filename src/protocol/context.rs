@@ -2,14 +2,18 @@
 //! ([`Caller`]). Apart from the route table (in the api module), so that protocols import it without
 //! importing the routes that import them.
 
-use crate::engine::Engine;
+use std::sync::Arc;
+
+use crate::config::{Principal, Scope};
+use crate::engine::{Engine, Reach};
 use crate::files::FileStore;
 use crate::http::auth::Keys;
 
 /// The server's shared state, one per server: the engine, the keys and the file store.
 pub(crate) struct App {
     pub engine: Engine,
-    pub keys: Keys,
+    /// The keys now (a reload replaces them).
+    pub keys: Arc<crate::sync::Swap<Keys>>,
     /// Whether `GET /meta` is served without a key.
     pub public_meta: bool,
     /// Cancelled at shutdown, after running turns have ended: ends every open event stream.
@@ -28,8 +32,35 @@ impl App {
     }
 }
 
-/// Who is calling: the owner id of their key (`None` without keys).
-#[derive(Debug, Clone)]
+/// Who is calling: the principal of their key (`None` without keys, and on public routes).
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Caller {
-    pub owner: Option<String>,
+    pub principal: Option<Arc<Principal>>,
+}
+
+impl Caller {
+    /// The owner id of what the caller makes (sessions, files, MCP sessions).
+    pub(crate) fn owner(&self) -> Option<&str> {
+        self.principal.as_deref().map(|p| p.owner.as_str())
+    }
+
+    pub(crate) fn owned(&self) -> Option<String> {
+        self.owner().map(str::to_string)
+    }
+
+    /// The sessions it reaches: its own, or every one for an admin principal.
+    pub(crate) fn reach(&self) -> Reach<'_> {
+        match self.principal.as_deref() {
+            Some(p) if p.scope.admin => Reach::Every,
+            _ => Reach::Owner(self.owner()),
+        }
+    }
+
+    /// What it may do (everything but admin without keys).
+    pub(crate) fn scope(&self) -> Scope {
+        self.principal
+            .as_deref()
+            .map(|p| p.scope.clone())
+            .unwrap_or_default()
+    }
 }

@@ -53,7 +53,7 @@ pub(crate) async fn send_message(
     id: &str,
     req: Request,
 ) -> Result<Response, ApiError> {
-    let session = app.engine.session(caller.owner.as_deref(), id).await?;
+    let session = app.engine.session(caller.reach(), id).await?;
     let limit = app.max_body();
     let msg: SendMessage = body::json(req.into_body(), limit).await?;
     if msg.content.is_empty() {
@@ -124,7 +124,7 @@ async fn attachments(
     }
     let mut rows = Vec::with_capacity(ids.len());
     for id in ids {
-        let row = app.files.get(caller.owner.as_deref(), id).await;
+        let row = app.files.get(caller.owner(), id).await;
         rows.push(row.map_err(|e| match e {
             crate::files::FileError::NotFound(_) => ApiError::not_found(format!(
                 "files names {id}, which is not a file of yours: upload it with POST /files first"
@@ -142,7 +142,7 @@ pub(crate) async fn history(
     id: &str,
     req: &Request,
 ) -> Result<Response, ApiError> {
-    let session = app.engine.session(caller.owner.as_deref(), id).await?;
+    let session = app.engine.session(caller.reach(), id).await?;
     let limit = match query_param(req, "limit") {
         None => DEFAULT_LIMIT,
         Some(l) => match l.parse::<usize>() {
@@ -186,7 +186,7 @@ pub(crate) async fn stream(
     id: &str,
     req: &Request,
 ) -> Result<Response, ApiError> {
-    let session = app.engine.session(caller.owner.as_deref(), id).await?;
+    let session = app.engine.session(caller.reach(), id).await?;
     // A header that is no text is no event id either: refused like an unknown one, never read
     // as no cursor (which would replay the whole log).
     let header = match req.headers().get("last-event-id") {
@@ -233,7 +233,7 @@ pub(crate) async fn cancel(
     id: &str,
     req: Request,
 ) -> Result<Response, ApiError> {
-    let session = app.engine.session(caller.owner.as_deref(), id).await?;
+    let session = app.engine.session(caller.reach(), id).await?;
     let limit = app.max_body();
     let c: Cancel = body::json(req.into_body(), limit).await?;
     let cancelled = app.engine.cancel(&session, c.turn_id.as_deref()).await?;

@@ -182,7 +182,7 @@ pub(crate) async fn upload(app: &App, caller: &Caller, req: Request) -> Result<R
                 .map_err(std::io::Error::other);
             let put = app
                 .files
-                .put(caller.owner.clone(), &name, StreamReader::new(data))
+                .put(caller.owned(), &name, StreamReader::new(data))
                 .await;
             stored = Some(put.map_err(|e| put_error(e, max_bytes))?);
             break;
@@ -194,7 +194,7 @@ pub(crate) async fn upload(app: &App, caller: &Caller, req: Request) -> Result<R
         })?;
         let data = body.map_err(std::io::Error::other);
         app.files
-            .put(caller.owner.clone(), &name, StreamReader::new(data))
+            .put(caller.owned(), &name, StreamReader::new(data))
             .await
             .map_err(|e| put_error(e, max_bytes))?
     };
@@ -204,13 +204,13 @@ pub(crate) async fn upload(app: &App, caller: &Caller, req: Request) -> Result<R
 /// `DELETE /files/{id}`: the owner's file, its record and (unless another record shares them)
 /// its bytes. Copies already in session workspaces stay.
 pub(crate) async fn delete(app: &App, caller: &Caller, id: &str) -> Result<Response, ApiError> {
-    app.files.delete(caller.owner.as_deref(), id).await?;
+    app.files.delete(caller.owner(), id).await?;
     Ok(crate::http::empty_response(StatusCode::NO_CONTENT))
 }
 
 /// `GET /files/{id}`.
 pub(crate) async fn metadata(app: &App, caller: &Caller, id: &str) -> Result<Response, ApiError> {
-    let row = app.files.get(caller.owner.as_deref(), id).await?;
+    let row = app.files.get(caller.owner(), id).await?;
     let mut v = serde_json::to_value(to_ref(&row)).unwrap_or_default();
     v["created_at"] = serde_json::Value::String(row.created_at);
     Ok(json_response(StatusCode::OK, &v))
@@ -275,7 +275,7 @@ pub(crate) async fn content(
     id: &str,
     req: &Request,
 ) -> Result<Response, ApiError> {
-    let row = app.files.get(caller.owner.as_deref(), id).await?;
+    let row = app.files.get(caller.owner(), id).await?;
     let size = row.size_bytes;
     let range = req
         .headers()

@@ -9,3 +9,4 @@ pub(crate) mod files_api;
 pub(crate) mod mcp_endpoint;
 pub(crate) mod operator;
 pub(crate) mod runs;
+pub(crate) mod usage_api;

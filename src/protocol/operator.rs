@@ -6,7 +6,7 @@ use http::StatusCode;
 use serde_json::json;
 
 use crate::http::{json_response, ApiError, Response};
-use crate::protocol::context::App;
+use crate::protocol::context::{App, Caller};
 use crate::tools::mcp::supervisor::ServerState;
 use crate::tools::ServerTool;
 
@@ -23,8 +23,17 @@ pub(crate) fn tool_json(t: &ServerTool) -> serde_json::Value {
 }
 
 /// `GET /tools`.
-pub(crate) fn tools(app: &App) -> Response {
-    let tools: Vec<_> = app.engine.host_tools().iter().map(tool_json).collect();
+/// A principal whose `[keys.NAME] tools` narrow its agents sees only the tools they match.
+pub(crate) fn tools(app: &App, caller: &Caller) -> Response {
+    let scope = caller.scope();
+    let within = |name: &str| scope.tools.as_ref().is_none_or(|t| t.is_match(name));
+    let tools: Vec<_> = app
+        .engine
+        .host_tools()
+        .iter()
+        .filter(|t| within(&t.spec.name))
+        .map(tool_json)
+        .collect();
     json_response(StatusCode::OK, &json!({ "tools": tools }))
 }
 
@@ -98,9 +107,16 @@ fn state_name(s: ServerState) -> &'static str {
     }
 }
 
-/// `GET /status`: every MCP server's state, active turns by agent, the store's size on disk
+/// `GET /status`: every MCP server's state, every upstream's (breaker, calls in flight),
+/// active turns by agent, the store's size on disk
 /// (the SQLite files under `data_dir`, or the PostgreSQL database's).
-pub(crate) async fn status(app: &App) -> Result<Response, ApiError> {
+pub(crate) async fn status(app: &App, caller: &Caller) -> Result<Response, ApiError> {
+    // It names every MCP server and agent: not for a key whose agents or tools are narrowed.
+    if !caller.scope().sees_everything() {
+        return Err(ApiError::forbidden(
+            "GET /status shows every MCP server and agent: it needs a key that [keys] agents and tools do not narrow, or admin = true",
+        ));
+    }
     let data_dir = app.engine.config().server.data_dir.clone();
     let (db_bytes, files_bytes) = tokio::task::spawn_blocking(move || {
         let db: u64 = ["turnstile.db", "turnstile.db-wal", "turnstile.db-shm"]
@@ -126,6 +142,7 @@ pub(crate) async fn status(app: &App) -> Result<Response, ApiError> {
         &json!({
             "version": env!("CARGO_PKG_VERSION"),
             "mcp_servers": app.engine.host_servers(),
+            "upstreams": app.engine.upstreams(),
             "agents": app.engine.active_turns().into_iter().map(|(name, n)| json!({
                 "name": name,
                 "active_turns": n,
@@ -134,6 +151,8 @@ pub(crate) async fn status(app: &App) -> Result<Response, ApiError> {
                 "db_bytes": db_bytes,
                 "files_bytes": files_bytes,
             },
+            // What the last reload (SIGHUP, `turnstile reload`) came to; null before any.
+            "reload": app.engine.reload_report(),
         }),
     ))
 }

@@ -248,7 +248,7 @@ async fn run_detached(app: &App, caller: &Caller, req: Request) -> Result<Respon
     let view = app
         .engine
         .create_session(
-            caller.owner.clone(),
+            caller.owned(),
             NewSession {
                 agent: None,
                 seed,
@@ -256,10 +256,7 @@ async fn run_detached(app: &App, caller: &Caller, req: Request) -> Result<Respon
             },
         )
         .await?;
-    let session = app
-        .engine
-        .session(caller.owner.as_deref(), &view.id)
-        .await?;
+    let session = app.engine.session(caller.reach(), &view.id).await?;
     // Runs on a task of its own (see `run`), which reads it to its end.
     let started = app
         .engine
@@ -275,10 +272,7 @@ async fn run_detached(app: &App, caller: &Caller, req: Request) -> Result<Respon
         Ok(handle) => run_to_end(handle).await,
         Err(e) => Err(e.into()),
     };
-    let _ = app
-        .engine
-        .delete_session(caller.owner.as_deref(), &view.id)
-        .await;
+    let _ = app.engine.delete_session(caller.reach(), &view.id).await;
     result
 }
 
@@ -336,7 +330,7 @@ pub(crate) async fn session_run(
     id: &str,
     req: Request,
 ) -> Result<Response, ApiError> {
-    let session = app.engine.session(caller.owner.as_deref(), id).await?;
+    let session = app.engine.session(caller.reach(), id).await?;
     let body: SessionRun = body::json(req.into_body(), app.max_body()).await?;
     if body.goal.trim().is_empty() {
         return Err(ApiError::bad_request(
@@ -356,7 +350,7 @@ pub(crate) async fn session_run(
 
 /// `GET /sessions/{id}/events`: the current (or last) run from its first event, then live.
 pub(crate) async fn events(app: &App, caller: &Caller, id: &str) -> Result<Response, ApiError> {
-    let session = app.engine.session(caller.owner.as_deref(), id).await?;
+    let session = app.engine.session(caller.reach(), id).await?;
     // The run's first turn on (a plan decision's turn goes on its plan's run).
     let start = session.run_start().saturating_sub(1);
     let follow = Follow::stream(&app.engine, session, start).await?;
@@ -384,7 +378,7 @@ pub(crate) async fn confirm(
     id: &str,
     req: Request,
 ) -> Result<Response, ApiError> {
-    let session = app.engine.session(caller.owner.as_deref(), id).await?;
+    let session = app.engine.session(caller.reach(), id).await?;
     let body: Confirm = body::json(req.into_body(), app.max_body()).await?;
     let turn_id = app
         .engine
@@ -407,7 +401,7 @@ pub(crate) async fn reject(
     id: &str,
     req: Request,
 ) -> Result<Response, ApiError> {
-    let session = app.engine.session(caller.owner.as_deref(), id).await?;
+    let session = app.engine.session(caller.reach(), id).await?;
     let body: Reject = body::json(req.into_body(), app.max_body()).await?;
     let turn_id = app
         .engine
@@ -427,7 +421,7 @@ pub(crate) async fn reject(
 
 /// `POST /sessions/{id}/interrupt`: the runs API's name for cancelling everything.
 pub(crate) async fn interrupt(app: &App, caller: &Caller, id: &str) -> Result<Response, ApiError> {
-    let session = app.engine.session(caller.owner.as_deref(), id).await?;
+    let session = app.engine.session(caller.reach(), id).await?;
     let cancelled = app.engine.cancel(&session, None).await?;
     Ok(json_response(
         StatusCode::OK,

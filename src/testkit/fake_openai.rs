@@ -52,6 +52,18 @@ pub struct Reply {
     count_prompt: bool,
     /// Another answer, for requests whose first message contains this text.
     instead: Option<(String, Box<Reply>)>,
+    /// The answer, made from each request ([`Reply::by_request`]).
+    by_request: Option<ByRequest>,
+}
+
+/// A function making a reply of a request (see [`Reply::by_request`]).
+#[derive(Clone)]
+struct ByRequest(std::sync::Arc<dyn Fn(&Value) -> Reply + Send + Sync>);
+
+impl std::fmt::Debug for ByRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ByRequest(..)")
+    }
 }
 
 impl Reply {
@@ -65,6 +77,7 @@ impl Reply {
             usage: (10, 5),
             count_prompt: false,
             instead: None,
+            by_request: None,
         }
     }
 
@@ -146,6 +159,17 @@ impl Reply {
     pub fn instead_when(mut self, needle: &str, other: Reply) -> Reply {
         self.instead = Some((needle.to_string(), Box::new(other)));
         self
+    }
+
+    /// An answer made by `make` from each request's body (its text, tool calls and usage; this
+    /// reply's hold, break, pace and headers still apply): as a fallback, one model for many
+    /// concurrent sessions whose answers depend on what each was asked (a chaos test's calls
+    /// with ids of their own).
+    pub fn by_request(make: impl Fn(&Value) -> Reply + Send + Sync + 'static) -> Reply {
+        Reply {
+            by_request: Some(ByRequest(std::sync::Arc::new(make))),
+            ..Reply::empty()
+        }
     }
 
     /// The usage of the final chunk (default 10 prompt / 5 completion tokens).
@@ -339,6 +363,9 @@ impl Wire for OpenAiWire {
             .and_then(Value::as_bool)
             .unwrap_or(false);
         let id = format!("chatcmpl-fake{n:06}");
+        if let Some(make) = &reply.by_request {
+            return Self::events(&(make.0)(request), request, n);
+        }
         if let Some((needle, other)) = &reply.instead {
             let first = request.pointer("/messages/0/content");
             if first.is_some_and(|c| c.to_string().contains(needle.as_str())) {

@@ -71,6 +71,12 @@ pub trait ToolHost: Send + Sync + 'static {
     fn shutdown(&self) -> BoxFuture<'_, ()> {
         Box::pin(async {})
     }
+
+    /// A reload: the servers and the policy of `config` from now on (see
+    /// `tools/mcp/reconfigure.rs`). Nothing to do by default.
+    fn reconfigure(&self, _config: Arc<crate::config::Config>) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
 }
 
 /// A host with no server tools.

@@ -31,16 +31,62 @@ pub fn current() -> Option<UnboundedSender<Progress>> {
 }
 
 /// An MCP connection's calls whose progress is relayed, by their progress token.
-pub type Relays = Arc<Mutex<HashMap<ProgressToken, UnboundedSender<Progress>>>>;
+///
+/// rmcp picks a request's progress token as it sends the request, so a call can only be
+/// registered once the request is on its way; a server that reports progress at once can be
+/// heard before that. What arrives for a token no one has registered is kept (the newest
+/// [`EARLY_KEPT`] reports) and handed over when its call registers.
+#[derive(Clone, Default)]
+pub struct Relays(Arc<Mutex<Waiting>>);
 
-/// A server's `notifications/progress`: to the caller of its call, if it is relayed.
-pub fn deliver(relays: &Relays, params: ProgressNotificationParam) {
-    if let Some(to) = crate::sync::lock(relays).get(&params.progress_token) {
-        let _ = to.send(Progress {
+/// How many reports for tokens not (yet) registered are kept.
+const EARLY_KEPT: usize = 64;
+
+#[derive(Default)]
+struct Waiting {
+    calls: HashMap<ProgressToken, UnboundedSender<Progress>>,
+    /// Reports heard before their call registered, oldest first (most are for calls whose
+    /// progress no one relays, and age out).
+    early: std::collections::VecDeque<(ProgressToken, Progress)>,
+}
+
+impl Relays {
+    /// A server's `notifications/progress`: to the caller of its call, or kept for it.
+    pub fn deliver(&self, params: ProgressNotificationParam) {
+        let progress = Progress {
             progress: params.progress,
             total: params.total,
             message: params.message,
+        };
+        let mut waiting = crate::sync::lock(&self.0);
+        match waiting.calls.get(&params.progress_token) {
+            Some(to) => {
+                let _ = to.send(progress);
+            }
+            None => {
+                if waiting.early.len() == EARLY_KEPT {
+                    waiting.early.pop_front();
+                }
+                waiting.early.push_back((params.progress_token, progress));
+            }
+        }
+    }
+
+    /// From now on the progress for `token` goes to `to`, starting with what was heard early.
+    fn register(&self, token: ProgressToken, to: UnboundedSender<Progress>) {
+        let mut waiting = crate::sync::lock(&self.0);
+        waiting.early.retain(|(t, p)| {
+            if *t == token {
+                let _ = to.send(p.clone());
+                return false;
+            }
+            true
         });
+        waiting.calls.insert(token, to);
+    }
+
+    fn unregister(&self, token: &ProgressToken) {
+        crate::sync::lock(&self.0).calls.remove(token);
     }
 }
 
@@ -68,7 +114,7 @@ pub async fn call_tool(
     }
     impl Drop for Guard<'_> {
         fn drop(&mut self) {
-            crate::sync::lock(self.relays).remove(&self.token);
+            self.relays.unregister(&self.token);
             if let Some(id) = self.id.take() {
                 let peer = self.peer.clone();
                 tokio::spawn(async move {
@@ -79,7 +125,7 @@ pub async fn call_tool(
             }
         }
     }
-    crate::sync::lock(relays).insert(handle.progress_token.clone(), to);
+    relays.register(handle.progress_token.clone(), to);
     let mut guard = Guard {
         peer: peer.clone(),
         id: Some(handle.id.clone()),
@@ -91,5 +137,51 @@ pub async fn call_tool(
     match answer? {
         ServerResult::CallToolResult(r) => Ok(r),
         _ => Err(rmcp::ServiceError::UnexpectedResponse),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(token: &str, progress: f64) -> ProgressNotificationParam {
+        ProgressNotificationParam::new(
+            ProgressToken(rmcp::model::NumberOrString::String(token.into())),
+            progress,
+        )
+    }
+
+    #[test]
+    fn progress_heard_before_its_call_registers_reaches_the_call_first_and_in_order() {
+        let relays = Relays::default();
+        relays.deliver(report("a", 1.0));
+        relays.deliver(report("b", 9.0));
+        relays.deliver(report("a", 2.0));
+        let (to, mut from) = tokio::sync::mpsc::unbounded_channel();
+        relays.register(
+            ProgressToken(rmcp::model::NumberOrString::String("a".into())),
+            to,
+        );
+        relays.deliver(report("a", 3.0));
+        let mut seen = Vec::new();
+        while let Ok(p) = from.try_recv() {
+            seen.push(p.progress);
+        }
+        assert_eq!(seen, [1.0, 2.0, 3.0]);
+    }
+
+    #[test]
+    fn progress_no_one_registers_for_is_kept_only_up_to_a_bound() {
+        let relays = Relays::default();
+        for i in 0..(EARLY_KEPT + 10) {
+            relays.deliver(report(&format!("t{i}"), i as f64));
+        }
+        assert_eq!(crate::sync::lock(&relays.0).early.len(), EARLY_KEPT);
+        let (to, mut from) = tokio::sync::mpsc::unbounded_channel();
+        relays.register(
+            ProgressToken(rmcp::model::NumberOrString::String("t0".into())),
+            to,
+        );
+        assert!(from.try_recv().is_err(), "the oldest report aged out");
     }
 }

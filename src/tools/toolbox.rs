@@ -17,8 +17,9 @@ use crate::sync::lock;
 /// MCP federation plus the built-in tools.
 pub struct Toolbox {
     mcp: Arc<McpHost>,
-    /// The built-in tools, with their verdicts (listed after the MCP ones).
-    builtins: Vec<ServerTool>,
+    /// The built-in tools, with their verdicts (listed after the MCP ones; a reload decides
+    /// them again).
+    builtins: Mutex<Vec<ServerTool>>,
     /// The file store `deliver_file` writes to (`None`: it answers with an error).
     files: Option<FileStore>,
     /// The last listing, and the MCP listing it was made from.
@@ -51,22 +52,14 @@ impl Toolbox {
     }
 
     fn new(config: &Config, mcp: Arc<McpHost>, files: Option<FileStore>) -> Toolbox {
-        let decision = super::mcp::policy::decide(&config.policy, deliver::NAME);
-        let builtins = vec![ServerTool {
-            spec: deliver::spec(),
-            server: "builtin".into(),
-            tool: deliver::NAME.into(),
-            verdict: decision.verdict,
-            rule: decision.rule,
-            definition: None,
-        }];
+        let builtins = builtins(config);
         let listing = Mutex::new(Listing {
             mcp: Arc::new(Vec::new()),
             all: Arc::new(builtins.clone()),
         });
         let toolbox = Toolbox {
             mcp,
-            builtins,
+            builtins: Mutex::new(builtins),
             files,
             listing,
         };
@@ -79,9 +72,10 @@ impl Toolbox {
         let mcp = self.mcp.listing();
         let mut listing = lock(&self.listing);
         if !Arc::ptr_eq(&listing.mcp, &mcp) {
-            let mut all = Vec::with_capacity(mcp.len() + self.builtins.len());
+            let builtins = lock(&self.builtins);
+            let mut all = Vec::with_capacity(mcp.len() + builtins.len());
             all.extend(mcp.iter().cloned());
-            all.extend(self.builtins.iter().cloned());
+            all.extend(builtins.iter().cloned());
             *listing = Listing {
                 mcp,
                 all: Arc::new(all),
@@ -89,6 +83,19 @@ impl Toolbox {
         }
         listing.all.clone()
     }
+}
+
+/// The built-in tools with the verdicts `config`'s policy gives them.
+fn builtins(config: &Config) -> Vec<ServerTool> {
+    let decision = super::mcp::policy::decide(&config.policy, deliver::NAME);
+    vec![ServerTool {
+        spec: deliver::spec(),
+        server: "builtin".into(),
+        tool: deliver::NAME.into(),
+        verdict: decision.verdict,
+        rule: decision.rule,
+        definition: None,
+    }]
 }
 
 impl ToolHost for Toolbox {
@@ -144,6 +151,13 @@ impl ToolHost for Toolbox {
 
     fn shutdown(&self) -> BoxFuture<'_, ()> {
         self.mcp.shutdown()
+    }
+
+    fn reconfigure(&self, config: Arc<Config>) -> BoxFuture<'_, ()> {
+        // The built-ins first: the MCP side federates again at its end, which makes a new
+        // MCP listing, so the next `listing()` is made with both.
+        *lock(&self.builtins) = builtins(&config);
+        Box::pin(async move { self.mcp.reconfigure(config).await })
     }
 }
 

@@ -76,6 +76,7 @@ fn answer(req: &ModelRequest, sink: &mut dyn DeltaSink) -> ModelOutput {
     out.usage = Usage {
         input_tokens: tokens(input_chars),
         output_tokens: tokens(output_chars),
+        ..Default::default()
     };
     out
 }

@@ -5,9 +5,12 @@
 //! step comes back as a [`ModelOutput`]. Cancelling a step is dropping its future.
 
 pub mod anthropic;
+pub mod attempt;
+pub mod breaker;
 pub mod echo;
 mod errors;
 pub mod openai;
+pub mod router;
 pub mod transport;
 
 use std::time::Duration;

@@ -381,6 +381,14 @@ struct WireUsage {
     prompt_tokens: Option<u64>,
     #[serde(default)]
     completion_tokens: Option<u64>,
+    #[serde(default)]
+    prompt_tokens_details: Option<WirePromptDetails>,
+}
+
+/// `usage.prompt_tokens_details`: of the prompt's tokens, `cached_tokens` the cache held.
+#[derive(Deserialize)]
+struct WirePromptDetails {
+    cached_tokens: Option<u64>,
 }
 
 #[derive(Default)]
@@ -410,6 +418,8 @@ impl Acc {
             self.out.usage = Usage {
                 input_tokens: u.prompt_tokens.unwrap_or(0),
                 output_tokens: u.completion_tokens.unwrap_or(0),
+                cached_input_tokens: (u.prompt_tokens_details)
+                    .map_or(0, |d| d.cached_tokens.unwrap_or(0)),
             };
         }
         let Some(choice) = chunk.choices.and_then(|c| c.into_iter().next()) else {

@@ -741,7 +741,10 @@ async fn a_driven_turn_whose_handle_is_dropped_runs_on_by_itself() {
     let gate = Gate::new();
     fake.push(Reply::text("finished anyway").hold(gate.clone()));
     let engine = server.engine();
-    let session = engine.session(None, &sid).await.unwrap();
+    let session = engine
+        .session(turnstile::engine::Reach::Owner(None), &sid)
+        .await
+        .unwrap();
     let input = TurnInput::User {
         content: json!("go"),
         files: vec![],

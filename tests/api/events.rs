@@ -1172,10 +1172,12 @@ async fn a_turn_whose_end_cannot_be_written_is_closed_in_the_log_and_the_session
         ["user.message", "turn.failed"]
     );
 
-    // Its closing fails too: the log keeps it open until the next turn closes it.
+    // Its closing fails too: the log keeps it open until the next turn closes it. It began
+    // (its start is stored): a 500 that says so, not a 503 inviting the same turn again.
     let (status, resp) = turn_failing(&fake, &server, &sid, 2, "two").await;
-    assert_eq!(status, 503, "{resp}");
-    assert_eq!(resp["error"]["type"], "store_unavailable", "{resp}");
+    assert_eq!(status, 500, "{resp}");
+    assert_eq!(resp["error"]["type"], "internal_error", "{resp}");
+    assert!(resp.to_string().contains("began"), "{resp}");
     let two = ["user.message", "turn.failed", "user.message"];
     assert_eq!(types(&history(&server, &sid).await), two);
 

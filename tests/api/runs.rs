@@ -176,7 +176,11 @@ async fn a_stateless_run_whose_client_goes_away_still_ends_and_leaves_no_session
         .as_str()
         .unwrap_or_else(|| panic!("the run's session: {list}"))
         .to_string();
-    let session = server.engine().session(None, &sid).await.unwrap();
+    let session = server
+        .engine()
+        .session(turnstile::engine::Reach::Owner(None), &sid)
+        .await
+        .unwrap();
     let (_, mut live) = session.subscribe();
     drop(conn); // the client goes away mid-run
     gate.open();

@@ -57,17 +57,29 @@ pub fn blocking_command() -> std::process::Command {
 
 type Lines = tokio::io::Lines<BufReader<tokio::process::ChildStderr>>;
 
-/// The child serving `config`, the rest of its log, and the address it listens on.
-async fn start(config: &Path, vars: &[(&str, &str)]) -> (Child, Lines, SocketAddr) {
-    let mut child = command()
-        .envs(vars.iter().copied())
-        .args(["serve", "--config"])
+/// `turnstile serve` of `config` on a free loopback port, logging at `info` to a pipe.
+pub fn serve_command(config: &Path) -> Command {
+    let mut cmd = command();
+    cmd.args(["serve", "--config"])
         .arg(config)
         .args(["--listen", "127.0.0.1:0"])
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
-        .kill_on_drop(true)
+        .kill_on_drop(true);
+    cmd
+}
+
+/// The address a `listening on http://ADDR` line of the log names, if it is that line.
+pub fn listening_addr(line: &str) -> Option<SocketAddr> {
+    let rest = line.split("listening on http://").nth(1)?;
+    rest.split_whitespace().next()?.parse().ok()
+}
+
+/// The child serving `config`, the rest of its log, and the address it listens on.
+async fn start(config: &Path, vars: &[(&str, &str)]) -> (Child, Lines, SocketAddr) {
+    let mut child = serve_command(config)
+        .envs(vars.iter().copied())
         .spawn()
         .expect("spawn turnstile");
     let mut lines = BufReader::new(child.stderr.take().expect("stderr piped")).lines();
@@ -77,13 +89,8 @@ async fn start(config: &Path, vars: &[(&str, &str)]) -> (Child, Lines, SocketAdd
             .await
             .expect("stderr")
             .expect("turnstile exited before listening");
-        if let Some(rest) = line.split("listening on http://").nth(1) {
-            break rest
-                .split_whitespace()
-                .next()
-                .expect("an address")
-                .parse()
-                .expect("addr");
+        if let Some(addr) = listening_addr(&line) {
+            break addr;
         }
     };
     (child, lines, addr)

@@ -15,6 +15,8 @@ pub const VERSION: &str = "2025-06-18";
 pub struct McpHttp {
     url: String,
     client: Client<HttpConnector, Full<Bytes>>,
+    /// Sent as `Authorization: Bearer <key>`.
+    key: Option<String>,
 }
 
 /// A response: its status, its `Mcp-Session-Id`, and the JSON-RPC message it carried (from a
@@ -31,6 +33,24 @@ impl McpHttp {
         McpHttp {
             url: format!("http://{addr}/mcp"),
             client: Client::builder(TokioExecutor::new()).build_http(),
+            key: None,
+        }
+    }
+
+    /// This client sending `key` as its bearer key.
+    pub fn with_key(&self, key: &str) -> McpHttp {
+        McpHttp {
+            key: Some(key.to_string()),
+            ..self.clone()
+        }
+    }
+
+    /// This client on `/mcp/<agent>`, sending `key` as its bearer key.
+    pub fn agent_with_key(&self, agent: &str, key: &str) -> McpHttp {
+        McpHttp {
+            url: format!("{}/{agent}", self.url.trim_end_matches('/')),
+            client: self.client.clone(),
+            key: Some(key.to_string()),
         }
     }
 
@@ -41,6 +61,9 @@ impl McpHttp {
             .uri(&self.url)
             .header("content-type", "application/json")
             .header("accept", "application/json, text/event-stream");
+        if let Some(k) = &self.key {
+            req = req.header("authorization", format!("Bearer {k}"));
+        }
         if let Some(s) = session {
             req = req
                 .header("mcp-session-id", s)

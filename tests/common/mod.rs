@@ -8,6 +8,7 @@ pub mod logcheck;
 pub mod mcp;
 pub mod mcp_http;
 pub mod mcp_python_sdk;
+pub mod pair;
 pub mod postgres;
 pub mod provision;
 pub mod requestcheck;
@@ -23,20 +24,26 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
-use turnstile::config::Env;
+use turnstile::config::{Env, StoreBackendKind};
 use turnstile::startup::{self, Running, StartOptions};
 use turnstile::testkit::fake_openai::FakeOpenAi;
 
-/// A server, its data folder and the fake upstream it talks to.
+/// A server, its data folder and the fake upstream it talks to. With
+/// `TURNSTILE_TEST_STORE=postgres-pair` and a PostgreSQL store, two instances behind a
+/// round-robin proxy (`pair.rs`): `addr` and `http` are the proxy's, `running` the first
+/// instance (data folder `data`), `second` the other (`data2`).
 pub struct TestServer {
     pub running: Option<Running>,
+    pub second: Option<Running>,
+    proxy: Option<pair::RoundRobin>,
     pub addr: SocketAddr,
     pub dir: tempfile::TempDir,
     pub http: Http,
 }
 
 /// The config of a test server: the fake upstream plus `extra` TOML (agents, policy, ...).
-/// With `TURNSTILE_TEST_STORE=postgres`, on a fresh PostgreSQL database (`postgres.rs`).
+/// With `TURNSTILE_TEST_STORE=postgres` (or `postgres-pair`), on a fresh PostgreSQL database
+/// (`postgres.rs`).
 pub fn config_text(upstream: &FakeOpenAi, extra: &str) -> String {
     let store = if postgres::selected() {
         postgres::store_table()
@@ -88,12 +95,22 @@ impl TestServer {
         std::fs::write(&path, config).expect("write config");
         let cfg =
             turnstile::config::load(&path, &env(vars)).unwrap_or_else(|e| panic!("config: {e}"));
-        let running = startup::start(cfg, "127.0.0.1:0".parse().unwrap(), StartOptions::default())
-            .await
-            .unwrap_or_else(|e| panic!("start: {e}"));
-        let addr = running.addr;
+        let paired = pair::selected() && cfg.store.backend == StoreBackendKind::Postgres;
+        let running = start_one(cfg).await;
+        let (second, proxy) = if paired {
+            let mut cfg = turnstile::config::load(&path, &env(vars)).expect("config");
+            cfg.server.data_dir = dir.path().join("data2");
+            let second = start_one(cfg).await;
+            let proxy = pair::RoundRobin::start([running.addr, second.addr]).await;
+            (Some(second), Some(proxy))
+        } else {
+            (None, None)
+        };
+        let addr = proxy.as_ref().map_or(running.addr, |p| p.addr);
         TestServer {
             running: Some(running),
+            second,
+            proxy,
             addr,
             dir,
             http: Http::new(addr),
@@ -108,11 +125,15 @@ impl TestServer {
         &self.running.as_ref().expect("running").engine
     }
 
-    /// Stop gracefully and keep the folder.
+    /// Stop gracefully (both instances of a pair) and keep the folder.
     pub async fn stop(mut self) -> tempfile::TempDir {
-        if let Some(r) = self.running.take() {
-            r.stop().await;
-        }
+        self.proxy.take();
+        let stop = |r: Option<Running>| async move {
+            if let Some(r) = r {
+                r.stop().await;
+            }
+        };
+        tokio::join!(stop(self.running.take()), stop(self.second.take()));
         self.dir
     }
 
@@ -141,25 +162,75 @@ impl TestServer {
         conn
     }
 
-    /// Wait until the session's current turn has ended (through the engine's live feed).
+    /// Wait until the session's current turn has ended (through the engine's live feed). On a
+    /// pair, until neither instance holds the session's lease (it is taken before a turn
+    /// starts and kept while one runs, is queued, or a request waits for it in the inbox) and
+    /// each has heard the log to its end (at most 60 s).
     pub async fn wait_idle(&self, session_id: &str) {
-        let session = self
-            .engine()
-            .session(None, session_id)
-            .await
-            .expect("session");
-        let (_, mut rx) = session.subscribe();
+        let Some(second) = &self.second else {
+            return wait_idle_on(self.engine(), session_id).await;
+        };
+        let engines = [self.engine(), &second.engine];
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
         loop {
-            if session.running_turn().is_none() {
+            let held = engines
+                .iter()
+                .any(|e| e.store().lease_mark(session_id).is_some());
+            if !held
+                && !behind(engines[0], session_id).await
+                && !behind(engines[1], session_id).await
+            {
                 return;
             }
-            match rx.recv().await {
-                Ok(turnstile::engine::Feed::Event(ev)) if ev.body.is_terminal() => {}
-                Ok(_) => continue,
-                Err(_) => {}
-            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{session_id}: not idle after 60 s"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
     }
+}
+
+/// Whether the instance has the session in memory without the log's last events.
+async fn behind(engine: &turnstile::engine::Engine, session_id: &str) -> bool {
+    if !engine.in_memory(session_id).1 {
+        return false; // read from the log when next asked for
+    }
+    let Ok(session) = engine
+        .session(turnstile::engine::Reach::Every, session_id)
+        .await
+    else {
+        return false;
+    };
+    let seen = session.tail().last().map_or(0, |e| e.seq);
+    let newer = engine.store().events(session_id, seen, 1).await;
+    !newer.expect("the log").is_empty()
+}
+
+/// [`TestServer::wait_idle`] on one instance.
+async fn wait_idle_on(engine: &turnstile::engine::Engine, session_id: &str) {
+    let session = engine
+        .session(turnstile::engine::Reach::Every, session_id)
+        .await
+        .expect("session");
+    let (_, mut rx) = session.subscribe();
+    loop {
+        if session.running_turn().is_none() {
+            return;
+        }
+        match rx.recv().await {
+            Ok(turnstile::engine::Feed::Event(ev)) if ev.body.is_terminal() => {}
+            Ok(_) => continue,
+            Err(_) => {}
+        }
+    }
+}
+
+/// Start an instance on port 0.
+async fn start_one(cfg: turnstile::config::Config) -> Running {
+    startup::start(cfg, "127.0.0.1:0".parse().unwrap(), StartOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("start: {e}"))
 }
 
 /// The environment a test server is given: this process's, the variables naming the test
@@ -209,6 +280,19 @@ impl Http {
         path: &str,
         body: Option<Vec<u8>>,
     ) -> hyper::Response<hyper::body::Incoming> {
+        self.try_request_raw(method, path, body)
+            .await
+            .expect("request")
+    }
+
+    /// [`Http::request_raw`] that hands the client's error back (a server killed or not
+    /// listening yet) instead of failing the test.
+    pub async fn try_request_raw(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<hyper::Response<hyper::body::Incoming>, hyper_util::client::legacy::Error> {
         let mut req = hyper::Request::builder()
             .method(method)
             .uri(format!("{}{}", self.base, path))
@@ -219,7 +303,7 @@ impl Http {
         let req = req
             .body(Full::new(Bytes::from(body.unwrap_or_default())))
             .unwrap();
-        self.client.request(req).await.expect("request")
+        self.client.request(req).await
     }
 
     pub async fn call(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {

@@ -4,7 +4,8 @@
 //! as the `postgres` system user (`runuser`), owning the folder.
 //!
 //! `TURNSTILE_TEST_STORE=postgres` makes [`super::config_text`] put every test server on a
-//! fresh database of one cluster shared by the test binary ([`shared`]), stopped at exit.
+//! fresh database of one cluster shared by the test binary ([`shared`]), stopped at exit
+//! (`postgres-pair`: two instances on that database, see `pair.rs`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -241,9 +242,10 @@ fn postgres_ids() -> (u32, u32) {
     (uid, gid)
 }
 
-/// Whether the tests run against PostgreSQL (`TURNSTILE_TEST_STORE=postgres`).
+/// Whether the tests run against PostgreSQL (`TURNSTILE_TEST_STORE=postgres`, or
+/// `postgres-pair`: two instances on it, see `pair.rs`).
 pub fn selected() -> bool {
-    std::env::var("TURNSTILE_TEST_STORE").is_ok_and(|v| v == "postgres")
+    std::env::var("TURNSTILE_TEST_STORE").is_ok_and(|v| v == "postgres" || v == "postgres-pair")
 }
 
 /// The cluster of this test binary, started on first use and stopped at exit.
@@ -253,6 +255,8 @@ pub fn shared() -> &'static PgCluster {
         extern "C" fn stop_at_exit() {
             if let Some(c) = CLUSTER.get() {
                 c.stop();
+                // A static is never dropped: its folder goes here.
+                let _ = std::fs::remove_dir_all(c.dir.path());
             }
         }
         // SAFETY: registers a plain function with no arguments to run at exit.

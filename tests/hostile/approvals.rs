@@ -568,10 +568,15 @@ mod interleavings {
                     assert!(status < 300, "cancel: {status}");
                 }
                 Op::Expire => {
-                    let session = server.engine().session(None, &sid).await.unwrap();
+                    let session = server
+                        .engine()
+                        .session(turnstile::engine::Reach::Owner(None), &sid)
+                        .await
+                        .unwrap();
                     server
                         .engine()
-                        .expire_approvals_ahead(&session, Duration::from_secs(3601));
+                        .expire_approvals_ahead(&session, Duration::from_secs(3601))
+                        .await;
                     let (_, info) = server.http.get(&format!("/sessions/{sid}")).await;
                     assert_eq!(info["pending"], json!([]), "{info}");
                     m.pending.clear();

@@ -104,14 +104,14 @@ async fn a_session_queues_at_most_queued_turns_behind_the_running_one() {
     eventually("every accepted turn ran", || async {
         server
             .engine()
-            .session(None, &sid)
+            .session(turnstile::engine::Reach::Owner(None), &sid)
             .await
             .unwrap()
             .queued_turns()
             .is_empty()
             && server
                 .engine()
-                .session(None, &sid)
+                .session(turnstile::engine::Reach::Owner(None), &sid)
                 .await
                 .unwrap()
                 .running_turn()

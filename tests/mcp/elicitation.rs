@@ -73,14 +73,18 @@ async fn asked(fake: &FakeOpenAi, server: &TestServer) -> (String, Value) {
     .await;
     assert_eq!(status, 200, "{r}");
     assert_eq!(r["stopReason"], "tool_use", "{r}");
-    let q = r["messages"]
+    (sid, question_in(&r))
+}
+
+/// The elicitation call (`tool_use` block) a turn's response stopped on.
+fn question_in(r: &Value) -> Value {
+    r["messages"]
         .as_array()
         .unwrap()
         .iter()
         .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
         .find(|b| b["type"] == "tool_use" && b["name"] == "elicitation")
-        .unwrap_or_else(|| panic!("no elicitation call: {r}"));
-    (sid, q)
+        .unwrap_or_else(|| panic!("no elicitation call: {r}"))
 }
 
 /// Answer the question `q` with `answer` (sent as the tool result's text).
@@ -363,4 +367,92 @@ async fn a_question_not_answered_within_approval_ttl_is_declined_and_its_call_en
     let (_, info) = server.http.get(&format!("/sessions/{sid}")).await;
     assert_eq!(info["status"], "idle", "{info}");
     check_log(server.engine().store(), &sid).await;
+}
+
+/// The config of two instances on one PostgreSQL database (the shared cluster's; with
+/// `TURNSTILE_TEST_STORE=postgres`, `config` names one already): the same text for both.
+fn shared_database_config(fake: &FakeOpenAi) -> String {
+    let text = config(fake, "");
+    if crate::common::postgres::selected() {
+        return text;
+    }
+    text + &crate::common::postgres::shared().store_table("lease_s = 2")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgresql_a_question_asked_on_one_instance_is_answered_through_another() {
+    let fake = FakeOpenAi::start().await;
+    let text = shared_database_config(&fake);
+    let a = TestServer::start(&text).await;
+    let b = TestServer::start(&text).await;
+    // A runs the turn; its MCP call waits there on the question (A keeps the session's lease).
+    let (sid, q) = asked(&fake, &a).await;
+    let qid = q["toolCallId"].as_str().unwrap().to_string();
+
+    // Through B, a bad answer gets one instance's 400 naming the field, and nothing is sent.
+    let bad = json!({"action": "accept", "content": {"email": "ada@example.com", "age": "old"}});
+    let (status, err) = answer(&b, &sid, &q, bad).await;
+    assert_eq!(status, 400, "{err}");
+    assert!(err.to_string().contains("age: expected a integer"), "{err}");
+    let (status, err) = post(
+        &b,
+        &sid,
+        json!({"messages": [{"role": "tool", "toolCallId": "call_nope", "content": "{}"}]}),
+    )
+    .await;
+    assert!(status == 400 || status == 409, "{status} {err}");
+    let (_, info) = a.http.get(&format!("/sessions/{sid}")).await;
+    assert_eq!(info["status"], "awaiting_client", "{info}");
+
+    // A good answer through B: the call on A gets it, and B's client attends the turn to its end.
+    fake.push(Reply::text("You are Ada."));
+    let good = json!({"action": "accept", "content": {"email": "ada@example.com"}});
+    let (status, r) = answer(&b, &sid, &q, good.clone()).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["stopReason"], "end_turn", "{r}");
+    assert!(r.to_string().contains("You are Ada."), "{r}");
+    assert_eq!(
+        child_got(&b, &sid).await["content"]["email"],
+        "ada@example.com"
+    );
+    assert_eq!(results(&a, &sid).await[&qid].0, good.to_string());
+
+    // The other way round, streamed: asked on whichever instance runs the next turn (the
+    // lease went back), answered through the other one in delta mode.
+    let (runner, other) = (&b, &a);
+    fake.push(Reply::tool_calls(&[(
+        "call_ask2",
+        "mcp__asker__ask",
+        json!({}),
+    )]));
+    let (status, r) = post(
+        runner,
+        &sid,
+        json!({"messages": [{"role": "user", "content": "and now?"}]}),
+    )
+    .await;
+    assert_eq!(r["stopReason"], "tool_use", "{status} {r}");
+    let q2 = question_in(&r);
+    fake.push(Reply::text("Still Ada."));
+    let msg = json!({"role": "tool", "toolCallId": q2["toolCallId"], "content": json!({"action": "decline"}).to_string()});
+    let events = other
+        .http
+        .post_sse(
+            &format!("/sessions/{sid}/turns"),
+            &json!({"stream": "delta", "messages": [msg]}),
+        )
+        .await;
+    let n = crate::common::names(&events);
+    assert_eq!(n.first(), Some(&"turn_start"), "{n:?}");
+    assert_eq!(n.last(), Some(&"turn_stop"), "{n:?}");
+    let text: String = events
+        .iter()
+        .filter(|e| e.event == "text_delta")
+        .map(|e| e.data["delta"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, "Still Ada.", "{events:?}");
+    assert_eq!(events.last().unwrap().data["stopReason"], "end_turn");
+    let got: Value = serde_json::from_str(&results(other, &sid).await["call_ask2"].0).unwrap();
+    assert_eq!(got, json!({"action": "decline", "content": null}));
+    check_log(a.engine().store(), &sid).await;
 }

@@ -12,4 +12,5 @@ mod example_server;
 mod federation;
 mod oauth_identity;
 mod oauth_refresh;
+mod reload;
 mod sampling;

@@ -6,6 +6,8 @@ Prints one JSON object per line on stdout: what the scenario saw. Scenarios:
 - tools: list the tools; call a trusted, a denied and an ask tool (without elicitation).
 - accept / decline: call the ask tool with an elicitation handler that accepts / declines.
 - changed: call add_tool, wait for notifications/tools/list_changed, list again.
+- reload: list the tools (printed as before), wait for notifications/tools/list_changed (the
+  test reloads the server's config meanwhile), list again (printed as after).
 - cancel: call slow (ARG: the notify address) with a 1 s timeout (the SDK then cancels it).
 - progress: call slow (300 ms) with a progress callback: print the reports.
 - deliver: write out.txt with the session-scoped server ws, deliver it, download the link.
@@ -79,6 +81,13 @@ async def main(url, key, scenario, arg):
                         await changed.wait()
                     listed = await session.list_tools()
                     out(tools=sorted(t.name for t in listed.tools))
+                elif scenario == "reload":
+                    listed = await session.list_tools()
+                    out(before=sorted(t.name for t in listed.tools))
+                    with anyio.fail_after(60):
+                        await changed.wait()
+                    listed = await session.list_tools()
+                    out(after=sorted(t.name for t in listed.tools))
                 elif scenario == "progress":
                     seen = []
 

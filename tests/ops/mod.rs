@@ -5,4 +5,5 @@ mod bench_smoke;
 mod disk_full;
 mod metrics;
 mod operations;
+mod reload;
 mod traces;

@@ -67,6 +67,7 @@ fn check_turn_tree(rec: &Recorder, request: &SpanRec, sid: &str) {
         "two model calls under the turn: {models:?}"
     );
     for (m, tokens_in) in models.iter().zip(["10", "20"]) {
+        assert_eq!(field(m, "upstream"), "default");
         assert_eq!(field(m, "provider"), "openai");
         assert_eq!(field(m, "model"), "fake-model");
         assert_eq!(field(m, "attempt"), "1");

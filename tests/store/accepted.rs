@@ -419,3 +419,84 @@ async fn sigterm_with_drain_s_lets_the_running_turn_finish_and_keeps_the_queued_
     let end = until_ended(&p.http, &sid, &queued_id).await;
     assert_eq!(end["type"], "turn.completed", "{end}");
 }
+
+/// `kill -9` while a granted call runs: after the restart the answering turn is closed
+/// `worker_lost` with the call it was answering cancelled (`Cancelled.`), so that the history
+/// never holds a call without its answer, and the session's next turn runs (found by the chaos
+/// test: the model was sent the call unanswered, and refused every later turn with a 400).
+#[tokio::test]
+async fn a_granted_call_cut_by_kill_9_is_answered_cancelled_and_the_session_goes_on() {
+    let fake = FakeOpenAi::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let calls = dir.path().join("calls.txt");
+    let server = crate::common::mcp::example_server(
+        "ex",
+        &format!(
+            "args = [\"--log-calls\", {:?}]",
+            calls.display().to_string()
+        ),
+    );
+    let extra = format!("{server}\n[policy]\nask = [\"mcp__ex__slow\"]\ndefault = \"ask\"\n");
+    std::fs::write(dir.path().join("tools.toml"), config_text(&fake, &extra)).unwrap();
+    let mut p = spawn(dir.path()).await;
+    let sid = new_session(&p.http).await;
+    fake.push(Reply::tool_calls(&[(
+        "call_1",
+        "mcp__ex__slow",
+        json!({"ms": 30000}),
+    )]));
+    let (status, paused) = p
+        .http
+        .post(
+            &format!("/sessions/{sid}/turns"),
+            &json!({"messages": [{"role": "user", "content": "go slowly"}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{paused}");
+    assert_eq!(paused["stopReason"], "tool_use", "{paused}");
+    let answer = json!({"stream": "delta", "messages": [
+        {"role": "tool_permission", "toolCallId": "call_1", "granted": true}
+    ]});
+    let stream = crate::common::sse_stream::open(
+        &p.http.base,
+        "POST",
+        &format!("/sessions/{sid}/turns"),
+        &[],
+        Some(&answer),
+    )
+    .await
+    .ok();
+    // Killed once the call has reached the server (it runs for 30 s).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::fs::read_to_string(&calls)
+        .unwrap_or_default()
+        .is_empty()
+    {
+        assert!(std::time::Instant::now() < deadline, "the call never ran");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    kill9(&mut p).await;
+    drop(stream);
+
+    let p = spawn(dir.path()).await;
+    fake.push(Reply::text("going on"));
+    let (status, next) = p
+        .http
+        .post(
+            &format!("/sessions/{sid}/turns"),
+            &json!({"messages": [{"role": "user", "content": "next"}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{next}");
+    assert_eq!(next["stopReason"], "end_turn", "{next}");
+    let events = stored(dir.path(), &sid).await;
+    let cancelled = events.iter().any(|e| {
+        matches!(&e.body, EventBody::ToolResult { tool_use_id, content, .. }
+            if tool_use_id == "call_1" && content == "Cancelled.")
+    });
+    assert!(cancelled, "the cut call is answered: {events:#?}");
+    let t = turns(&events);
+    assert_eq!(t.len(), 3, "{t:?}");
+    assert_eq!(t[1].2, "turn.failed", "{t:?}");
+    assert_eq!(t[2].2, "turn.completed", "{t:?}");
+}

@@ -2,6 +2,7 @@
 //! several instances (leases, the inbox, failover, idempotency keys).
 
 mod accepted;
+mod chaos;
 mod persistence;
 mod postgres;
 mod postgres_idempotency;

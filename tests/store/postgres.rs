@@ -70,7 +70,7 @@ async fn a_fresh_database_is_migrated_and_a_newer_schema_refuses_to_start() {
     drop(store);
     assert_eq!(
         pg.psql("migrate", "SELECT version FROM turnstile_schema"),
-        "5"
+        "7"
     );
     // Opening again (a restart, or a second instance) migrates nothing and keeps the rows.
     let again = Store::open_postgres(&url, false, LEASE, None).expect("reopen");
@@ -283,6 +283,7 @@ async fn a_failed_batch_writes_nothing_and_the_next_one_goes_in() {
     let pg = PgCluster::start();
     let (store, _) = pg_store(&pg, "batches");
     let sid: Arc<str> = Arc::from("sess_a");
+    store.take_lease(&sid).await.unwrap();
     store.append(&sid, &message(1, "one"));
     store.flush().await.unwrap();
     // A batch holding a duplicate seq fails whole: the good event beside it is not written.
@@ -315,6 +316,21 @@ async fn a_failed_batch_writes_nothing_and_the_next_one_goes_in() {
         matches!(&evs[2].body, EventBody::AgentMessage { content, .. } if content == "three again")
     );
     assert_eq!(store.seq_of("sess_a", &evs[1].id).await.unwrap(), Some(2));
+    // A writer that goes on past a failed commit (its seq 4 lost, now 5) leaves no hole.
+    store.fail_commits(1);
+    store.append(&sid, &message(4, "four, lost"));
+    assert!(store.flush().await.is_err());
+    store.append(&sid, &message(5, "five"));
+    let err = store.flush().await.expect_err("an event after a hole");
+    assert!(
+        err.to_string()
+            .contains("session sess_a has no event 4: its event 5 would leave a hole"),
+        "{err}"
+    );
+    assert_eq!(
+        seqs(store.events("sess_a", 0, 100).await.unwrap()),
+        [1, 2, 3]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -339,6 +355,8 @@ async fn a_commit_notifies_each_session_with_its_last_seq_only_once_committed() 
         .await
         .unwrap();
     let (a, b): (Arc<str>, Arc<str>) = (Arc::from("sess_a"), Arc::from("sess_b"));
+    store.take_lease(&a).await.unwrap();
+    store.take_lease(&b).await.unwrap();
     for seq in 1..=3 {
         store.append(&a, &message(seq, "a"));
     }
@@ -495,6 +513,7 @@ async fn group_commit_cost_with_synchronous_commit_on_and_off() {
         );
         let store = Store::open_postgres(&url, false, LEASE, None).expect("open");
         let sid: Arc<str> = Arc::from("sess_one");
+        store.take_lease(&sid).await.unwrap();
         let mut times = Vec::new();
         for seq in 1..=200 {
             store.append(&sid, &message(seq, "x"));
@@ -510,6 +529,7 @@ async fn group_commit_cost_with_synchronous_commit_on_and_off() {
                 let store = store.clone();
                 tokio::spawn(async move {
                     let sid: Arc<str> = Arc::from(format!("sess_w{w}"));
+                    store.take_lease(&sid).await.unwrap();
                     for seq in 1..=50 {
                         store.append(&sid, &message(seq, "y"));
                         store.flush().await.unwrap();

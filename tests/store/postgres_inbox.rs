@@ -361,9 +361,9 @@ async fn a_post_racing_the_holders_release_is_never_stranded() {
         let (posted, released) =
             tokio::join!(b.post_inbox("sess_r", "message", body, None, 32), release);
         match (posted.unwrap(), released.unwrap()) {
-            (Posted::Queued, Released::InboxWaiting) => {
+            (Posted::Queued(_), Released::InboxWaiting) => {
                 queued += 1;
-                let (rows, left) = a.take_inbox("sess_r", 32).await.unwrap();
+                let (rows, left) = a.take_inbox("sess_r", 32, false).await.unwrap();
                 assert_eq!(rows.len(), 1);
                 assert!(!left);
                 let mark = a.lease_mark("sess_r").unwrap();
@@ -375,24 +375,24 @@ async fn a_post_racing_the_holders_release_is_never_stranded() {
             (Posted::NotHeld, Released::Yes) => not_held += 1,
             other => panic!("round {round}: {other:?} strands a row or a lease"),
         }
-        assert_eq!(b.take_inbox("sess_r", 32).await.unwrap().0, []);
+        assert_eq!(b.take_inbox("sess_r", 32, false).await.unwrap().0, []);
     }
     println!("of 60 races: {queued} posted before the release, {not_held} after it");
     // The quota: messages waiting are counted.
     a.take_lease("sess_q").await.unwrap();
     for _ in 0..2 {
         let posted = b.post_inbox("sess_q", "message", "{}".into(), None, 2);
-        assert_eq!(posted.await.unwrap(), Posted::Queued);
+        assert!(matches!(posted.await.unwrap(), Posted::Queued(_)));
     }
     let posted = b.post_inbox("sess_q", "message", "{}".into(), None, 2);
     assert_eq!(posted.await.unwrap(), Posted::Full(2));
     let posted = b.post_inbox("sess_q", "cancel", "{}".into(), None, 2);
-    assert_eq!(posted.await.unwrap(), Posted::Queued);
+    assert!(matches!(posted.await.unwrap(), Posted::Queued(_)));
     // Room for one message: the cancel behind the second waits with it, in order.
-    let (rows, left) = a.take_inbox("sess_q", 1).await.unwrap();
+    let (rows, left) = a.take_inbox("sess_q", 1, false).await.unwrap();
     assert_eq!(rows.len(), 1);
     assert!(left);
-    let (rows, left) = a.take_inbox("sess_q", 5).await.unwrap();
+    let (rows, left) = a.take_inbox("sess_q", 5, false).await.unwrap();
     let kinds: Vec<&str> = rows.iter().map(|r| r.kind.as_str()).collect();
     assert_eq!(kinds, ["message", "cancel"]);
     assert!(!left);

@@ -315,21 +315,11 @@ async fn last_turn_id_reads_the_last_event_of_that_session_only() {
     let url = pg.database("last");
     let store = Store::open_postgres(&url, false, LEASE, None).unwrap();
     assert_eq!(store.last_turn_id("sess_a").await.unwrap(), None);
-    let in_turn = |seq: u64, turn: &str| {
-        Event::new(
-            seq,
-            turnstile::ids::new("evt"),
-            turn.into(),
-            "2026-01-01T00:00:00.000Z".into(),
-            turnstile::log::EventBody::AgentMessage {
-                content: format!("m{seq}"),
-                plan: false,
-                compaction: false,
-                replaces: None,
-            },
-        )
-    };
+    let in_turn = |seq: u64, turn: &str| agent_message(seq, turn, &format!("m{seq}"));
     let (a, b): (Arc<str>, Arc<str>) = ("sess_a".into(), "sess_b".into());
+    for sid in [&a, &b] {
+        store.take_lease(sid).await.unwrap();
+    }
     for (seq, turn) in [(1, "turn_1"), (2, "turn_1"), (3, "turn_2")] {
         store.append(&a, &in_turn(seq, turn));
     }
@@ -355,27 +345,18 @@ async fn a_clash_of_one_session_fails_its_writes_only_and_the_rest_of_the_batch_
     let url = pg.database("clash");
     let store = Store::open_postgres(&url, false, LEASE, None).unwrap();
     let mut heard = store.commits_heard().expect("postgres listens");
-    let ev = |seq: u64| {
-        Event::new(
-            seq,
-            turnstile::ids::new("evt"),
-            "turn_1".into(),
-            "2026-01-01T00:00:00.000Z".into(),
-            turnstile::log::EventBody::AgentMessage {
-                content: format!("m{seq}"),
-                plan: false,
-                compaction: false,
-                replaces: None,
-            },
-        )
-    };
+    let ev = |seq: u64| agent_message(seq, "turn_1", &format!("m{seq}"));
     let (a, b, c): (Arc<str>, Arc<str>, Arc<str>) =
         ("sess_a".into(), "sess_b".into(), "sess_c".into());
+    for sid in [&a, &b, &c] {
+        store.take_lease(sid).await.unwrap();
+    }
     let first_a = ev(1);
     store.append(&a, &first_a);
     store.flush().await.unwrap();
     // The listener is up once it hears a commit (it connects on its own after the open).
     let probe: Arc<str> = "sess_probe".into();
+    store.take_lease(&probe).await.unwrap();
     let mut seq = 0;
     'listening: loop {
         seq += 1;
@@ -432,4 +413,91 @@ async fn a_clash_of_one_session_fails_its_writes_only_and_the_rest_of_the_batch_
     assert!(store.failed(ta) && !store.failed(tb));
     assert_eq!(store.events("sess_b", 0, 10).await.unwrap().len(), 2);
     assert_eq!(store.events("sess_a", 0, 10).await.unwrap().len(), 2);
+}
+
+/// A writer whose lease was taken over while it stalled (a database restart that outlasted
+/// `lease_s`, a process paused that long) writes nothing more of that session: its batch is
+/// refused for that session only, saying why, and the taker's writes are the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_whose_lease_was_taken_over_writes_nothing_more_of_that_session() {
+    use turnstile::log::LeaseTaken;
+    let pg = PgCluster::start();
+    let url = pg.database("fence");
+    let a = Store::open_postgres(&url, false, LEASE, None).unwrap();
+    let b = Store::open_postgres(&url, false, LEASE, None).unwrap();
+    let ev = |seq: u64, text: &str| agent_message(seq, "turn_1", text);
+    let (x, y): (Arc<str>, Arc<str>) = ("sess_x".into(), "sess_y".into());
+    for sid in [&x, &y] {
+        a.take_lease(sid).await.unwrap();
+    }
+    a.append(&x, &ev(1, "a, holding"));
+    a.flush().await.unwrap();
+    // A stalls past its lease (its expiry as after lease_s with no renewal; the holder's name
+    // another's, so that A's own renewal cannot bring it back), and B takes the session over.
+    pg.psql(
+        "fence",
+        "UPDATE leases SET holder = 'inst_stalled', expires_at = now() - interval '1 second'
+          WHERE session_id = 'sess_x'",
+    );
+    assert_eq!(
+        b.take_lease("sess_x").await.unwrap(),
+        LeaseTaken::Held { fresh: true }
+    );
+    let by_b = ev(2, "b, the taker");
+    b.append(&x, &by_b);
+    b.flush().await.unwrap();
+    // A goes on as if it still held x (seq 3: no clash of seqs to catch it), and writes y too.
+    let ta = a.append(&x, &ev(3, "a, stale"));
+    let ty = a.append(&y, &ev(1, "a, still holding y"));
+    let err = a.flush().await.err();
+    assert!(a.failed(ta), "A's write of x went in: {err:?}");
+    assert!(!a.failed(ty), "A's write of y was refused with x's");
+    let ids = |evs: Vec<Event>| evs.into_iter().map(|e| (e.seq, e.id)).collect::<Vec<_>>();
+    assert_eq!(
+        ids(b.events("sess_x", 0, 10).await.unwrap()).last(),
+        Some(&(2, by_b.id.clone())),
+        "the taker's write is the session's last"
+    );
+    assert_eq!(b.events("sess_x", 0, 10).await.unwrap().len(), 2);
+    assert_eq!(b.events("sess_y", 0, 10).await.unwrap().len(), 1);
+    // Alone in its batch, the refusal says why.
+    a.append(&x, &ev(3, "a, stale again"));
+    let err = a
+        .flush()
+        .await
+        .expect_err("a stale writer's batch is refused");
+    assert!(
+        err.to_string()
+            .contains("no longer holds the lease of session sess_x"),
+        "{err}"
+    );
+    // B hands x back; A, which never saw its lease go, takes it again as new: what it holds of
+    // x in memory is stale, and it must read x back before it writes.
+    b.release_lease("sess_x", b.lease_mark("sess_x").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        a.take_lease("sess_x").await.unwrap(),
+        LeaseTaken::Held { fresh: true }
+    );
+    assert_eq!(
+        a.take_lease("sess_y").await.unwrap(),
+        LeaseTaken::Held { fresh: false }
+    );
+}
+
+/// An `agent.message` event of `turn` at `seq`.
+fn agent_message(seq: u64, turn: &str, text: &str) -> Event {
+    Event::new(
+        seq,
+        turnstile::ids::new("evt"),
+        turn.into(),
+        "2026-01-01T00:00:00.000Z".into(),
+        turnstile::log::EventBody::AgentMessage {
+            content: text.into(),
+            plan: false,
+            compaction: false,
+            replaces: None,
+        },
+    )
 }

@@ -8,7 +8,7 @@ use toml::Spanned;
 use super::error::{ConfigError, Cx};
 use super::values::{is_name, key_path};
 use crate::config::raw::RawAgent;
-use crate::config::AgentConfig;
+use crate::config::{AgentConfig, ToolGlobs, UpstreamConfig};
 
 /// Default `[agents.X] max_steps`.
 const DEFAULT_MAX_STEPS: i64 = 32;
@@ -39,11 +39,12 @@ fn default_agent() -> AgentConfig {
         version: DEFAULT_AGENT_VERSION.to_string(),
         system_prompt: "You are a helpful assistant.".to_string(),
         tools: vec!["*".to_string()],
-        tool_globs: tools.build().unwrap_or_else(|_| GlobSet::empty()),
+        tool_globs: ToolGlobs::new(tools.build().unwrap_or_else(|_| GlobSet::empty())),
         max_steps: DEFAULT_MAX_STEPS as u32,
         turn_timeout: Duration::from_secs(DEFAULT_TURN_TIMEOUT_S.unsigned_abs()),
         thinking: false,
         models: Vec::new(),
+        upstreams: Vec::new(),
         client_system_prompt: true,
         approval_ttl: Duration::from_secs(DEFAULT_APPROVAL_TTL_S.unsigned_abs()),
         wrap_up: Duration::from_secs(DEFAULT_WRAP_UP_S.unsigned_abs()),
@@ -53,14 +54,83 @@ fn default_agent() -> AgentConfig {
     }
 }
 
+/// The agents, each one's `upstreams` checked against (and defaulting to) `upstreams`.
 pub(super) fn agents(
     cx: &Cx<'_>,
     raw: Option<&indexmap::IndexMap<String, Spanned<RawAgent>>>,
+    upstreams: &[UpstreamConfig],
 ) -> Result<Vec<AgentConfig>, ConfigError> {
     let Some(raw) = raw.filter(|m| !m.is_empty()) else {
-        return Ok(vec![default_agent()]);
+        let mut agent = default_agent();
+        agent.upstreams = upstreams.iter().map(|u| u.name.clone()).collect();
+        return Ok(vec![agent]);
     };
-    raw.iter().map(|(name, t)| agent(cx, name, t)).collect()
+    raw.iter()
+        .map(|(name, t)| {
+            let mut agent = agent(cx, name, t)?;
+            agent.upstreams = agent_upstreams(cx, name, t, upstreams)?;
+            Ok(agent)
+        })
+        .collect()
+}
+
+/// `upstreams`: names of `[upstreams.*]` tables, each once (default: all, in file order); and
+/// each of the agent's `models` served by one of them.
+fn agent_upstreams(
+    cx: &Cx<'_>,
+    name: &str,
+    table: &Spanned<RawAgent>,
+    all: &[UpstreamConfig],
+) -> Result<Vec<String>, ConfigError> {
+    let t = table.get_ref();
+    let key = key_path(&["agents", name, "upstreams"]);
+    let mut chosen: Vec<String> = Vec::new();
+    for u in t.upstreams.iter().flatten() {
+        let wanted = u.get_ref();
+        if !all.iter().any(|x| &x.name == wanted) {
+            let known: Vec<String> = all.iter().map(|x| format!("{:?}", x.name)).collect();
+            return Err(cx.err(
+                u.span(),
+                &key,
+                format!(
+                    "unknown upstream {wanted:?} (the file's upstreams: {})",
+                    known.join(", ")
+                ),
+            ));
+        }
+        if chosen.contains(wanted) {
+            return Err(cx.err(u.span(), &key, format!("{wanted:?} is named twice")));
+        }
+        chosen.push(wanted.clone());
+    }
+    if t.upstreams.as_ref().is_some_and(|u| u.is_empty()) {
+        return Err(cx.err(
+            table.span(),
+            &key,
+            "empty: name at least one upstream, or remove the key (default: all of them)",
+        ));
+    }
+    if chosen.is_empty() {
+        chosen = all.iter().map(|u| u.name.clone()).collect();
+    }
+    for m in t.models.iter().flatten() {
+        let served = chosen
+            .iter()
+            .filter_map(|n| all.iter().find(|u| &u.name == n))
+            .any(|u| u.serves(m.get_ref()));
+        if !served {
+            return Err(cx.err(
+                m.span(),
+                &key_path(&["agents", name, "models"]),
+                format!(
+                    "{:?} is served by none of the agent's upstreams ({}): add it to one's models",
+                    m.get_ref(),
+                    chosen.join(", ")
+                ),
+            ));
+        }
+    }
+    Ok(chosen)
 }
 
 fn agent(cx: &Cx<'_>, name: &str, table: &Spanned<RawAgent>) -> Result<AgentConfig, ConfigError> {
@@ -106,6 +176,7 @@ fn agent(cx: &Cx<'_>, name: &str, table: &Spanned<RawAgent>) -> Result<AgentConf
         )?,
         thinking: t.thinking.unwrap_or(false),
         models,
+        upstreams: Vec::new(),
         client_system_prompt: t.client_system_prompt.unwrap_or(true),
         approval_ttl: cx.secs(
             t.approval_ttl_s.as_ref(),
@@ -134,22 +205,15 @@ fn tools(
     cx: &Cx<'_>,
     table: &Spanned<RawAgent>,
     key: &str,
-) -> Result<(Vec<String>, GlobSet), ConfigError> {
+) -> Result<(Vec<String>, ToolGlobs), ConfigError> {
     let Some(patterns) = &table.get_ref().tools else {
         return Ok((vec!["*".to_string()], default_agent().tool_globs));
     };
-    let mut builder = GlobSetBuilder::new();
-    for p in patterns {
-        builder.add(cx.glob(p, key)?);
-    }
-    let set = builder.build().map_err(|e| {
-        cx.err(
-            table.span(),
-            key,
-            format!("invalid tools globs: {}", e.kind()),
-        )
-    })?;
-    Ok((patterns.iter().map(|p| p.get_ref().clone()).collect(), set))
+    let set = cx.glob_set(patterns, table.span(), key)?;
+    Ok((
+        patterns.iter().map(|p| p.get_ref().clone()).collect(),
+        ToolGlobs::new(set),
+    ))
 }
 
 /// `compact_at`: a share of the context window in (0, 1].

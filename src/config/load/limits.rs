@@ -72,5 +72,15 @@ pub(super) fn limits(
             "limits.tool_result_bytes",
             d.tool_result_bytes,
         )?,
+        budgets: super::budget_keys::budgets(
+            cx,
+            "limits",
+            super::budget_keys::RawBudgets {
+                requests_per_minute: t.requests_per_minute.as_ref(),
+                tokens_per_day: t.tokens_per_day.as_ref(),
+                tool_calls_per_day: t.tool_calls_per_day.as_ref(),
+                usd_per_month: t.usd_per_month.as_ref(),
+            },
+        )?,
     })
 }

@@ -7,12 +7,14 @@
 //! No input makes this module panic.
 //!
 //! One file per table of the file ([`server`], [`upstream`], [`agents`], [`mcp_servers`],
-//! [`policy`], [`files`], [`limits`], [`telemetry`], [`store`]); [`parse`] turns TOML and serde errors into
+//! [`policy`], [`files`], [`limits`], [`telemetry`], [`store`], [`keys`]); [`parse`] turns TOML and serde errors into
 //! [`ConfigError`]s and [`values`] holds the checks on single values that the tables share.
 
 mod agents;
+mod budget_keys;
 mod error;
 mod files;
+mod keys;
 mod limits;
 mod mcp_client;
 mod mcp_endpoint;
@@ -79,12 +81,14 @@ pub fn load_str(path: &Path, text: &str, env: &Env) -> Result<Config, ConfigErro
         })?;
     let cx = cx;
     let base_dir = path.parent().unwrap_or_else(|| Path::new(""));
-    let agents = agents::agents(&cx, raw.agents.as_ref())?;
+    let upstreams = upstream::upstreams(&cx, raw.upstream.as_ref(), raw.upstreams.as_ref())?;
+    let agents = agents::agents(&cx, raw.agents.as_ref(), &upstreams)?;
     let mcp_endpoint = mcp_endpoint::mcp_endpoint(&cx, raw.mcp_endpoint.as_ref(), &agents)?;
+    let keys = keys::keys(&cx, raw.keys.as_ref(), &agents)?;
     Ok(Config {
         path: path.to_path_buf(),
         server: server::server(&cx, raw.server.as_ref(), base_dir)?,
-        upstream: upstream::upstream(&cx, raw.upstream.as_ref())?,
+        upstreams,
         agents,
         mcp_servers: mcp_servers::mcp_servers(&cx, raw.mcp_servers.as_ref(), base_dir)?,
         policy: policy::policy(&cx, raw.policy.as_ref())?,
@@ -93,6 +97,7 @@ pub fn load_str(path: &Path, text: &str, env: &Env) -> Result<Config, ConfigErro
         telemetry: telemetry::telemetry(&cx, raw.telemetry.as_ref())?,
         mcp_endpoint,
         store: store::store(&cx, raw.store.as_ref())?,
+        keys,
         env: env.clone(),
     })
 }

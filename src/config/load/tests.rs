@@ -61,13 +61,16 @@ fn contract_example_loads_with_its_values() {
     assert_eq!(c.server.sandboxes, Path::new("/etc/turnstile/sandboxes"));
     assert_eq!(c.server.api_keys_env, None);
 
-    assert_eq!(c.upstream.provider, ProviderKind::OpenAi);
-    assert_eq!(c.upstream.base_url, "http://127.0.0.1:11434/v1");
-    assert_eq!(c.upstream.api_key_env.as_deref(), Some("OPENAI_API_KEY"));
-    assert_eq!(c.upstream.model, "qwen3:8b");
-    assert_eq!(c.upstream.max_tokens, None);
-    assert_eq!(c.upstream.timeout, Duration::from_secs(600));
-    assert_eq!(c.upstream.retries, 2);
+    assert_eq!(c.upstreams[0].provider, ProviderKind::OpenAi);
+    assert_eq!(c.upstreams[0].base_url, "http://127.0.0.1:11434/v1");
+    assert_eq!(
+        c.upstreams[0].api_key_env.as_deref(),
+        Some("OPENAI_API_KEY")
+    );
+    assert_eq!(c.upstreams[0].model, "qwen3:8b");
+    assert_eq!(c.upstreams[0].max_tokens, None);
+    assert_eq!(c.upstreams[0].timeout, Duration::from_secs(600));
+    assert_eq!(c.upstreams[0].retries, 2);
 
     assert_eq!(c.agents.len(), 1);
     let a = c.default_agent();
@@ -149,13 +152,13 @@ fn empty_file_gets_echo_default_agent_and_every_default() {
     assert!(c.server.public_meta);
     assert_eq!(c.server.max_body_bytes, 4_194_304);
 
-    assert_eq!(c.upstream.provider, ProviderKind::Echo);
-    assert_eq!(c.upstream.model, "echo");
-    assert_eq!(c.upstream.base_url, "");
-    assert_eq!(c.upstream.api_key_env, None);
-    assert_eq!(c.upstream.max_tokens, None);
-    assert_eq!(c.upstream.timeout, Duration::from_secs(600));
-    assert_eq!(c.upstream.retries, 2);
+    assert_eq!(c.upstreams[0].provider, ProviderKind::Echo);
+    assert_eq!(c.upstreams[0].model, "echo");
+    assert_eq!(c.upstreams[0].base_url, "");
+    assert_eq!(c.upstreams[0].api_key_env, None);
+    assert_eq!(c.upstreams[0].max_tokens, None);
+    assert_eq!(c.upstreams[0].timeout, Duration::from_secs(600));
+    assert_eq!(c.upstreams[0].retries, 2);
 
     assert_eq!(c.agents.len(), 1);
     let a = c.default_agent();
@@ -309,7 +312,7 @@ fn other_sections_and_policy_default() {
         c.telemetry.otlp_endpoint.as_deref(),
         Some("http://127.0.0.1:4317")
     );
-    assert_eq!(c.upstream.headers["X-Org"], "${ORG}", "kept as written");
+    assert_eq!(c.upstreams[0].headers["X-Org"], "${ORG}", "kept as written");
     assert_eq!(c.agents[0].wrap_up, Duration::from_secs(5));
     assert_eq!(c.agents[0].context_tokens, Some(32000));
     assert_eq!(c.agents[0].compact_at, 0.5);
@@ -378,7 +381,7 @@ fn never_panics_on_odd_input() {
 fn repository_example_is_valid_and_uses_echo() {
     let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tools.toml"));
     let c = load(path, &Env::default()).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(c.upstream.provider, ProviderKind::Echo);
+    assert_eq!(c.upstreams[0].provider, ProviderKind::Echo);
     assert_eq!(
         c.server.listen,
         SocketAddr::from((Ipv4Addr::LOCALHOST, 8787))

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::time::Duration;
 
-use globset::{Glob, GlobBuilder};
+use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
 use toml::Spanned;
 
 use std::path::{Path, PathBuf};
@@ -214,6 +214,22 @@ impl Cx<'_> {
                     ),
                 )
             })
+    }
+
+    /// `tools`-like globs as one set (`span`: the table, for an error of the set as a whole).
+    pub(super) fn glob_set(
+        &self,
+        patterns: &[Spanned<String>],
+        span: Range<usize>,
+        key: &str,
+    ) -> Result<GlobSet, ConfigError> {
+        let mut builder = GlobSetBuilder::new();
+        for p in patterns {
+            builder.add(self.glob(p, key)?);
+        }
+        builder
+            .build()
+            .map_err(|e| self.err(span, key, format!("invalid tools globs: {}", e.kind())))
     }
 
     /// A string that must be one of `allowed`.

@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::engine::types::TurnInput;
+use crate::engine::types::{ClientResult, Permission, SessionUpdate, TurnInput};
 use crate::log::FileRef;
 
 /// A request in the inbox.
@@ -30,6 +30,20 @@ pub(super) enum Relayed {
     /// The decision's `plan_decision` block.
     Plan {
         decision: Value,
+    },
+    /// A client's answers to the calls a turn stopped on, sent where the session's MCP calls
+    /// wait on them (see `answer_relay.rs`): a follow-up turn the client attends from the
+    /// instance it reached.
+    Resume {
+        results: Vec<ClientResult>,
+        permissions: Vec<Permission>,
+        /// The session settings the follow-up changes (AAP sends its client tools again).
+        #[serde(default)]
+        update: SessionUpdate,
+        /// The client shows streamed text as it comes (see
+        /// [`ShownText`](crate::engine::types::ShownText)).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        irrevocable: bool,
     },
 }
 
@@ -61,6 +75,7 @@ impl Relayed {
             Relayed::Cancel { .. } => "cancel",
             Relayed::Interrupt => "interrupt",
             Relayed::Plan { .. } => "plan",
+            Relayed::Resume { .. } => "resume",
         }
     }
 }

@@ -4,16 +4,25 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::config::AgentConfig;
 use crate::engine::engine_handle::Engine;
 use crate::engine::registry::view;
 use crate::engine::session::Session;
-use crate::engine::session_record::SessionRecord;
-use crate::engine::session_settings::agent_names;
+use crate::engine::session_record::{SessionRecord, ToolGrant};
 use crate::engine::turn_job::StopCause;
-use crate::engine::types::{EngineError, NewSession, SessionUpdate, SessionView};
+use crate::engine::types::{
+    AgentChoice, EngineError, NewSession, Reach, SessionUpdate, SessionView,
+};
 use crate::message::Message;
 use crate::sync::lock;
 use crate::{clock, ids};
+
+/// A new session's agent, its tools (`None`: every permitted one) and its options.
+type Chosen<'a> = (
+    std::borrow::Cow<'a, AgentConfig>,
+    Option<Vec<ToolGrant>>,
+    BTreeMap<String, String>,
+);
 
 impl Engine {
     /// Create a session. It does not run the agent.
@@ -23,25 +32,7 @@ impl Engine {
         new: NewSession,
     ) -> Result<SessionView, EngineError> {
         self.check_open()?;
-        let config = &self.inner.config;
-        let (agent, tools, options) = match new.agent {
-            Some(choice) => {
-                let agent = config.agent(&choice.name).ok_or_else(|| {
-                    EngineError::Invalid(format!(
-                        "unknown agent {:?}; GET /meta lists the agents: {}",
-                        choice.name,
-                        agent_names(config)
-                    ))
-                })?;
-                // AAP: `agent.tools` omitted means every exposed server tool is disabled.
-                (
-                    agent,
-                    Some(choice.tools.unwrap_or_default()),
-                    choice.options,
-                )
-            }
-            None => (config.default_agent(), None, BTreeMap::new()),
-        };
+        let (agent, tools, options) = self.chosen_agent(owner.as_deref(), new.agent)?;
         if !agent.client_system_prompt
             && new.seed.iter().any(|m| matches!(m, Message::System { .. }))
         {
@@ -59,7 +50,7 @@ impl Engine {
             asked: Vec::new(),
         };
         self.apply_update(
-            agent,
+            &agent,
             &mut record,
             SessionUpdate {
                 tools,
@@ -95,9 +86,37 @@ impl Engine {
         Ok(view(&session))
     }
 
+    /// The agent a new session of this owner id gets, as its principal sees it, with the
+    /// session's tools and options: the one it chose, or without a choice the first agent the
+    /// principal may use (`[keys.NAME] agents`; the file's first without keys) with every
+    /// permitted tool.
+    fn chosen_agent(
+        &self,
+        owner: Option<&str>,
+        choice: Option<AgentChoice>,
+    ) -> Result<Chosen<'_>, EngineError> {
+        let config = &self.inner.config();
+        Ok(match choice {
+            Some(choice) => {
+                let agent = self.agent_for(owner, &choice.name)?;
+                // AAP: `agent.tools` omitted means every exposed server tool is disabled.
+                (
+                    agent,
+                    Some(choice.tools.unwrap_or_default()),
+                    choice.options,
+                )
+            }
+            None => {
+                let first = config.agents_of(owner).first().map(|a| a.name.clone());
+                let first = first.unwrap_or_else(|| config.default_agent().name.clone());
+                (self.agent_for(owner, &first)?, None, BTreeMap::new())
+            }
+        })
+    }
+
     /// Delete a session, its log and its workspace. A running turn is cancelled first.
-    pub async fn delete_session(&self, owner: Option<&str>, id: &str) -> Result<(), EngineError> {
-        let session = self.session(owner, id).await?;
+    pub async fn delete_session(&self, reach: Reach<'_>, id: &str) -> Result<(), EngineError> {
+        let session = self.session(reach, id).await?;
         let (running, first) = {
             let mut st = session.lock();
             let first = st.mark_deleted();
@@ -124,7 +143,7 @@ impl Engine {
         lock(&self.inner.sessions).remove(id);
         committed?;
         self.inner.tools.session_closed(id).await;
-        let workspace = self.inner.config.server.sandboxes.join(id);
+        let workspace = self.inner.config().server.sandboxes.join(id);
         match tokio::fs::remove_dir_all(&workspace).await {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

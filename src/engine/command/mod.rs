@@ -7,8 +7,9 @@
 //!
 //! - [`Engine::create_session`], [`Engine::delete_session`] (`lifecycle.rs`);
 //! - [`Engine::start_turn`]: a turn a client attends (it may answer permissions and questions:
-//!   a [`TurnInput::Resume`]), or one nobody attends (a run); refused `session_busy` while
-//!   another instance runs the session;
+//!   a [`TurnInput::Resume`], sent to the instance whose MCP calls wait on them, see
+//!   `answer_relay.rs`), or one nobody attends (a run); refused `session_busy` while a turn
+//!   runs on the session, here or on another instance;
 //! - [`Engine::queue_message`]: a message's turn nobody attends, queued behind the running one
 //!   wherever it runs;
 //! - [`Engine::cancel`]: one turn, or with none every turn and a plan's wait (an interrupt);
@@ -16,6 +17,7 @@
 //!
 //! The local steps: `start.rs` (admit, then run or queue), `cancel.rs`, `plan.rs`.
 
+mod answer_relay;
 mod cancel;
 mod inbox_entry;
 mod lifecycle;
@@ -38,19 +40,56 @@ use inbox_entry::Relayed;
 /// Tries of a request while the lease changes hands under it (taken, handed back).
 const TRIES: usize = 4;
 
+/// A turn refused by an instance handing the session's lease back claims it again after this,
+/// doubled at each try (in all, at most ~0.4 s: one round trip of the store is what the hand-
+/// back takes).
+const CLAIM_AGAIN_AFTER: std::time::Duration = std::time::Duration::from_millis(25);
+
+/// How long a relayed cancel or plan decision waits for the holder to apply it (it takes a
+/// few milliseconds when the holder is alive).
+const REPLY_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How long a turn waits for the session's turn whose terminal event is written to be over
+/// (see [`Session::until_ending_turn_over`]): the commit it waits on, then a lock.
+const TURN_OVER_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl Engine {
     /// Start a turn: validate the order against the session's state, apply its overrides and
     /// run the turn (on its own task, or its watcher's), or queue it behind the running one
-    /// when the order says so. `session_busy` while another instance runs the session.
+    /// when the order says so. `session_busy` while another instance runs a turn on the
+    /// session; a client's answers to calls another instance holds open go to it.
     pub async fn start_turn(
         &self,
         session: &Arc<Session>,
         order: TurnOrder,
     ) -> Result<TurnHandle, EngineError> {
-        let claim = scaleout::claim(&self.inner, session).await?;
-        let started = start::start_here(self, session, order, None, false);
-        drop(claim);
-        started
+        self.may_run(session)?;
+        self.within_budget(session).await?;
+        for attempt in 0..TRIES {
+            let claim = match scaleout::claim(&self.inner, session).await {
+                Err(busy @ EngineError::Busy { .. }) => {
+                    let order = order.clone();
+                    match answer_relay::answer_elsewhere(self, session, order, busy).await? {
+                        answer_relay::Sent::Turn(handle) => return Ok(handle),
+                        answer_relay::Sent::ClaimAgain => {
+                            tokio::time::sleep(CLAIM_AGAIN_AFTER * (1 << attempt)).await;
+                            continue;
+                        }
+                    }
+                }
+                claimed => claimed?,
+            };
+            session.until_ending_turn_over(TURN_OVER_WITHIN).await;
+            let started = start::start_here(self, session, order, None, false);
+            drop(claim);
+            if started.is_err() {
+                refused(self, session).await;
+            }
+            return started;
+        }
+        Err(EngineError::Busy {
+            turn_id: String::new(),
+        })
     }
 
     /// Queue a turn no client attends (`order` is [`TurnOrder::unattended`]: a message, a
@@ -62,12 +101,18 @@ impl Engine {
         session: &Arc<Session>,
         order: TurnOrder,
     ) -> Result<String, EngineError> {
+        self.may_run(session)?;
+        self.within_budget(session).await?;
         let mut busy = None;
         for _ in 0..TRIES {
             match scaleout::claim(&self.inner, session).await {
                 Ok(claim) => {
+                    scaleout::take_sent_before(&self.inner, session).await;
                     let started = start::start_here(self, session, order, None, false);
                     drop(claim);
+                    if started.is_err() {
+                        refused(self, session).await;
+                    }
                     let mut handle = started?;
                     handle.accepted().await?;
                     return Ok(handle.turn_id.clone());
@@ -82,7 +127,7 @@ impl Engine {
             let posted =
                 scaleout::post(&self.inner, session, "message", body, Some(turn_id.clone()));
             match posted.await? {
-                Posted::Queued => return Ok(turn_id),
+                Posted::Queued(_) => return Ok(turn_id),
                 Posted::NotHeld => continue,
                 Posted::Full(n) => return Err(queue_full(n)),
             }
@@ -90,6 +135,28 @@ impl Engine {
         Err(busy.unwrap_or(EngineError::Busy {
             turn_id: String::new(),
         }))
+    }
+
+    /// Whether the session's owner may still use its agent (`[keys.NAME] agents` may have
+    /// changed since the session was made): checked here too, before an order is relayed to
+    /// the instance that runs the session, so that the caller gets the `forbidden` at once.
+    fn may_run(&self, session: &Session) -> Result<(), EngineError> {
+        let agent = session.record().agent.clone();
+        self.agent_of(session, &agent).map(drop)
+    }
+
+    /// Whether the session's owner may start a turn now: its budgets (`[keys.NAME]`,
+    /// `[limits]`) not spent and its rate limit not reached, checked before anything is
+    /// started or relayed, so that no model is called for a refused turn. A turn accepted
+    /// runs to its end whatever it spends.
+    async fn within_budget(&self, session: &Session) -> Result<(), EngineError> {
+        let config = &self.inner.config();
+        let owner = session.owner.as_deref();
+        let admitted = self.inner.ledger.admit(config, owner).await;
+        admitted.map_err(|r| {
+            tracing::info!(session = %session.id, principal = crate::usage::principal_name(owner), budget = r.budget, "a turn refused: {}", r.kind);
+            EngineError::Refused(Box::new(r))
+        })
     }
 
     /// Cancel one turn (running or queued) or, with none, the running turn, every queued one
@@ -129,8 +196,10 @@ impl Engine {
                     self.open_turn(session).await?.into_iter().collect(),
                 ),
             };
-            if self.relay(session, &relayed, None).await? == Posted::Queued {
-                return Ok(stops);
+            if let Some(reply) = self.relay(session, &relayed, None).await? {
+                // The holder's word on what it stopped; without it, what the log shows.
+                let stopped = reply.and_then(|r| serde_json::from_value(r["stopped"].clone()).ok());
+                return Ok(stopped.unwrap_or(stops));
             }
         }
         Ok(Vec::new())
@@ -148,6 +217,8 @@ impl Engine {
         decision: PlanDecision,
         attend_at: &'static str,
     ) -> Result<String, EngineError> {
+        self.may_run(session)?;
+        self.within_budget(session).await?;
         if self.inner.store.instance().is_none() {
             let mut handle = plan::decide_here(self, session, decision, attend_at, None, false)?;
             handle.accepted().await?;
@@ -163,7 +234,7 @@ impl Engine {
                     let mut handle = match decided {
                         Ok(handle) => handle,
                         Err(e) => {
-                            scaleout::release_when_idle(&self.inner, session).await;
+                            refused(self, session).await;
                             return Err(e);
                         }
                     };
@@ -180,7 +251,10 @@ impl Engine {
                 decision: decision.block(),
             };
             let turn_id = crate::ids::new("turn");
-            if self.relay(session, &relayed, Some(turn_id.clone())).await? == Posted::Queued {
+            if let Some(reply) = self.relay(session, &relayed, Some(turn_id.clone())).await? {
+                if let Some(e) = reply.as_ref().and_then(|r| r["error"].as_str()) {
+                    return Err(EngineError::Conflict(e.to_string()));
+                }
                 // Decided: a second decision here is refused (the log says so once the
                 // holder has run it).
                 session.lock().drop_plan();
@@ -207,8 +281,30 @@ impl Engine {
             .map(|e| e.turn_id.clone()))
     }
 
-    /// Send a request to the instance that runs the session.
+    /// Send a request to the instance that runs the session and wait for it to be applied
+    /// there (at most [`REPLY_WITHIN`]), so that it has taken effect before the client hears
+    /// back, as on one instance. `None`: no other instance holds the session (claim it);
+    /// `Some` with the holder's reply (see [`Applied`](super::engine_handle::Applied)), or
+    /// `None` in it when none came in time (the holder gone: the next one applies it).
     async fn relay(
+        &self,
+        session: &Session,
+        relayed: &Relayed,
+        turn_id: Option<String>,
+    ) -> Result<Option<Option<serde_json::Value>>, EngineError> {
+        let seq = match self.post_relayed(session, relayed, turn_id).await? {
+            Posted::Queued(seq) => seq,
+            Posted::NotHeld | Posted::Full(_) => return Ok(None),
+        };
+        let reply = self.inner.store.applied(seq, REPLY_WITHIN).await;
+        if reply.is_none() {
+            tracing::warn!(session = %session.id, kind = relayed.kind(), "the instance running the session did not reply in time; answered as the log shows");
+        }
+        Ok(Some(reply.and_then(|r| serde_json::from_str(&r).ok())))
+    }
+
+    /// Send a request to the instance that runs the session (see [`Engine::relay`]).
+    async fn post_relayed(
         &self,
         session: &Session,
         relayed: &Relayed,
@@ -217,4 +313,11 @@ impl Engine {
         let body = serde_json::to_string(relayed).unwrap_or_default();
         scaleout::post(&self.inner, session, relayed.kind(), body, turn_id).await
     }
+}
+
+/// A request refused after its claim (a conflict, a bad answer, a limit): nothing was started
+/// here, so the lease the claim may have taken goes back. Kept, it would make the session's
+/// next request `session_busy` on every other instance until one came here again.
+async fn refused(engine: &Engine, session: &Arc<Session>) {
+    scaleout::release_when_idle(&engine.inner, session).await;
 }

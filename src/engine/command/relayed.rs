@@ -7,13 +7,13 @@
 
 use std::sync::Arc;
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use super::inbox_entry::Relayed;
-use crate::engine::engine_handle::Engine;
+use crate::engine::engine_handle::{Applied, Engine};
 use crate::engine::session::Session;
 use crate::engine::session_record::PlanDecision;
-use crate::engine::types::{EngineError, TurnInput, TurnOrder};
+use crate::engine::types::{EngineError, ShownText, TurnInput, TurnOrder};
 use crate::log::InboxRow;
 
 /// Where a client attends a turn, for the turns the holder starts from the inbox (the events
@@ -21,9 +21,10 @@ use crate::log::InboxRow;
 const ATTEND_AT: &str = "POST /sessions/{id}/turns";
 
 /// Apply the rows taken from the session's inbox in order, as the requests they were (the
-/// engine's [`Inner::apply_relayed`](crate::engine::engine_handle::Inner)); the rows that must wait (from the first
-/// that cannot be applied now on).
-pub(crate) fn apply(engine: &Engine, session: &Arc<Session>, rows: Vec<InboxRow>) -> Vec<InboxRow> {
+/// engine's [`Inner::apply_relayed`](crate::engine::engine_handle::Inner)): the rows that must
+/// wait (from the first that cannot be applied now on), and the replies to their senders.
+pub(crate) fn apply(engine: &Engine, session: &Arc<Session>, rows: Vec<InboxRow>) -> Applied {
+    let mut applied = Applied::default();
     let mut rows = rows.into_iter();
     while let Some(row) = rows.next() {
         let relayed: Relayed = match serde_json::from_str(&row.body) {
@@ -33,63 +34,87 @@ pub(crate) fn apply(engine: &Engine, session: &Arc<Session>, rows: Vec<InboxRow>
                 continue;
             }
         };
-        let done = match relayed {
-            Relayed::Message {
-                content,
-                files,
-                skills,
-                plan,
-                max_steps,
-            } => {
-                let input = TurnInput::User {
-                    content,
-                    files,
-                    skills,
-                };
-                let order = TurnOrder {
-                    plan,
-                    ..TurnOrder::unattended(input, ATTEND_AT)
-                }
-                .with_max_steps(max_steps);
-                super::start::start_here(engine, session, order, row.turn_id.clone(), true)
-                    .map(drop)
-            }
-            Relayed::Cancel { turn_id } => {
-                super::cancel::cancel_here(engine, session, turn_id.as_deref());
-                Ok(())
-            }
-            Relayed::Interrupt => {
-                super::cancel::cancel_here(engine, session, None);
-                Ok(())
-            }
-            Relayed::Plan { decision } => {
-                match PlanDecision::of_content(&Value::Array(vec![decision])) {
-                    Some(d) => super::plan::decide_here(
-                        engine,
-                        session,
-                        d,
-                        ATTEND_AT,
-                        row.turn_id.clone(),
-                        true,
-                    )
-                    .map(drop),
-                    None => Ok(()),
-                }
-            }
-        };
-        match done {
-            Ok(()) => {}
+        let replies = !matches!(relayed, Relayed::Message { .. } | Relayed::Resume { .. });
+        let reply = match carry_out(engine, session, relayed, row.turn_id.clone()) {
+            Ok(stopped) => json!({ "stopped": stopped }),
             Err(EngineError::ShuttingDown)
             | Err(EngineError::OverLimit {
                 server_wide: true, ..
-            }) => return std::iter::once(row).chain(rows).collect(),
+            }) => {
+                applied.back = std::iter::once(row).chain(rows).collect();
+                return applied;
+            }
             Err(e) => {
                 tracing::warn!(session = %session.id, turn = ?row.turn_id, error = %e, "a request waiting in the inbox could not be carried out; dropped");
                 if let Some(turn_id) = &row.turn_id {
                     engine.inner.store.inbox_row_done(&session.id, turn_id);
                 }
+                json!({ "error": e.to_string() })
+            }
+        };
+        if replies {
+            applied.replies.push((row.seq, reply.to_string()));
+        }
+    }
+    applied
+}
+
+/// Carry out one request of the inbox, under the turn id it was answered with (if any): the
+/// turns a cancel or an interrupt stopped.
+fn carry_out(
+    engine: &Engine,
+    session: &Arc<Session>,
+    relayed: Relayed,
+    turn_id: Option<String>,
+) -> Result<Vec<String>, EngineError> {
+    match relayed {
+        Relayed::Message {
+            content,
+            files,
+            skills,
+            plan,
+            max_steps,
+        } => {
+            let input = TurnInput::User {
+                content,
+                files,
+                skills,
+            };
+            let order = TurnOrder {
+                plan,
+                ..TurnOrder::unattended(input, ATTEND_AT)
+            }
+            .with_max_steps(max_steps);
+            super::start::start_here(engine, session, order, turn_id, true).map(|_| Vec::new())
+        }
+        Relayed::Cancel { turn_id } => Ok(super::cancel::cancel_here(
+            engine,
+            session,
+            turn_id.as_deref(),
+        )),
+        Relayed::Interrupt => Ok(super::cancel::cancel_here(engine, session, None)),
+        Relayed::Resume {
+            results,
+            permissions,
+            update,
+            irrevocable,
+        } => {
+            let input = TurnInput::Resume {
+                results,
+                permissions,
+            };
+            let mut order = TurnOrder::attended(input, update);
+            if irrevocable {
+                order.delivery.text = ShownText::Irrevocable;
+            }
+            super::start::start_here(engine, session, order, turn_id, true).map(|_| Vec::new())
+        }
+        Relayed::Plan { decision } => {
+            match PlanDecision::of_content(&Value::Array(vec![decision])) {
+                Some(d) => super::plan::decide_here(engine, session, d, ATTEND_AT, turn_id, true)
+                    .map(|_| Vec::new()),
+                None => Ok(Vec::new()),
             }
         }
     }
-    Vec::new()
 }

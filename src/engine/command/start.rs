@@ -34,21 +34,16 @@ pub(super) fn start_here(
 ) -> Result<TurnHandle, EngineError> {
     engine.check_open()?;
     let drive = req.delivery.runner == Runner::Watcher;
-    let config = &engine.inner.config;
     let (tx, rx, overflow) = channel::channel();
     let mut st = session.lock();
     let after_seq = st.out().tail.last().map_or(0, |e| e.seq);
+    // A principal whose `agents` no longer name the session's agent: no more turns there.
+    let agent = engine.agent_of(session, &st.record().agent)?;
     let (answering, slot) = admit(engine, session, &mut st, &req, from_inbox)?;
-    let agent = config.agent(&st.record().agent).ok_or_else(|| {
-        EngineError::Conflict(format!(
-            "the session's agent {:?} is no longer configured",
-            st.record().agent
-        ))
-    })?;
     let changed = !is_empty_update(&req.update);
     let record = if changed {
         let mut record = st.record().as_ref().clone();
-        engine.apply_update(agent, &mut record, req.update)?;
+        engine.apply_update(&agent, &mut record, req.update)?;
         Some(record)
     } else {
         None
@@ -184,6 +179,6 @@ fn admit(
     }
     let place = st
         .turns()
-        .place(&engine.inner.config.limits, &engine.inner.running_turns)?;
+        .place(&engine.inner.config().limits, &engine.inner.running_turns)?;
     Ok((answering, place))
 }

@@ -51,6 +51,12 @@ impl Overflow {
         self.fragments_off.load(Ordering::Acquire)
     }
 
+    /// No fragment reaches the watcher (it reads the turn from the log): the stored text says
+    /// all.
+    pub(crate) fn lose_fragments(&self) {
+        self.fragments_off.store(true, Ordering::Release);
+    }
+
     pub(crate) fn register(&self, waker: &std::task::Waker) {
         self.waker.register(waker);
     }

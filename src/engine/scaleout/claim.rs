@@ -41,11 +41,22 @@ pub(crate) async fn claim(
             // Not read back, no turn: a turn on what this instance last saw could write
             // seqs another instance has used. Until a claim has read it back (another claim
             // may be reading it now, or have failed to), every claim reads it.
+            // A read that fails is the database gone (a restart, a network cut) but for a
+            // corrupt row, which the log names: a 503 the client may try again after.
             refresh(inner, session).await.map_err(|()| {
-                crate::log::StoreError::Postgres(
+                crate::log::StoreError::Unavailable(
                     "the session could not be read back after taking its lease".into(),
                 )
             })?;
+            if session.lock().is_deleted() {
+                // Deleted by another instance: no turn, and the lease goes back.
+                drop(guard);
+                release(inner, session).await;
+                return Err(EngineError::NotFound {
+                    what: "session",
+                    id: session.id.to_string(),
+                });
+            }
             store.lease_read_back(&session.id);
             Ok(Some(guard))
         }
@@ -80,8 +91,9 @@ async fn refresh(inner: &Arc<Inner>, session: &Arc<Session>) -> Result<(), ()> {
 /// Makes the session in memory what the log holds now, unless this instance is writing it (a
 /// turn running, events not yet published): its state read again, and the events it had not
 /// seen published to its live subscribers. Then `then`, under the same lock. `Err`: the log
-/// could not be read (logged).
-pub(super) async fn reread<T>(
+/// could not be read (logged). A session the log no longer has (another instance deleted it)
+/// is marked deleted and leaves memory (`Ok(None)`).
+pub(crate) async fn reread<T>(
     inner: &Arc<Inner>,
     session: &Arc<Session>,
     then: impl FnOnce(&mut State) -> T,
@@ -107,6 +119,13 @@ pub(super) async fn reread<T>(
             break (st, copy, seen);
         }
     };
+    if copy.row.is_none() {
+        // Deleted by another instance: its feed closes (its streams end), it leaves memory.
+        st.mark_deleted();
+        drop(st);
+        crate::sync::lock(&inner.sessions).remove(&*session.id);
+        return Ok(None);
+    }
     if let Some(record) = copy
         .row
         .as_ref()

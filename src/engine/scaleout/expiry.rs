@@ -13,7 +13,7 @@ pub(super) fn watch_expired(inner: &Arc<Inner>) {
     if inner.store.instance().is_none() {
         return;
     }
-    let every = (inner.config.store.lease / 2).max(Duration::from_millis(200));
+    let every = (inner.config().store.lease / 2).max(Duration::from_millis(200));
     let weak: Weak<Inner> = Arc::downgrade(inner);
     tokio::spawn(async move {
         loop {

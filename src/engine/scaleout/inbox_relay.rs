@@ -35,7 +35,7 @@ pub(crate) async fn post(
     body: String,
     turn_id: Option<String>,
 ) -> Result<Posted, EngineError> {
-    let max = inner.config.limits.queued_turns;
+    let max = inner.config().limits.queued_turns;
     Ok(inner
         .store
         .post_inbox(&session.id, kind, body, turn_id, max)
@@ -55,6 +55,17 @@ pub(crate) async fn post(
 pub(crate) async fn release_when_idle(inner: &Arc<Inner>, session: &Arc<Session>) {
     if claim::release(inner, session).await == Some(Released::InboxWaiting) {
         drain_soon(inner, session.id.to_string());
+    }
+}
+
+/// Before a message queues (or runs) here: the requests other instances sent the session
+/// first are taken now, so that they go ahead of it. A client that sent one message to
+/// another instance, had its `202`, then sent the next one here sees them run in that order,
+/// as on one instance (the notice of the first may not have reached this one yet). One take
+/// of the inbox (a transaction) per message, on a shared store only.
+pub(crate) async fn take_sent_before(inner: &Arc<Inner>, session: &Arc<Session>) {
+    if inner.store.instance().is_some() {
+        drain(inner, &session.id).await;
     }
 }
 
@@ -103,7 +114,11 @@ async fn drain(inner: &Arc<Inner>, session_id: &str) {
         let Ok(claim) = claim::claim(inner, &session).await else {
             return; // another instance holds it: the rows are its
         };
-        let (rows, left) = match store.take_inbox(&session.id, room(inner, &session)).await {
+        // Idle here, rows still marked as this process's are orphans (a turn whose start could
+        // not be stored): taken again, but for those a turn admitted meanwhile holds.
+        let own_too = session.lock().turns().is_idle();
+        let room = room(inner, &session);
+        let (rows, left) = match store.take_inbox(&session.id, room, own_too).await {
             Ok(taken) => taken,
             Err(e) => {
                 tracing::warn!(session = %session.id, error = %e, "could not read the session's inbox");
@@ -111,9 +126,20 @@ async fn drain(inner: &Arc<Inner>, session_id: &str) {
             }
         };
         state.left.store(left, Ordering::Release);
+        let rows: Vec<_> = {
+            let st = session.lock();
+            let held = |r: &crate::log::InboxRow| {
+                r.turn_id.as_deref().is_some_and(|t| st.turns().holds(t))
+            };
+            rows.into_iter().filter(|r| !held(r)).collect()
+        };
         let took_none = rows.is_empty();
-        let back = (inner.apply_relayed)(&engine, &session, rows);
+        let applied = (inner.apply_relayed)(&engine, &session, rows);
         drop(claim);
+        if let Err(e) = store.notify_applied(applied.replies).await {
+            tracing::warn!(session = %session.id, error = %e, "could not reply to relayed requests");
+        }
+        let back = applied.back;
         if !back.is_empty() {
             state.left.store(true, Ordering::Release);
             if let Err(e) = store.put_back_inbox(&session.id, back).await {
@@ -128,9 +154,9 @@ async fn drain(inner: &Arc<Inner>, session_id: &str) {
             return;
         }
         if took_none {
-            // Only rows this process holds wait, with no turn of them queued here: a turn
-            // whose start could not be stored. The next holder (after a restart) runs them.
-            tracing::warn!(session = %session.id, "inbox rows of turns that could not start stay for the session's next holder");
+            // Rows came after the take (their sender's notice drains again), or the store
+            // failed the take: the sweep of held leases comes back.
+            tracing::debug!(session = %session.id, "inbox rows wait that this take did not get");
             return;
         }
     }
@@ -138,6 +164,6 @@ async fn drain(inner: &Arc<Inner>, session_id: &str) {
 
 /// How many messages the session's queue can take now (one more when no turn runs: it runs).
 fn room(inner: &Inner, session: &Session) -> usize {
-    let queued_turns = inner.config.limits.queued_turns;
+    let queued_turns = inner.config().limits.queued_turns;
     session.lock().turns().room(queued_turns)
 }

@@ -21,8 +21,9 @@ use std::sync::Arc;
 use super::engine_handle::Inner;
 use super::session::Session;
 
-pub(crate) use claim::claim;
-pub(crate) use inbox_relay::{post, release_when_idle};
+// `read_back`: the session as the log holds it now (see `claim::reread`).
+pub(crate) use claim::{claim, reread as read_back};
+pub(crate) use inbox_relay::{post, release_when_idle, take_sent_before};
 
 /// Start following the other instances (their commits, the inbox) and the expired leases.
 pub(crate) fn start(inner: &Arc<Inner>) {

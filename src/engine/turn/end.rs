@@ -43,7 +43,7 @@ impl Turn {
         self.asked.clear();
         self.flight = None;
         let record = self.session.record();
-        let config = self.inner.config.clone();
+        let config = self.config.clone();
         let Some(agent) = config.agent(&record.agent) else {
             return Err(failed("the session's agent is no longer configured".into()));
         };
@@ -104,6 +104,10 @@ impl Turn {
         // MCP servers' sampling calls are the turn's model calls too.
         let sampled = self.sampler.tally();
         self.usage.add(sampled.usage);
+        let agent = self.session.record().agent.clone();
+        for (upstream, model, usage) in &sampled.answered {
+            self.spent(&agent, upstream, model, *usage);
+        }
         self.model_called |= sampled.calls > 0;
         let usage = self.model_called.then_some(self.usage);
         match result {
@@ -257,8 +261,9 @@ impl Turn {
             )
         };
         self.hand_over(published, next).await;
+        self.session.turn_over();
         // Paused on permissions: their expiry is timed from now on.
-        crate::engine::approvals::settle(&self.inner, &self.session);
+        crate::engine::approvals::settle(&self.inner, &self.session).await;
     }
 }
 

@@ -48,8 +48,6 @@ pub(crate) struct Deltas<'a> {
     pub(crate) streamed_text: bool,
     /// The attempt's text, kept when the watcher cannot retract what it was sent.
     pub(crate) kept: Option<String>,
-    /// When the attempt's first fragment came.
-    pub(crate) first_at: Option<std::time::Instant>,
 }
 
 /// A model call's fragments on their way to the session's live subscribers, who may see them
@@ -134,7 +132,6 @@ impl<'a> FragmentFeed<'a> {
 
 impl Deltas<'_> {
     fn send(&mut self, kind: DeltaKind, fragment: &str) {
-        self.first_at.get_or_insert_with(std::time::Instant::now);
         // The watcher gets fragments at once: it renders them only in AAP `delta` mode, which
         // shows no event of the turn before its text (and never retracts, so no retry's
         // fragments can pass a retraction).

@@ -94,6 +94,10 @@ enum End {
 
 struct Turn {
     inner: Arc<Inner>,
+    /// The configuration the turn started with (a reload does not change it midway).
+    config: Arc<crate::config::Config>,
+    /// The upstreams the turn started with.
+    router: Arc<crate::upstream::router::Router>,
     session: Arc<Session>,
     turn_id: Arc<str>,
     sink: Option<super::delivery::channel::WatcherSink>,
@@ -162,8 +166,9 @@ pub(crate) fn drive(inner: &Arc<Inner>, session: Arc<Session>, job: Job) -> Driv
 /// The turn's span (see `telemetry.rs`), made when it starts to run.
 fn span(session: &Session, job: &Job) -> tracing::Span {
     let agent = &session.record().agent;
+    let owner = session.owner.as_deref();
     let (session, turn) = (&*session.id, &*job.control.turn_id);
-    crate::telemetry::turn_span(&job.parent, session, turn, agent)
+    crate::telemetry::turn_span(&job.parent, session, turn, agent, owner)
 }
 
 async fn run(inner: Arc<Inner>, session: Arc<Session>, job: Job) {
@@ -184,18 +189,19 @@ async fn run(inner: Arc<Inner>, session: Arc<Session>, job: Job) {
     // Counted among the running turns until this task ends.
     let _slot = slot.unwrap_or_else(|| RunSlot::take(inner.running_turns()));
     let session_agent = session.record().agent.clone();
-    let (timeout, wrap_up) = inner
-        .config
-        .agent(&session_agent)
-        .map_or((Duration::from_secs(3600), Duration::from_secs(60)), |a| {
-            (a.turn_timeout, a.wrap_up)
-        });
+    // The turn keeps the configuration and upstreams of its start to its end, whatever a
+    // reload puts in place meanwhile.
+    let (config, router) = (inner.config(), inner.router());
+    let (timeout, wrap_up) = time_limits(&config, &session_agent);
     let sampler = Arc::new(crate::tools::mcp::sampling::UpstreamSampler::new(
-        inner.provider.clone(),
-        model_of(&inner, &session),
+        router.clone(),
+        upstreams_of(&config, &session_agent).to_vec(),
+        model_of(&config, &session),
     ));
     let mut turn = Turn {
         inner,
+        config,
+        router,
         session,
         turn_id: control.turn_id.as_str().into(),
         sink,
@@ -246,14 +252,30 @@ async fn run(inner: Arc<Inner>, session: Arc<Session>, job: Job) {
     turn.finish(result, &control).await;
 }
 
-/// The model the session's calls go to: its `model` option, else the upstream's.
-fn model_of(inner: &Inner, session: &Session) -> String {
+/// The agent's `turn_timeout_s` and `wrap_up_s` (the defaults when the agent is gone).
+fn time_limits(config: &crate::config::Config, agent: &str) -> (Duration, Duration) {
+    config
+        .agent(agent)
+        .map_or((Duration::from_secs(3600), Duration::from_secs(60)), |a| {
+            (a.turn_timeout, a.wrap_up)
+        })
+}
+
+/// The model the session's calls go to: its `model` option, else its agent's first upstream's.
+fn model_of(config: &crate::config::Config, session: &Session) -> String {
     let record = session.record();
-    record
-        .options
-        .get("model")
-        .cloned()
-        .unwrap_or_else(|| inner.config.upstream.model.clone())
+    if let Some(model) = record.options.get("model") {
+        return model.clone();
+    }
+    let agent = config
+        .agent(&record.agent)
+        .unwrap_or(config.default_agent());
+    config.default_model(agent).to_string()
+}
+
+/// The upstreams an agent's calls may go to, in order (empty: all).
+pub(super) fn upstreams_of<'c>(config: &'c crate::config::Config, agent: &str) -> &'c [String] {
+    config.agent(agent).map_or(&[], |a| a.upstreams.as_slice())
 }
 
 impl Turn {

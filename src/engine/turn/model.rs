@@ -2,12 +2,12 @@
 //! retraction of text streamed by an attempt that failed.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use super::fragments::{overlapped, Deltas, FragmentFeed};
 use super::{End, Turn};
 use crate::log::{EventBody, FailReason};
-use crate::message::Message;
+use crate::message::{Message, Usage};
+use crate::upstream::router::{Attempt, Next};
 use crate::upstream::{ModelOutput, ModelRequest, UpstreamError};
 
 impl Turn {
@@ -31,17 +31,17 @@ impl Turn {
         }
         crate::engine::client_questions::hide(&mut messages, &agent.elicitation_tool);
         messages.extend(self.extra.iter().cloned());
-        let upstream = &self.inner.config.upstream;
+        let config = &self.config;
         ModelRequest {
             model: record
                 .options
                 .get("model")
                 .cloned()
-                .unwrap_or_else(|| upstream.model.clone()),
+                .unwrap_or_else(|| config.default_model(agent).to_string()),
             system,
             messages,
             tools,
-            max_tokens: upstream.max_tokens,
+            max_tokens: None,
             thinking,
             tuning: Default::default(),
         }
@@ -52,115 +52,146 @@ impl Turn {
             .extension::<crate::engine::context_window::Calibration>()
     }
 
-    /// A summary call: nothing is streamed, failures are retried like any model call.
+    /// A summary call: nothing is streamed, failures are retried and fall back like any model
+    /// call.
     pub(super) async fn summarise(&mut self, req: &ModelRequest) -> Result<ModelOutput, End> {
-        let retries = self.inner.config.upstream.retries;
-        let mut attempt = 0;
-        loop {
-            let metered = crate::metrics::upstream(self.inner.provider.name(), &req.model);
-            let sent = std::time::Instant::now();
-            let result = self
-                .inner
-                .provider
-                .complete(req, &mut crate::upstream::NoDeltas)
-                .await;
-            metered.call(sent, None, result.as_ref().ok().map(|o| o.usage));
-            match result {
-                Ok(out) => {
-                    self.model_called = true;
-                    return Ok(out);
-                }
-                Err(e) if !e.retryable || attempt >= retries => {
-                    tracing::warn!(turn = %self.turn_id, error = %e, "the summary call failed");
-                    return Err(End::Failed(
-                        FailReason::ModelError,
-                        format!("compacting the conversation failed: {}", e.message),
-                    ));
-                }
-                Err(e) => {
-                    attempt += 1;
-                    let backoff = backoff(&e, attempt);
-                    tracing::info!(turn = %self.turn_id, attempt, error = %e, ?backoff, "retrying the summary call");
-                    tokio::time::sleep(backoff).await;
-                }
+        let (router, config) = (self.router.clone(), self.config.clone());
+        let record = self.session.record();
+        let order = super::upstreams_of(&config, &record.agent);
+        match router.complete(order, req).await {
+            Ok((out, model, upstream)) => {
+                self.model_called = true;
+                self.spent(&record.agent, &upstream, &model, out.usage);
+                Ok(out)
+            }
+            Err(e) => {
+                tracing::warn!(turn = %self.turn_id, error = %e, "the summary call failed");
+                Err(End::Failed(
+                    FailReason::ModelError,
+                    format!("compacting the conversation failed: {}", e.message),
+                ))
             }
         }
     }
 
-    /// One model call, retried on retryable failures. Text streamed by an attempt that then
-    /// fails is retracted with an empty `agent.message`.
+    /// One model call, retried on retryable failures and falling back to the agent's next
+    /// upstream while nothing streamed (see `upstream::router`). Text streamed by an attempt
+    /// that then fails is retracted with an empty `agent.message`.
     pub(super) async fn call_model(
         &mut self,
         req: &ModelRequest,
         thinking: bool,
     ) -> Result<ModelOutput, End> {
-        let retries = self.inner.config.upstream.retries;
-        let mut attempt = 0;
+        let (router, config) = (self.router.clone(), self.config.clone());
+        let record = self.session.record();
+        let order = super::upstreams_of(&config, &record.agent);
+        let mut route = router.route(order, &req.model);
         self.steps += 1;
+        let failed = |e: UpstreamError| End::Failed(FailReason::ModelError, e.message);
+        let mut attempt = route.attempt().map_err(failed)?;
         loop {
-            let metered = crate::metrics::upstream(self.inner.provider.name(), &req.model);
-            let sent = std::time::Instant::now();
-            let feed = FragmentFeed::new(&self.session, &self.turn_id, &self.flusher);
-            let mut deltas = Deltas {
-                sink: self.sink.as_ref(),
-                streamed: &self.streamed,
-                feed: &feed,
-                thinking,
-                streamed_text: false,
-                kept: self.irrevocable.then(String::new),
-                first_at: None,
-            };
-            // What the turn has said so far (its `user.message` first of all) is committed while
-            // the upstream works on the request if it has not answered when that is due, and
-            // published before anything the model says.
-            let provider = &self.inner.provider;
-            let span = crate::telemetry::model_span(provider.name(), &req.model, attempt + 1);
-            let call =
-                tracing::Instrument::instrument(provider.complete(req, &mut deltas), span.clone());
-            let (result, synced) = overlapped(call, self.sync(), self.sync_due(), &feed).await?;
-            if !synced {
-                // The upstream answered before a commit was due. What the turn said is
-                // committed with what comes next, unless the turn is to wait (a retry's
-                // backoff) or live subscribers are owed the fragments they would have seen
-                // (they may follow only the events before them).
-                if result.is_err() || (feed.holds_any() && self.session.watched()) {
-                    self.sync().await?;
-                    feed.release();
-                } else {
-                    feed.discard();
-                }
-            }
-            crate::telemetry::model_done(
-                &span,
-                result
-                    .as_ref()
-                    .map(|o| o.usage)
-                    .map_err(|e| e.message.as_str()),
-            );
-            let streamed = deltas.streamed_text;
-            metered.call(sent, deltas.first_at, result.as_ref().ok().map(|o| o.usage));
-            let kept = deltas.kept.take().filter(|t| !t.is_empty());
-            match result {
+            let (result, kept, streamed) = self.one_attempt(&mut attempt, req, thinking).await?;
+            let e = match result {
                 Ok(out) => {
                     // A terminal event's usage is `null` until a model call has answered.
                     self.model_called = true;
+                    self.spent(
+                        &record.agent,
+                        attempt.upstream(),
+                        attempt.model(),
+                        out.usage,
+                    );
                     return Ok(out);
                 }
-                Err(e) => {
-                    if let Some(end) = self.failed_attempt(&e, kept, streamed) {
-                        return Err(end);
-                    }
-                    if !e.retryable || attempt >= retries {
-                        tracing::warn!(turn = %self.turn_id, error = %e, "upstream call failed");
-                        return Err(End::Failed(FailReason::ModelError, e.message));
-                    }
-                    attempt += 1;
-                    let backoff = backoff(&e, attempt);
-                    tracing::info!(turn = %self.turn_id, attempt, error = %e, ?backoff, "retrying the upstream call");
+                Err(e) => e,
+            };
+            if let Some(end) = self.failed_attempt(&e, kept, streamed) {
+                return Err(end);
+            }
+            let upstream = attempt.upstream();
+            match route.after(attempt, &e) {
+                None => {
+                    tracing::warn!(turn = %self.turn_id, %upstream, error = %e, "upstream call failed");
+                    return Err(failed(e));
+                }
+                Some(Next::Retry(backoff)) => {
+                    tracing::info!(turn = %self.turn_id, %upstream, error = %e, ?backoff, "retrying the upstream call");
                     tokio::time::sleep(backoff).await;
                 }
+                Some(Next::Fallback) => {
+                    tracing::info!(turn = %self.turn_id, %upstream, error = %e, "the upstream failed before answering: falling back");
+                }
+            }
+            attempt = match route.attempt() {
+                Ok(a) => a,
+                Err(_) => return Err(failed(e)),
+            };
+        }
+    }
+
+    /// A model call of the turn answered: its usage goes to the principal's ledger (and the
+    /// store, queued before the events that report it).
+    pub(super) fn spent(&self, agent: &str, upstream: &str, model: &str, usage: Usage) {
+        let call = crate::usage::ModelCall {
+            owner: self.session.owner.as_deref(),
+            agent,
+            upstream,
+            model,
+            usage,
+        };
+        self.inner.ledger.model_call(&self.config, call);
+    }
+
+    /// One attempt of a model call: its result, the text kept for a watcher that cannot
+    /// retract it, and whether text was streamed.
+    async fn one_attempt(
+        &mut self,
+        attempt: &mut Attempt<'_>,
+        req: &ModelRequest,
+        thinking: bool,
+    ) -> Result<(Result<ModelOutput, UpstreamError>, Option<String>, bool), End> {
+        let feed = FragmentFeed::new(&self.session, &self.turn_id, &self.flusher);
+        let mut deltas = Deltas {
+            sink: self.sink.as_ref(),
+            streamed: &self.streamed,
+            feed: &feed,
+            thinking,
+            streamed_text: false,
+            kept: self.irrevocable.then(String::new),
+        };
+        // What the turn has said so far (its `user.message` first of all) is committed while
+        // the upstream works on the request if it has not answered when that is due, and
+        // published before anything the model says.
+        let span = crate::telemetry::model_span(
+            attempt.upstream(),
+            attempt.provider(),
+            attempt.model(),
+            attempt.number(),
+        );
+        let call =
+            tracing::Instrument::instrument(attempt.complete(req, &mut deltas), span.clone());
+        let (result, synced) = overlapped(call, self.sync(), self.sync_due(), &feed).await?;
+        if !synced {
+            // The upstream answered before a commit was due. What the turn said is
+            // committed with what comes next, unless the turn is to wait (a retry's
+            // backoff) or live subscribers are owed the fragments they would have seen
+            // (they may follow only the events before them).
+            if result.is_err() || (feed.holds_any() && self.session.watched()) {
+                self.sync().await?;
+                feed.release();
+            } else {
+                feed.discard();
             }
         }
+        crate::telemetry::model_done(
+            &span,
+            result
+                .as_ref()
+                .map(|o| o.usage)
+                .map_err(|e| e.message.as_str()),
+        );
+        let kept = deltas.kept.take().filter(|t| !t.is_empty());
+        Ok((result, kept, deltas.streamed_text))
     }
 
     /// What is logged after an attempt that failed: text the watcher shows and cannot take back
@@ -194,12 +225,4 @@ impl Turn {
         }
         None
     }
-}
-
-/// How long to wait before retry `attempt` (from 1) after `e`: what the upstream asked for, or
-/// 250 ms doubling per attempt; at most 30 s.
-fn backoff(e: &UpstreamError, attempt: u32) -> Duration {
-    e.retry_after
-        .unwrap_or(Duration::from_millis(250 << attempt.min(5)))
-        .min(Duration::from_secs(30))
 }

@@ -16,8 +16,8 @@ impl Turn {
     /// A tool's result as the model may be given it: over `[limits] tool_result_bytes`, its
     /// first part and a note naming the workspace file that holds the whole (see `oversize.rs`).
     pub(super) async fn bounded(&self, call_id: &str, out: ToolOutput) -> ToolOutput {
-        let workspace = self.inner.config.server.sandboxes.join(&*self.session.id);
-        let limit = self.inner.config.limits.tool_result_bytes;
+        let workspace = self.config.server.sandboxes.join(&*self.session.id);
+        let limit = self.config.limits.tool_result_bytes;
         crate::engine::oversize::bound(&workspace, call_id, out, limit).await
     }
 
@@ -40,7 +40,7 @@ impl Turn {
             .map(|p| (p.call_id.clone(), p))
             .collect();
         let record = self.session.record();
-        let config = self.inner.config.clone();
+        let config = self.config.clone();
         let host_tools = self.inner.tools.tools();
         let mut granted = Vec::new();
         // Calls still in flight, waiting on questions this follow-up answers.
@@ -72,8 +72,9 @@ impl Turn {
                     continue;
                 }
                 use crate::engine::approvals::{regrant, Regrant};
-                let decided = match config.agent(&record.agent) {
-                    Some(agent) => regrant(agent, &host_tools, &record, &p, &self.session.id),
+                let owner = self.session.owner.as_deref();
+                let decided = match config.agent_as(owner, &record.agent) {
+                    Some(agent) => regrant(&agent, &host_tools, &record, &p, &self.session.id),
                     None => Regrant::Refuse("The session's agent is gone.".into()),
                 };
                 match decided {
@@ -138,7 +139,15 @@ impl Turn {
             None => self.new_flight(),
         };
         let listing = self.inner.tools.tools();
+        let agent = self.session.record().agent.clone();
         for call in calls {
+            // `tool_calls_per_day`: a call over it is not run, and the model is told.
+            let owner = self.session.owner.as_deref();
+            let counted = self.inner.ledger.tool_call(&self.config, owner, &agent);
+            if let Err(text) = counted.await {
+                self.emit_result(&call.id, ToolOutput::error(text));
+                continue;
+            }
             let span = match listing.iter().find(|t| t.spec.name == call.name) {
                 Some(t) => {
                     let verdict = crate::telemetry::snake(&t.verdict);
@@ -159,7 +168,7 @@ impl Turn {
     fn new_flight(&self) -> Flight {
         let ctx = CallContext {
             session_id: self.session.id.to_string(),
-            workspace: self.inner.config.server.sandboxes.join(&*self.session.id),
+            workspace: self.config.server.sandboxes.join(&*self.session.id),
             owner: self.session.owner.clone(),
             elicitor: None,
             sampler: Some(self.sampler.clone()),
@@ -178,7 +187,7 @@ impl Turn {
             return None;
         }
         let record = self.session.record();
-        let agent = self.inner.config.agent(&record.agent)?;
+        let agent = self.config.agent(&record.agent)?;
         let name = &agent.elicitation_tool;
         record
             .client_tools

@@ -34,12 +34,14 @@ impl Turn {
             return Ok(StopReason::ToolUse);
         }
         let record = self.session.record();
-        let config = self.inner.config.clone();
-        let agent = config.agent(&record.agent).ok_or_else(|| {
+        let config = self.config.clone();
+        // Its tools as the session's principal sees them (`[keys.NAME] tools`).
+        let owner = self.session.owner.as_deref();
+        let agent = &*config.agent_as(owner, &record.agent).ok_or_else(|| {
             End::Failed(
                 FailReason::InternalError,
                 format!(
-                    "the session's agent {:?} is no longer configured",
+                    "the session's agent {:?} is no longer configured for the session's key",
                     record.agent
                 ),
             )

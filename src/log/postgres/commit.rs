@@ -16,6 +16,15 @@
 //! (`GroupCommit::settle_each`), everyone else's succeed. The normal case pays nothing for
 //! this (the same one statement for all events, no savepoint); a clash costs a round trip
 //! per group refused, plus two.
+//!
+//! **Only a lease's holder writes events, and never after a hole.** Each batch (each group,
+//! when isolated) begins with the fence: the lease rows of the sessions whose events it writes
+//! are locked to the commit, and unless this instance holds every one, and each session's first
+//! event in the batch follows one the log has, the server refuses the batch. A writer whose
+//! lease was taken over while it stalled (or while the database was away for longer than
+//! `lease_s`), or whose earlier events were lost with a failed commit, so fails its commit and
+//! reads the session back, as after any failed commit; the taker, whose take-over waited for the
+//! lock, reads what the last fenced commit wrote.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -26,6 +35,7 @@ use std::task::Poll;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Statement};
 
+use super::commit_plan::{plan, LastSeqs, Step};
 use super::pg_store::{PgStore, EVENTS_CHANNEL};
 use crate::log::backend::{pg_error_text, WriteOp};
 use crate::log::rows::PURGE_KEYS_AT_MOST;
@@ -57,6 +67,10 @@ const PUT_KEY: &str =
 /// The oldest idempotency keys created before `$1`, at most `$2` (by the `created_at` index).
 const PURGE_KEYS: &str = "DELETE FROM idempotency_keys WHERE ctid = ANY(ARRAY(
          SELECT ctid FROM idempotency_keys WHERE created_at < $1 LIMIT $2))";
+/// Locks the lease rows of the sessions whose events a batch (or a group) writes, and fails
+/// unless this instance holds every one and each session's first event here follows one the
+/// log has (schema migration 6).
+const FENCE: &str = "SELECT turnstile_fence($1::text[], $2::int8[], $3)";
 const NOTIFY: &str =
     "SELECT pg_notify($1, s || ' ' || q::text) FROM unnest($2::text[], $3::int8[]) AS t(s, q)";
 
@@ -116,7 +130,8 @@ impl PgStore {
         }
         let client = self.shared.pool.get().await.map_err(|e| e.to_string())?;
         let st = statements(&client).await.map_err(|e| pg_error_text(&e))?;
-        let written = match write_batch(&client, &st, ops).await {
+        let me = self.shared.instance.as_str();
+        let written = match write_batch(&client, &st, ops, me).await {
             Ok(()) => Ok(Vec::new()),
             Err(e) if refused(&e) && !client.is_closed() => {
                 let groups = by_session(ops, first);
@@ -126,7 +141,7 @@ impl PgStore {
                     // The pipelined `COMMIT` ended the aborted transaction.
                     let _ = client.batch_execute("ROLLBACK").await;
                     tracing::warn!(error = %pg_error_text(&e), "store: a commit was refused; written again with each session's writes isolated");
-                    write_isolated(&client, &st, &groups).await
+                    write_isolated(&client, &st, &groups, me).await
                 }
             }
             Err(e) => Err(e),
@@ -164,6 +179,8 @@ struct Statements {
     inbox_done: Statement,
     put_key: Statement,
     purge_keys: Statement,
+    fence: Statement,
+    add_usage: Statement,
     notify: Statement,
 }
 
@@ -180,124 +197,21 @@ async fn statements(
         inbox_done: client.prepare_cached(INBOX_DONE).await?,
         put_key: client.prepare_cached(PUT_KEY).await?,
         purge_keys: client.prepare_cached(PURGE_KEYS).await?,
+        fence: client.prepare_cached(FENCE).await?,
+        add_usage: client.prepare_cached(super::usage_rows::ADD_USAGE).await?,
         notify: client.prepare_cached(NOTIFY).await?,
     })
 }
 
-/// One statement of the batch, with what it binds.
-enum Step<'a> {
-    Events {
-        sid: Vec<&'a str>,
-        seq: Vec<i64>,
-        id: Vec<&'a str>,
-        turn: Vec<&'a str>,
-        kind: Vec<&'a str>,
-        json: Vec<&'a str>,
-    },
-    File(&'a crate::log::FileRow, i64),
-    /// A queued turn's row ([`WriteOp::InboxPut`]).
-    Inbox {
-        sid: &'a str,
-        kind: &'a str,
-        body: &'a str,
-        turn: &'a str,
-        taken: Option<&'a str>,
-    },
-    /// A queued turn begun ([`WriteOp::InboxDone`]).
-    InboxDone {
-        sid: &'a str,
-        turn: &'a str,
-    },
-    /// An idempotency key's row, with its turn id and `after_seq` as bound.
-    Key(&'a crate::log::KeyRow, Option<&'a str>, Option<i64>),
-    Op(&'a WriteOp),
-}
-
-/// The last seq of each session with events among the steps planned.
-type LastSeqs<'a> = BTreeMap<&'a str, i64>;
-
-/// Plan the writes: consecutive events become one statement; other writes keep their place.
-fn plan<'a>(ops: impl IntoIterator<Item = &'a WriteOp>) -> (Vec<Step<'a>>, LastSeqs<'a>) {
-    let mut steps: Vec<Step<'a>> = Vec::new();
-    let mut last_seq: LastSeqs<'a> = BTreeMap::new();
-    for op in ops {
-        match op {
-            WriteOp::Event {
-                session_id,
-                seq,
-                id,
-                turn_id,
-                kind,
-                json,
-            } => {
-                let seq = *seq as i64;
-                let e = last_seq.entry(&**session_id).or_insert(seq);
-                *e = (*e).max(seq);
-                if !matches!(steps.last(), Some(Step::Events { .. })) {
-                    steps.push(Step::Events {
-                        sid: vec![],
-                        seq: vec![],
-                        id: vec![],
-                        turn: vec![],
-                        kind: vec![],
-                        json: vec![],
-                    });
-                }
-                if let Some(Step::Events {
-                    sid,
-                    seq: seqs,
-                    id: ids,
-                    turn,
-                    kind: kinds,
-                    json: jsons,
-                }) = steps.last_mut()
-                {
-                    sid.push(session_id);
-                    seqs.push(seq);
-                    ids.push(id);
-                    turn.push(turn_id);
-                    kinds.push(kind);
-                    jsons.push(json);
-                }
-            }
-            WriteOp::PutFile(f) => steps.push(Step::File(f, f.size_bytes as i64)),
-            WriteOp::InboxPut {
-                session_id,
-                turn_id,
-                kind,
-                body,
-                taken,
-            } => steps.push(Step::Inbox {
-                sid: session_id,
-                kind,
-                body,
-                turn: turn_id,
-                taken: taken.as_deref(),
-            }),
-            WriteOp::InboxDone {
-                session_id,
-                turn_id,
-            } => steps.push(Step::InboxDone {
-                sid: session_id,
-                turn: turn_id,
-            }),
-            WriteOp::PutKey(k) => {
-                let (turn, after) = k
-                    .started
-                    .as_ref()
-                    .map(|(t, a)| (t.as_str(), *a as i64))
-                    .unzip();
-                steps.push(Step::Key(k, turn, after));
-            }
-            other => steps.push(Step::Op(other)),
-        }
-    }
-    (steps, last_seq)
-}
-
-/// A step sent (its request goes out on the first poll); `None` for none.
-fn send<'a>(c: &'a Client, st: &'a Statements, step: &'a Step<'a>) -> Option<Pending<'a>> {
+/// A step sent (its request goes out on the first poll), by instance `me`; `None` for none.
+fn send<'a>(
+    c: &'a Client,
+    st: &'a Statements,
+    step: &'a Step<'a>,
+    me: &'a &'a str,
+) -> Option<Pending<'a>> {
     let (stmt, params): (&Statement, Vec<Param<'_>>) = match step {
+        Step::Fence(sessions, firsts) => (&st.fence, vec![sessions, firsts, me]),
         Step::Events {
             sid,
             seq,
@@ -343,14 +257,25 @@ fn send<'a>(c: &'a Client, st: &'a Statements, step: &'a Step<'a>) -> Option<Pen
             taken,
         } => (&st.inbox_put, vec![sid, kind, body, turn, taken]),
         Step::InboxDone { sid, turn } => (&st.inbox_done, vec![sid, turn]),
+        Step::Usage(r, [input, output, cached, calls, tools]) => (
+            &st.add_usage,
+            vec![
+                &r.owner,
+                &r.day,
+                &r.agent,
+                &r.upstream,
+                &r.model,
+                input,
+                output,
+                cached,
+                &r.usd,
+                calls,
+                tools,
+            ],
+        ),
         Step::Op(WriteOp::PurgeKeys(before)) => (&st.purge_keys, vec![before, &PURGE_KEYS_AT_MOST]),
-        Step::Op(
-            WriteOp::Event { .. }
-            | WriteOp::PutFile(_)
-            | WriteOp::PutKey(_)
-            | WriteOp::InboxPut { .. }
-            | WriteOp::InboxDone { .. },
-        ) => return None,
+        // Planned as steps of their own.
+        Step::Op(_) => return None,
     };
     Some(Box::pin(async move {
         c.execute_raw(stmt, params).await.map(|_| ())
@@ -376,12 +301,14 @@ async fn write_batch(
     client: &deadpool_postgres::Client,
     st: &Statements,
     ops: &[WriteOp],
+    me: &str,
 ) -> Result<(), tokio_postgres::Error> {
     let (steps, last_seq) = plan(ops);
+    let me = &me;
     let c: &Client = client;
     let mut pending: Vec<Pending<'_>> = Vec::with_capacity(steps.len() + 3);
     pending.push(Box::pin(c.batch_execute("BEGIN")));
-    pending.extend(steps.iter().filter_map(|step| send(c, st, step)));
+    pending.extend(steps.iter().filter_map(|step| send(c, st, step, me)));
     pending.extend(notify(c, st, &last_seq));
     pending.push(Box::pin(c.batch_execute("COMMIT")));
     join_in_order(pending).await.into_iter().collect()
@@ -406,7 +333,10 @@ fn by_session(ops: &[WriteOp], first: u64) -> Vec<Group<'_>> {
                 Some(&**session_id)
             }
             WriteOp::PutKey(k) => Some(k.session_id.as_str()),
-            WriteOp::PutFile(_) | WriteOp::DeleteFile(_) | WriteOp::PurgeKeys(_) => None,
+            WriteOp::PutFile(_)
+            | WriteOp::DeleteFile(_)
+            | WriteOp::PurgeKeys(_)
+            | WriteOp::Usage(_) => None,
         };
         let i = *index.entry(owner).or_insert_with(|| {
             groups.push(Group {
@@ -429,7 +359,9 @@ async fn write_isolated(
     client: &deadpool_postgres::Client,
     st: &Statements,
     groups: &[Group<'_>],
+    me: &str,
 ) -> Result<Refused, tokio_postgres::Error> {
+    let me = &me;
     let c: &Client = client;
     let planned: Vec<(Vec<Step<'_>>, LastSeqs<'_>)> =
         groups.iter().map(|g| plan(g.ops.iter().copied())).collect();
@@ -447,7 +379,12 @@ async fn write_isolated(
         }
         for (g, (steps, _)) in planned.iter().enumerate().skip(next) {
             pending.push((Box::pin(c.batch_execute(SAVEPOINT_GROUP)), g));
-            pending.extend(steps.iter().filter_map(|s| send(c, st, s)).map(|p| (p, g)));
+            pending.extend(
+                steps
+                    .iter()
+                    .filter_map(|s| send(c, st, s, me))
+                    .map(|p| (p, g)),
+            );
             pending.push((Box::pin(c.batch_execute(RELEASE_GROUP)), g));
         }
         let (futures, owners): (Vec<_>, Vec<_>) = pending.into_iter().unzip();

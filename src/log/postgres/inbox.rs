@@ -39,8 +39,8 @@ pub struct InboxRow {
 /// The outcome of [`PgStore::post_inbox`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Posted {
-    /// Written; the holder was notified.
-    Queued,
+    /// Written, as the inbox row of this seq; the holder was notified.
+    Queued(i64),
     /// No other instance holds the session's lease (none does, or this one): do it here.
     NotHeld,
     /// The session already has this many messages waiting in the inbox (the quota).
@@ -96,16 +96,19 @@ impl PgStore {
                     return Ok(Posted::Full(waiting as usize));
                 }
             }
-            tx.execute(
-                "INSERT INTO inbox (session_id, kind, body, turn_id) VALUES ($1, $2, $3, $4)",
-                &[&sid, &kind, &body, &turn_id],
-            )
-            .await?;
+            let seq: i64 = tx
+                .query_one(
+                    "INSERT INTO inbox (session_id, kind, body, turn_id) VALUES ($1, $2, $3, $4)
+                     RETURNING seq",
+                    &[&sid, &kind, &body, &turn_id],
+                )
+                .await?
+                .get(0);
             let payload = format!("{sid} {holder}");
             tx.execute("SELECT pg_notify($1, $2)", &[&INBOX_CHANNEL, &payload])
                 .await?;
             tx.commit().await?;
-            Ok(Posted::Queued)
+            Ok(Posted::Queued(seq))
         })
         .await
     }
@@ -117,11 +120,14 @@ impl PgStore {
     /// it (`WriteOp::InboxDone`): should this process stop first, the session's next holder
     /// takes it again. Rows marked by another process are taken again: the lease is this
     /// instance's, so that process is gone (or this instance's previous life). Others (a
-    /// cancel, an interrupt) go at once.
+    /// cancel, an interrupt) go at once. With `own_too`, the rows this process marked are
+    /// taken again as well: the caller found none of their turns queued or running here (a
+    /// turn whose start could not be stored), and skips those it does hold.
     pub(crate) async fn take_inbox(
         &self,
         session_id: &str,
         room: usize,
+        own_too: bool,
     ) -> Result<(Vec<InboxRow>, bool), StoreError> {
         let sid = session_id.to_string();
         let me = self.shared.instance.clone();
@@ -142,9 +148,9 @@ impl PgStore {
             let rows = tx
                 .query(
                     "SELECT seq, kind, body, turn_id FROM inbox
-                      WHERE session_id = $1 AND taken IS DISTINCT FROM $2
+                      WHERE session_id = $1 AND ($3 OR taken IS DISTINCT FROM $2)
                       ORDER BY seq FOR UPDATE",
-                    &[&sid, &boot],
+                    &[&sid, &boot, &own_too],
                 )
                 .await?;
             let all: Vec<InboxRow> = rows
@@ -178,6 +184,24 @@ impl PgStore {
             }
             tx.commit().await?;
             Ok((taken.clone(), taken.len() < all.len()))
+        })
+        .await
+    }
+
+    /// The turns queued for a session, on any instance, in the order they run: its `message`
+    /// rows (a turn's row stays until the turn begins).
+    pub(crate) async fn queued_turns(&self, session_id: &str) -> Result<Vec<String>, StoreError> {
+        let sid = session_id.to_string();
+        self.run(move |pool| async move {
+            let c = pool.get().await?;
+            let rows = c
+                .query(
+                    "SELECT turn_id FROM inbox WHERE session_id = $1 AND kind = 'message'
+                        AND turn_id IS NOT NULL ORDER BY seq",
+                    &[&sid],
+                )
+                .await?;
+            Ok(rows.iter().map(|r| r.get(0)).collect())
         })
         .await
     }

@@ -22,6 +22,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use tokio::sync::broadcast;
 
+use super::applied::APPLIED_CHANNEL;
 use super::deltas::{self, DELTAS_CHANNEL};
 use super::inbox::{Released, INBOX_CHANNEL};
 use super::pg_store::{PgStore, Shared, EVENTS_CHANNEL};
@@ -53,26 +54,45 @@ impl PgStore {
         self.run(move |pool| async move {
             let mut marks = shared.lease_ops.lock().await;
             let c = pool.get().await?;
+            // With the lease, the other instances watching the session's deltas now: one whose
+            // `w` notice the listener has not handed on yet still gets the turn's first deltas.
             let stmt = c
                 .prepare_cached(
-                    "INSERT INTO leases (session_id, holder, expires_at)
-                     VALUES ($1, $2, now() + make_interval(secs => $3))
-                     ON CONFLICT (session_id) DO UPDATE
-                        SET holder = excluded.holder, expires_at = excluded.expires_at
-                      WHERE leases.holder = excluded.holder OR leases.expires_at < now()
-                     RETURNING holder",
+                    "WITH l AS (
+                       INSERT INTO leases (session_id, holder, expires_at)
+                       VALUES ($1, $2, now() + make_interval(secs => $3))
+                       ON CONFLICT (session_id) DO UPDATE
+                          SET holder = excluded.holder, expires_at = excluded.expires_at
+                        WHERE leases.holder = excluded.holder OR leases.expires_at < now()
+                       RETURNING holder)
+                     SELECT EXISTS (SELECT 1 FROM l),
+                            ARRAY(SELECT instance FROM delta_watchers
+                                   WHERE session_id = $1 AND instance <> $2 AND expires_at > now()
+                                   ORDER BY instance),
+                            ARRAY(SELECT extract(epoch FROM expires_at - now())::float8
+                                    FROM delta_watchers
+                                   WHERE session_id = $1 AND instance <> $2 AND expires_at > now()
+                                   ORDER BY instance),
+                            (SELECT holder FROM leases WHERE session_id = $1)",
                 )
                 .await?;
             let secs = shared.lease.as_secs_f64();
-            let taken = c
-                .query_opt(&stmt, &[&sid, &shared.instance, &secs])
-                .await?
-                .is_some();
-            if !taken {
+            let row = c.query_one(&stmt, &[&sid, &shared.instance, &secs]).await?;
+            if !row.get::<_, bool>(0) {
                 return Ok(LeaseTaken::Busy);
             }
+            let watchers: Vec<String> = row.get(1);
+            let left: Vec<f64> = row.get(2);
+            // Who held it before this statement (its snapshot): another instance may have
+            // taken it over and handed it back while this one still counted it as its own.
+            let was_mine = row.get::<_, Option<String>>(3).as_deref() == Some(&*shared.instance);
+            let now = std::time::Instant::now();
+            for (instance, left) in watchers.iter().zip(left) {
+                let until = now + std::time::Duration::from_secs_f64(left.max(0.0));
+                shared.deltas.note_watch(instance, vec![sid.clone()], until);
+            }
             *marks += 1;
-            let fresh = lock(&shared.held).insert(sid.clone(), *marks).is_none();
+            let fresh = lock(&shared.held).insert(sid.clone(), *marks).is_none() || !was_mine;
             if fresh {
                 lock(&shared.unread).insert(sid);
             }
@@ -305,7 +325,8 @@ pub(super) async fn listen_loop(
             Ok((client, mut conn)) => {
                 let mut messages = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
                 let sql = format!(
-                    "LISTEN {EVENTS_CHANNEL}; LISTEN {INBOX_CHANNEL}; LISTEN {DELTAS_CHANNEL}"
+                    "LISTEN {EVENTS_CHANNEL}; LISTEN {INBOX_CHANNEL}; LISTEN {DELTAS_CHANNEL}; \
+                     LISTEN {APPLIED_CHANNEL}"
                 );
                 let listen = client.batch_execute(&sql);
                 // The connection must be driven for LISTEN to be answered.
@@ -328,6 +349,11 @@ pub(super) async fn listen_loop(
                             return;
                         }
                         if let tokio_postgres::AsyncMessage::Notification(n) = m {
+                            if n.channel() == APPLIED_CHANNEL {
+                                let Some(s) = shared.upgrade() else { return };
+                                s.replies.heard(n.payload());
+                                continue;
+                            }
                             if n.channel() == DELTAS_CHANNEL {
                                 let Some(s) = shared.upgrade() else { return };
                                 for d in deltas::heard(&s, n.payload()) {

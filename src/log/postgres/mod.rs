@@ -4,7 +4,8 @@
 //! - `schema.rs`: versioned migrations, run at start (a newer schema refuses to start).
 //! - `commit.rs`: the group commit: the leader takes an async lock, writes everything queued
 //!   (from every session) as one transaction sent in one round trip (pipelined), with a
-//!   `pg_notify` per session inside it, so other instances hear of rows only once committed.
+//!   `pg_notify` per session inside it, so other instances hear of rows only once committed;
+//!   `commit_plan.rs` plans a batch's statements (the fence of the sessions' leases first).
 //! - `read.rs`: the reads (log by cursor, sessions, file records).
 //! - `lease.rs`, `inbox.rs`: one writer per session (its lease), and the requests other
 //!   instances leave for it.
@@ -23,8 +24,11 @@
 //! - `deltas.rs`: streamed deltas to the instances that watch a session (`NOTIFY`).
 //! - `file_chunks.rs`: stored files' bytes, chunked in the database, so any instance serves them.
 //! - `idem_keys.rs`: `Idempotency-Key`s of AAP turn requests, reserved across instances.
+//! - `applied.rs`: the holder's replies to the requests it applied from the inbox.
 
+pub(crate) mod applied;
 mod commit;
+mod commit_plan;
 mod delta_state;
 pub(crate) mod deltas;
 pub(crate) mod file_chunks;
@@ -35,6 +39,7 @@ pub(crate) mod lease;
 mod pg_store;
 mod read;
 mod schema;
+mod usage_rows;
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
@@ -260,11 +265,11 @@ impl StoreBackend for PgStore {
 
     async fn list_sessions(
         &self,
-        owner: Option<String>,
+        owners: crate::log::Owners,
         after: Option<String>,
         limit: usize,
     ) -> Result<Vec<SessionRow>, StoreError> {
-        self.run(move |p| read::list_sessions(p, owner, after.unwrap_or_default(), limit))
+        self.run(move |p| read::list_sessions(p, owners, after.unwrap_or_default(), limit))
             .await
     }
 
@@ -311,5 +316,12 @@ impl StoreBackend for PgStore {
 
     async fn files_referenced(&self, ids: Vec<String>) -> Result<HashSet<String>, StoreError> {
         self.run(move |p| read::files_referenced(p, ids)).await
+    }
+
+    async fn usage(
+        &self,
+        filter: crate::log::UsageFilter,
+    ) -> Result<Vec<crate::log::UsageRow>, StoreError> {
+        self.run(move |p| usage_rows::read(p, filter)).await
     }
 }

@@ -59,6 +59,8 @@ pub(super) struct Shared {
     pub(super) heard: tokio::sync::broadcast::Sender<Heard>,
     /// Deltas to and from other instances, and who watches what (`deltas.rs`).
     pub(super) deltas: Arc<Deltas>,
+    /// Replies to the requests this instance relayed (`applied.rs`).
+    pub(super) replies: super::heard::Replies,
     /// Testing only: commits to fail, commits counted.
     #[cfg(any(test, feature = "testkit"))]
     pub(crate) faults: Faults,
@@ -89,6 +91,7 @@ impl Shared {
             claiming: Default::default(),
             heard,
             deltas: Default::default(),
+            replies: Default::default(),
             #[cfg(any(test, feature = "testkit"))]
             faults: Faults::default(),
             rt,

@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use deadpool_postgres::Pool;
 
 use crate::log::backend::file_ids_in;
-use crate::log::{Event, FileRow, FileUsage, SessionRow, StoreError};
+use crate::log::{Event, FileRow, FileUsage, Owners, SessionRow, StoreError};
 
 /// A session's events with `seq > after_seq`, at most `limit`, in order.
 pub(super) async fn events(
@@ -121,22 +121,35 @@ pub(super) async fn session(pool: Pool, id: String) -> Result<Option<SessionRow>
         .map(row_to_session))
 }
 
-/// An owner's sessions in id order after `after` (exclusive), at most `limit`.
+/// The sessions of `owners` in id order after `after` (exclusive), at most `limit`.
 pub(super) async fn list_sessions(
     pool: Pool,
-    owner: Option<String>,
+    owners: Owners,
     after: String,
     limit: usize,
 ) -> Result<Vec<SessionRow>, StoreError> {
     let c = pool.get().await?;
-    let stmt = c
-        .prepare_cached(
-            "SELECT id, owner, created_at, record FROM sessions
-              WHERE id > $1 AND owner IS NOT DISTINCT FROM $2 ORDER BY id LIMIT $3",
-        )
-        .await?;
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    let rows = c.query(&stmt, &[&after, &owner, &limit]).await?;
+    let rows = match owners {
+        Owners::One(owner) => {
+            let stmt = c
+                .prepare_cached(
+                    "SELECT id, owner, created_at, record FROM sessions
+                      WHERE id > $1 AND owner IS NOT DISTINCT FROM $2 ORDER BY id LIMIT $3",
+                )
+                .await?;
+            c.query(&stmt, &[&after, &owner, &limit]).await?
+        }
+        Owners::Every => {
+            let stmt = c
+                .prepare_cached(
+                    "SELECT id, owner, created_at, record FROM sessions
+                      WHERE id > $1 ORDER BY id LIMIT $2",
+                )
+                .await?;
+            c.query(&stmt, &[&after, &limit]).await?
+        }
+    };
     Ok(rows.iter().map(row_to_session).collect())
 }
 

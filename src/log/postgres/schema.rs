@@ -97,6 +97,52 @@ const MIGRATIONS: &[&str] = &[
     // a process that is gone are taken again. Local queued turns are rows too (`WriteOp::InboxPut`).
     "ALTER TABLE inbox ADD COLUMN taken text;
     CREATE INDEX inbox_by_turn ON inbox (session_id, turn_id);",
+    // 6: the fence of a commit (`commit.rs`): events are written only by the holder of their
+    // session's lease, and never after a hole. The lease rows are locked (shared) to the
+    // commit's end, so a take-over waits for the commit and then reads what it wrote; a writer
+    // whose lease was taken over (it stalled past `lease_s`, or the database was away that
+    // long) is refused with SQLSTATE `TSL01`, and one whose earlier events did not go in (a
+    // failed commit) with `TSL02`: it reads the session back.
+    "CREATE FUNCTION turnstile_fence(sessions text[], firsts int8[], me text) RETURNS void
+     LANGUAGE plpgsql AS $$
+     DECLARE lost text; first int8;
+     BEGIN
+       PERFORM 1 FROM leases WHERE session_id = ANY(sessions) AND holder = me
+         ORDER BY session_id FOR SHARE;
+       SELECT s INTO lost FROM unnest(sessions) AS s
+        WHERE NOT EXISTS (SELECT 1 FROM leases l WHERE l.session_id = s AND l.holder = me)
+        LIMIT 1;
+       IF lost IS NOT NULL THEN
+         RAISE EXCEPTION 'this instance no longer holds the lease of session %', lost
+           USING ERRCODE = 'TSL01';
+       END IF;
+       SELECT s, f INTO lost, first FROM unnest(sessions, firsts) AS t(s, f)
+        WHERE f > 1 AND NOT EXISTS
+          (SELECT 1 FROM events e WHERE e.session_id = t.s AND e.seq = t.f - 1)
+        LIMIT 1;
+       IF lost IS NOT NULL THEN
+         RAISE EXCEPTION 'session % has no event %: its event % would leave a hole',
+           lost, first - 1, first USING ERRCODE = 'TSL02';
+       END IF;
+     END $$;",
+    // 7: usage (`crate::usage`), shared by the instances: counts each model and tool call adds
+    // to (`usage_rows.rs`), by principal (owner id, empty without keys), UTC day, agent,
+    // upstream and model.
+    "CREATE TABLE usage (
+        owner text NOT NULL,
+        day text NOT NULL,
+        agent text NOT NULL,
+        upstream text NOT NULL,
+        model text NOT NULL,
+        input_tokens bigint NOT NULL DEFAULT 0,
+        output_tokens bigint NOT NULL DEFAULT 0,
+        cached_tokens bigint NOT NULL DEFAULT 0,
+        usd double precision NOT NULL DEFAULT 0,
+        calls bigint NOT NULL DEFAULT 0,
+        tool_calls bigint NOT NULL DEFAULT 0,
+        PRIMARY KEY (owner, day, agent, upstream, model)
+    );
+    CREATE INDEX usage_by_day ON usage (day);",
 ];
 
 /// The version this build writes.

@@ -249,6 +249,7 @@ fn write_ops(tx: &Connection, batch: &[WriteOp]) -> rusqlite::Result<()> {
             }
             WriteOp::PutKey(k) => super::idem_keys::put(tx, k)?,
             WriteOp::PurgeKeys(before) => super::idem_keys::purge(tx, *before)?,
+            WriteOp::Usage(row) => super::usage_rows::add(tx, row)?,
             WriteOp::DeleteFile(id) => {
                 tx.execute("DELETE FROM files WHERE id = ?1", params![id])?;
             }

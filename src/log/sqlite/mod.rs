@@ -24,6 +24,7 @@ mod schema;
 mod testing;
 #[cfg(test)]
 mod tests;
+mod usage_rows;
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -33,7 +34,8 @@ use std::sync::{Arc, Mutex};
 use rusqlite::Connection;
 
 use super::backend::{
-    FileRow, FileUsage, KeyReserved, KeyRow, SessionRow, StoreBackend, StoreError,
+    FileRow, FileUsage, KeyReserved, KeyRow, SessionRow, StoreBackend, StoreError, UsageFilter,
+    UsageRow,
 };
 use super::event::Event;
 use super::group::GroupCommit;
@@ -213,14 +215,12 @@ impl StoreBackend for SqliteStore {
 
     async fn list_sessions(
         &self,
-        owner: Option<String>,
+        owners: crate::log::Owners,
         after: Option<String>,
         limit: usize,
     ) -> Result<Vec<SessionRow>, StoreError> {
-        self.read(move |c| {
-            read::list_sessions(c, owner.as_deref(), &after.unwrap_or_default(), limit)
-        })
-        .await
+        self.read(move |c| read::list_sessions(c, &owners, &after.unwrap_or_default(), limit))
+            .await
     }
 
     async fn count_sessions(&self, owner: Option<String>) -> Result<usize, StoreError> {
@@ -253,6 +253,10 @@ impl StoreBackend for SqliteStore {
     ) -> Result<FileUsage, StoreError> {
         self.read(move |c| file_records::file_usage_of(c, owner.as_deref(), min_bytes))
             .await
+    }
+
+    async fn usage(&self, filter: UsageFilter) -> Result<Vec<UsageRow>, StoreError> {
+        self.read(move |c| usage_rows::read(c, &filter)).await
     }
 
     async fn blob_in_use(&self, sha256: &str) -> Result<bool, StoreError> {

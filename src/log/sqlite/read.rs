@@ -3,7 +3,7 @@
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-use crate::log::{Event, InboxRow, SessionRow, StoreError};
+use crate::log::{Event, InboxRow, Owners, SessionRow, StoreError};
 
 /// A session's events with `seq > after_seq`, at most `limit`, in order.
 pub(super) fn events(
@@ -155,20 +155,29 @@ pub(super) fn session(c: &Connection, id: &str) -> Result<Option<SessionRow>, St
     .optional()?)
 }
 
-/// Sessions in creation order after `after` (exclusive), at most `limit`, for one owner.
+/// Sessions in creation order after `after` (exclusive), at most `limit`, of `owners`.
 pub(super) fn list_sessions(
     c: &Connection,
-    owner: Option<&str>,
+    owners: &Owners,
     after: &str,
     limit: usize,
 ) -> Result<Vec<SessionRow>, StoreError> {
-    let mut stmt = c.prepare_cached(
-        "SELECT id, owner, created_at, record FROM sessions
-         WHERE id > ?1 AND owner IS ?2 ORDER BY id LIMIT ?3",
-    )?;
-    let rows = stmt
-        .query_map(params![after, owner, limit as i64], row_to_session)?
-        .collect::<Result<Vec<_>, _>>()?;
+    let rows = match owners {
+        Owners::One(owner) => c
+            .prepare_cached(
+                "SELECT id, owner, created_at, record FROM sessions
+                 WHERE id > ?1 AND owner IS ?2 ORDER BY id LIMIT ?3",
+            )?
+            .query_map(params![after, owner, limit as i64], row_to_session)?
+            .collect::<Result<Vec<_>, _>>()?,
+        Owners::Every => c
+            .prepare_cached(
+                "SELECT id, owner, created_at, record FROM sessions
+                 WHERE id > ?1 ORDER BY id LIMIT ?2",
+            )?
+            .query_map(params![after, limit as i64], row_to_session)?
+            .collect::<Result<Vec<_>, _>>()?,
+    };
     Ok(rows)
 }
 

@@ -114,7 +114,7 @@ async fn a_version_1_store_is_migrated_without_losing_events() {
         let version: i64 = conn
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .unwrap();
-        assert_eq!(version, 4);
+        assert_eq!(version, 5);
         let leftovers: i64 = conn
             .query_row(
                 "SELECT COUNT(*) FROM sqlite_master WHERE name IN ('events_by_id', 'events_v1')",
@@ -516,4 +516,55 @@ async fn idempotency_keys_are_stored_with_their_turn_and_expire_purge_and_go_wit
         .await
         .unwrap();
     assert_eq!(again, KeyReserved::New { in_store: false });
+}
+
+#[tokio::test]
+async fn usage_rows_add_up_by_key_and_are_read_by_owner_and_days() {
+    use crate::log::{UsageFilter, UsageRow};
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), false).unwrap();
+    let row = |owner: &str, day: &str, input: u64, tools: u64| UsageRow {
+        owner: owner.into(),
+        day: day.into(),
+        agent: "a".into(),
+        upstream: "up".into(),
+        model: "m".into(),
+        input_tokens: input,
+        output_tokens: 1,
+        cached_tokens: 2,
+        usd: 0.25,
+        calls: 1,
+        tool_calls: tools,
+    };
+    store.add_usage(row("key:alice", "2026-12-01", 10, 0));
+    store.add_usage(row("key:alice", "2026-12-01", 5, 1));
+    store.add_usage(row("key:alice", "2026-12-02", 7, 0));
+    store.add_usage(row("", "2026-12-01", 1, 0));
+    store.flush().await.unwrap();
+    let alice = |from: Option<&str>, to: Option<&str>| UsageFilter {
+        owner: Some("key:alice".into()),
+        from: from.map(String::from),
+        to: to.map(String::from),
+    };
+    let rows = store.usage(alice(None, None)).await.unwrap();
+    assert_eq!(rows.len(), 2, "one row per day: {rows:?}");
+    assert_eq!(
+        (
+            rows[0].input_tokens,
+            rows[0].output_tokens,
+            rows[0].cached_tokens
+        ),
+        (15, 2, 4)
+    );
+    assert_eq!((rows[0].calls, rows[0].tool_calls), (2, 1));
+    assert!((rows[0].usd - 0.5).abs() < 1e-12);
+    let rows = store
+        .usage(alice(Some("2026-12-02"), Some("2026-12-31")))
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].input_tokens, 7);
+    let every = store.usage(UsageFilter::default()).await.unwrap();
+    assert_eq!(every.len(), 3);
+    assert_eq!(every[0].owner, "", "keyless first on its day");
 }

@@ -140,19 +140,30 @@ async fn turn_task(app: &App, caller: &Caller, id: &str, req: Request, reply: Re
         return;
     }
     let mut reply = Some(reply);
+    let mut began = false;
     while let Some(item) = handle.recv().await {
+        began |= matches!(item, Feed::Event(_));
         if let Some(resp) = renderer.collect(&item) {
             if let Some(reply) = reply.take() {
                 let _ = reply.send(Ok(json_response(StatusCode::OK, &resp)));
             }
         }
     }
-    if let Some(reply) = reply {
-        let _ = reply.send(Err(ApiError::store_unavailable(format!(
+    let Some(reply) = reply else { return };
+    // A turn that began (its start is durable) may have run tools: no `Retry-After` that
+    // would invite the same turn again.
+    let error = if began {
+        ApiError::internal(format!(
+            "turn {} began (and may have run tools) but its end could not be written to the event log: the store is unavailable (a full disk, an I/O error, the database down); it is closed in the log once the store is back: read GET /sessions/{id}/events/history before sending it again",
+            handle.turn_id
+        ))
+    } else {
+        ApiError::store_unavailable(format!(
             "turn {} could not be written to the event log: the store is unavailable (a full disk, an I/O error, the database down) or the session was deleted; see the server log",
             handle.turn_id
-        ))));
-    }
+        ))
+    };
+    let _ = reply.send(Err(error));
 }
 
 /// A streamed turn's SSE frames, the turn run as they are asked for: `turn_start`, then its
@@ -199,7 +210,7 @@ async fn start_turn(
     id: &str,
     req: Request,
 ) -> Result<Started, ApiError> {
-    let session = app.engine.session(caller.owner.as_deref(), id).await?;
+    let session = app.engine.session(caller.reach(), id).await?;
     let key = idempotency::key_of(req.headers())?;
     let bytes = body::read_limited(req.into_body(), app.max_body()).await?;
     let body: request::StartTurn = body::parse_json(&bytes)?;

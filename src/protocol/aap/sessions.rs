@@ -13,10 +13,17 @@ use crate::http::{body, json_response, query_param, ApiError, Request, Response}
 use crate::message::{Block, Content, Message};
 use crate::protocol::context::{App, Caller};
 
-/// `GET /meta`.
-pub(crate) fn meta(app: &App) -> Response {
+/// `GET /meta`: the agents the caller's principal may use, each with its tools as narrowed
+/// for it (`[keys.NAME] agents` and `tools`).
+pub(crate) fn meta(app: &App, caller: &Caller) -> Response {
     let config = app.engine.config();
-    let agents: Vec<Value> = config.agents.iter().map(|a| agent_info(app, a)).collect();
+    let scope = caller.scope();
+    let agents: Vec<Value> = config
+        .agents
+        .iter()
+        .filter(|a| scope.may_use(&a.name))
+        .map(|a| agent_info(app, &a.narrowed(&scope)))
+        .collect();
     json_response(
         StatusCode::OK,
         &json!({"version": VERSION, "agents": agents}),
@@ -59,9 +66,10 @@ fn agent_options(app: &App, agent: &AgentConfig) -> Vec<Value> {
         "default": if agent.thinking { "on" } else { "off" },
     })];
     if !agent.models.is_empty() {
-        let upstream_model = &app.engine.config().upstream.model;
-        let default = if agent.models.contains(upstream_model) {
-            upstream_model.clone()
+        let config = app.engine.config();
+        let upstream_model = config.default_model(agent);
+        let default = if agent.models.iter().any(|m| m == upstream_model) {
+            upstream_model.to_string()
         } else {
             agent.models[0].clone()
         };
@@ -96,8 +104,10 @@ fn effective_options(app: &App, agent: &AgentConfig, set: &BTreeMap<String, Stri
 fn session_info(app: &App, view: &SessionView) -> Value {
     let config = app.engine.config();
     let record = &view.record;
+    // Its tools as its owner's principal sees them (an admin may be reading another's).
     let (tools, options) = match config.agent(&record.agent) {
         Some(agent) => {
+            let agent = &*agent.narrowed(&config.scope_of(view.owner.as_deref()));
             let tools: Vec<Value> = match &record.tools {
                 Some(grants) => grants
                     .iter()
@@ -154,7 +164,7 @@ pub(crate) async fn create(app: &App, caller: &Caller, req: Request) -> Result<R
     let view = app
         .engine
         .create_session(
-            caller.owner.clone(),
+            caller.owned(),
             NewSession {
                 agent,
                 seed: body.messages,
@@ -208,7 +218,7 @@ pub(crate) async fn list(app: &App, caller: &Caller, req: &Request) -> Result<Re
     let after = query_param(req, "after");
     let (views, next) = app
         .engine
-        .list_sessions(caller.owner.as_deref(), after.as_deref())
+        .list_sessions(caller.reach(), after.as_deref())
         .await?;
     // The pending calls are read from a session's log: GET /sessions/{id} shows them.
     let sessions: Vec<Value> = views
@@ -230,16 +240,14 @@ pub(crate) async fn list(app: &App, caller: &Caller, req: &Request) -> Result<Re
 
 /// `GET /sessions/{id}`.
 pub(crate) async fn get(app: &App, caller: &Caller, id: &str) -> Result<Response, ApiError> {
-    let session = app.engine.session(caller.owner.as_deref(), id).await?;
-    let view = app.engine.view(&session);
+    let session = app.engine.session_now(caller.reach(), id).await?;
+    let view = app.engine.view_now(&session).await;
     Ok(json_response(StatusCode::OK, &session_info(app, &view)))
 }
 
 /// `DELETE /sessions/{id}`.
 pub(crate) async fn delete(app: &App, caller: &Caller, id: &str) -> Result<Response, ApiError> {
-    app.engine
-        .delete_session(caller.owner.as_deref(), id)
-        .await?;
+    app.engine.delete_session(caller.reach(), id).await?;
     Ok(crate::http::empty_response(StatusCode::NO_CONTENT))
 }
 
@@ -265,7 +273,7 @@ pub(crate) async fn history(
             ))
         }
     };
-    let session = app.engine.session(caller.owner.as_deref(), id).await?;
+    let session = app.engine.session_now(caller.reach(), id).await?;
     // `compacted` is what the model is sent next: the last compaction's summary, then the
     // messages after it (the full history until a session first compacts).
     let messages = match kind {

@@ -12,6 +12,7 @@
 //! the call, which cancels it on the child, and the child's progress for a call that asked for
 //! it goes to the client.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,7 +34,7 @@ use super::ask::{self, Subject};
 use super::session_store::{Busy, Sessions};
 use super::tool_result::{refused, to_result};
 use super::uri::{plain_name, shown};
-use crate::config::{AgentConfig, Config, EndpointNames, Verdict};
+use crate::config::{AgentConfig, Config, EndpointNames, Scope, Verdict};
 use crate::tools::relay::{Progress, PROGRESS};
 use crate::tools::{CallContext, Reply, ServerTool, ToolHost, ToolOutput};
 
@@ -52,10 +53,12 @@ pub(crate) struct Kept {
     pub(super) relaying: std::sync::OnceLock<()>,
 }
 
-/// Who opened the session (put into each request's extensions by the endpoint).
+/// Who opened the session (put into each request's extensions by the endpoint): its owner id
+/// and what its principal may do.
 #[derive(Debug, Clone)]
 pub(crate) struct McpCaller {
     pub owner: Option<String>,
+    pub scope: Scope,
 }
 
 /// The server of one MCP session (while it is in memory: see [`Sessions`]).
@@ -88,6 +91,21 @@ impl Gate {
             _ending: ended.clone().drop_guard(),
             ended,
             sessions,
+        }
+    }
+
+    /// The agent as the caller's principal sees it: its tools narrowed by the principal's
+    /// (`[keys.NAME] tools`). A request the endpoint did not mark sees no tool.
+    pub(crate) fn agent_of(&self, extensions: &rmcp::model::Extensions) -> Cow<'_, AgentConfig> {
+        let caller = extensions
+            .get::<http::request::Parts>()
+            .and_then(|p| p.extensions.get::<McpCaller>());
+        match caller {
+            Some(c) => self.agent.narrowed(&c.scope),
+            None => self.agent.narrowed(&Scope {
+                tools: Some(Arc::new(globset::GlobSet::empty())),
+                ..Scope::default()
+            }),
         }
     }
 
@@ -279,7 +297,11 @@ impl Gate {
             ))
             .into());
         }
-        if !self.agent.tool_globs.is_match(&name) {
+        if !self
+            .agent_of(&context.extensions)
+            .tool_globs
+            .is_match(&name)
+        {
             metrics.not_run(crate::metrics::NotRun::Refused);
             log_call(tool, "refused", started.elapsed());
             return Ok(refused(format!(
@@ -369,7 +391,8 @@ impl ServerHandler for Gate {
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         let _busy = self.in_use(&context.extensions);
-        let tools = listed(&self.agent, &*self.host, self.config.mcp_endpoint.names);
+        let agent = self.agent_of(&context.extensions);
+        let tools = listed(&agent, &*self.host, self.config.mcp_endpoint.names);
         Ok(ListToolsResult::with_all_items(
             tools.iter().map(|(name, t)| as_mcp(name, t)).collect(),
         ))
@@ -485,7 +508,7 @@ impl ServerHandler for Gate {
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
         // Tell the client when its tool list changes (a child's list_changed, re-filtered).
         let peer = context.peer.clone();
-        let agent = self.agent.clone();
+        let agent = Arc::new(self.agent_of(&context.extensions).into_owned());
         let host = self.host.clone();
         let names = self.config.mcp_endpoint.names;
         let mut generation = host.generation();

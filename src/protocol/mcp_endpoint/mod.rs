@@ -3,9 +3,11 @@
 //!
 //! rmcp's server side does the protocol (JSON-RPC framing, SSE streams, `Mcp-Session-Id`
 //! sessions, elicitation round trips, `notifications/cancelled`); this module puts it behind
-//! our HTTP layer: the same API keys, a session visible only to the key that opened it (404 to
-//! any other, as for AAP sessions), bodies bounded by `[server] max_body_bytes`. `/mcp` serves
-//! the first agent of `[mcp_endpoint] agents`, `/mcp/<agent>` each listed one. See [`gate`] for
+//! our HTTP layer: the same API keys, a session visible only to the principal that opened it (404
+//! to any other, as for AAP sessions, an admin's too), bodies bounded by `[server]
+//! max_body_bytes`. `/mcp` serves the first agent of `[mcp_endpoint] agents` that the caller's
+//! principal may use, `/mcp/<agent>` each listed one; a principal's `[keys.NAME] tools` narrow
+//! what it is served. See [`gate`] for
 //! what a session offers, [`passthrough`] for the servers' resources and prompts, and
 //! [`session_store`] for what a session costs while idle and when it ends.
 
@@ -22,7 +24,7 @@ use std::sync::Arc;
 use http_body_util::BodyExt;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 
-use crate::config::Config;
+use crate::config::{Config, Scope};
 use crate::http::{ApiError, Request, Response};
 use crate::tools::ToolHost;
 use gate::{Gate, McpCaller};
@@ -54,6 +56,7 @@ impl Endpoint {
     /// Workspaces of MCP sessions an earlier run left behind are removed.
     pub(crate) fn new(
         config: &Arc<Config>,
+        live: &Arc<crate::sync::Swap<Config>>,
         host: &Arc<dyn ToolHost>,
         shutdown: &tokio_util::sync::CancellationToken,
     ) -> Endpoint {
@@ -83,17 +86,19 @@ impl Endpoint {
                         .disable_allowed_hosts();
                     // A parked session is restored from its record (see `session_store`).
                     http.session_store = Some(sessions.clone());
-                    let (config, agent_cfg, host) =
-                        (config.clone(), Arc::new(agent.clone()), host.clone());
+                    let (live, agent_cfg, host) =
+                        (live.clone(), Arc::new(agent.clone()), host.clone());
                     let gates = sessions.clone();
                     let service = StreamableHttpService::new(
                         move || {
-                            Ok(Gate::new(
-                                config.clone(),
-                                agent_cfg.clone(),
-                                host.clone(),
-                                gates.clone(),
-                            ))
+                            // Each MCP session keeps the configuration of its start (a reload
+                            // reaches the sessions that start after it), and its agent as
+                            // that configuration defines it.
+                            let config = live.get();
+                            let agent = config
+                                .agent(&agent_cfg.name)
+                                .map_or_else(|| agent_cfg.clone(), |a| Arc::new(a.clone()));
+                            Ok(Gate::new(config, agent, host.clone(), gates.clone()))
                         },
                         sessions.clone(),
                         http,
@@ -119,26 +124,32 @@ impl Endpoint {
         !self.agents.is_empty()
     }
 
-    /// Serve one request to `/mcp` (`agent: None`) or `/mcp/<agent>`.
+    /// Serve one request to `/mcp` (`agent: None`) or `/mcp/<agent>` of `caller` (its owner id
+    /// and what its principal may do).
     pub(crate) async fn handle(
         &self,
         agent: Option<&str>,
-        owner: Option<String>,
+        caller: (Option<String>, Scope),
         req: Request,
     ) -> Result<Response, ApiError> {
         // Boxed: rmcp's request future is large, and the API's future (every route's, AAP ones
         // too) would otherwise be as large and copied as such on every request.
-        Box::pin(self.serve(agent, owner, req)).await
+        Box::pin(self.serve(agent, caller, req)).await
     }
 
     async fn serve(
         &self,
         agent: Option<&str>,
-        owner: Option<String>,
+        (owner, scope): (Option<String>, Scope),
         mut req: Request,
     ) -> Result<Response, ApiError> {
         let Some(ep) = (match agent {
-            None => self.agents.first(),
+            // The first agent the caller's principal may use (`[keys.NAME] agents`).
+            None => self
+                .agents
+                .iter()
+                .find(|a| scope.may_use(&a.name))
+                .or(self.agents.first()),
             Some(name) => self.agents.iter().find(|a| a.name == name),
         }) else {
             return Err(ApiError::not_found(match agent {
@@ -147,6 +158,12 @@ impl Endpoint {
                 None => "no MCP endpoint".to_string(),
             }));
         };
+        if !scope.may_use(&ep.name) {
+            return Err(ApiError::forbidden(format!(
+                "this key may not use agent {:?} ([keys] agents in tools.toml); GET /meta lists the agents it may use",
+                ep.name
+            )));
+        }
         let sid = req
             .headers()
             .get("mcp-session-id")
@@ -173,6 +190,7 @@ impl Endpoint {
         }
         req.extensions_mut().insert(McpCaller {
             owner: owner.clone(),
+            scope,
         });
         let resp = match &sid {
             Some(_) => ep.service.handle(req).await,

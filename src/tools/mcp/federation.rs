@@ -20,27 +20,39 @@ use super::supervisor::{self, CatalogEvent, McpTool, Placement, Supervisor};
 use super::{elicit, naming, oauth, policy, sandbox};
 use crate::config::{Config, McpScope};
 use crate::message::ToolSpec;
-use crate::sync::lock;
+use crate::sync::{lock, Swap};
 use crate::tools::{CallContext, ServerTool, ToolOutput};
 
 /// The federated tool set at one moment.
 #[derive(Default)]
 struct Federation {
     tools: Arc<Vec<ServerTool>>,
-    /// Federated name → (server index in the config, the tool's own name).
+    /// Federated name → (server index in `servers`' config, the tool's own name).
     routes: HashMap<String, (usize, String)>,
+    /// The servers the routes' indices refer to.
+    servers: Option<Arc<Servers>>,
+}
+
+/// The configured servers at one moment (a reload replaces them whole; see
+/// `reconfigure.rs`), by their index in `config.mcp_servers`.
+pub(super) struct Servers {
+    pub(super) config: Arc<Config>,
+    /// Shared instances by server index.
+    pub(super) shared: HashMap<usize, Arc<Supervisor>>,
+    /// Tool lists of session-scoped servers, from their probe.
+    pub(super) probed: HashMap<usize, Arc<Vec<McpTool>>>,
+    /// What session-scoped servers declared (resources, prompts, logging) to their probe.
+    pub(super) probed_caps: HashMap<usize, rmcp::model::ServerCapabilities>,
+    /// The OAuth of each HTTP server, by server index.
+    pub(super) oauth: HashMap<usize, Arc<oauth::OAuth>>,
 }
 
 /// The MCP side of the tool host (the [`Toolbox`](super::Toolbox) adds the built-in tools).
 pub struct McpHost {
-    config: Arc<Config>,
-    /// Shared instances by server index.
-    shared: HashMap<usize, Arc<Supervisor>>,
-    /// Tool lists of session-scoped servers, from their probe.
-    probed: HashMap<usize, Arc<Vec<McpTool>>>,
-    /// What session-scoped servers declared (resources, prompts, logging) to their probe.
-    probed_caps: HashMap<usize, rmcp::model::ServerCapabilities>,
-    sessions: Mutex<SessionInstances>,
+    /// The servers now. Changed only with `sessions` locked (so that a session's instance is
+    /// never started from a definition a reload has just replaced).
+    pub(super) servers: Swap<Servers>,
+    pub(super) sessions: Mutex<SessionInstances>,
     /// The catalog events of each session's instances, by session id (see
     /// [`McpHost::session_catalog_events`]).
     session_feeds: Mutex<HashMap<String, supervisor::SessionFeed>>,
@@ -48,8 +60,31 @@ pub struct McpHost {
     evicted: AtomicU64,
     federation: RwLock<Federation>,
     generation: tokio::sync::watch::Sender<u64>,
-    /// The OAuth of each HTTP server, by server index.
-    oauth: HashMap<usize, Arc<oauth::OAuth>>,
+    /// One reload at a time.
+    pub(super) reconfiguring: tokio::sync::Mutex<()>,
+}
+
+/// What the probes of session-scoped servers found (their tools and capabilities), the probes
+/// stopped.
+pub(super) async fn take_probes(
+    probes: super::first_start::Probes,
+) -> (
+    HashMap<usize, Arc<Vec<McpTool>>>,
+    HashMap<usize, ServerCapabilities>,
+) {
+    let mut probed = HashMap::new();
+    let mut probed_caps = HashMap::new();
+    for (i, s) in probes {
+        probed.insert(i, s.tools());
+        if let Some(caps) = s
+            .peer()
+            .and_then(|p| p.peer_info().map(|i| i.capabilities.clone()))
+        {
+            probed_caps.insert(i, caps);
+        }
+        s.stop().await;
+    }
+    (probed, probed_caps)
 }
 
 /// Errors that stop federation outright (configuration errors).
@@ -78,41 +113,35 @@ impl McpHost {
             .enumerate()
             .filter_map(|(i, s)| Some((i, oauth::OAuth::for_server(s, &config.server)?)))
             .collect();
-        let (shared, probes) = spawn_servers(&config, &oauth);
+        let (shared, probes) = spawn_servers(&config, &oauth, |_| true);
         let report = first_attempts(&config, &shared, &probes, progress).await;
-        let mut probed = HashMap::new();
-        let mut probed_caps = HashMap::new();
-        for (i, s) in probes {
-            probed.insert(i, s.tools());
-            if let Some(caps) = s
-                .peer()
-                .and_then(|p| p.peer_info().map(|i| i.capabilities.clone()))
-            {
-                probed_caps.insert(i, caps);
-            }
-            s.stop().await;
-        }
+        let (probed, probed_caps) = take_probes(probes).await;
         let host = Arc::new(McpHost {
-            config,
-            shared,
-            probed,
-            probed_caps,
+            servers: Swap::new(Arc::new(Servers {
+                config,
+                shared,
+                probed,
+                probed_caps,
+                oauth,
+            })),
             sessions: Mutex::new(HashMap::new()),
             session_feeds: Mutex::new(HashMap::new()),
             evicted: AtomicU64::new(0),
             federation: RwLock::new(Federation::default()),
             generation: tokio::sync::watch::channel(0).0,
-            oauth,
+            reconfiguring: tokio::sync::Mutex::new(()),
         });
         host.refederate(true)?;
-        host.follow_tool_lists();
+        let all: Vec<Arc<Supervisor>> = host.servers.get().shared.values().cloned().collect();
+        host.follow_tool_lists(&all);
         host.reap_periodically();
         Ok((host, report))
     }
 
-    /// Refederate whenever a shared server's tool list changes (for as long as the host lives).
-    fn follow_tool_lists(self: &Arc<Self>) {
-        for s in self.shared.values() {
+    /// Refederate whenever one of these shared servers' tool list changes (for as long as the
+    /// host and the server live).
+    pub(super) fn follow_tool_lists(self: &Arc<Self>, shared: &[Arc<Supervisor>]) {
+        for s in shared {
             let mut changed = s.tools_changed();
             let weak = Arc::downgrade(self);
             tokio::spawn(async move {
@@ -142,14 +171,16 @@ impl McpHost {
     /// Rebuild the federated list from every server's current tools. At start-up a name
     /// collision is an error; later (a server changed its list) the colliding tool is left out
     /// and logged.
-    fn refederate(&self, strict: bool) -> Result<(), FederationError> {
+    pub(super) fn refederate(&self, strict: bool) -> Result<(), FederationError> {
+        let servers = self.servers.get();
+        let config = &servers.config;
         let mut tools = Vec::new();
         let mut routes: HashMap<String, (usize, String)> = HashMap::new();
         let mut owners: HashMap<String, (String, String)> = HashMap::new();
-        for (i, cfg) in self.config.mcp_servers.iter().enumerate() {
+        for (i, cfg) in config.mcp_servers.iter().enumerate() {
             let listed = match cfg.scope {
-                McpScope::Shared => self.shared.get(&i).map(|s| s.tools()),
-                McpScope::Session => self.probed.get(&i).cloned(),
+                McpScope::Shared => servers.shared.get(&i).map(|s| s.tools()),
+                McpScope::Session => servers.probed.get(&i).cloned(),
             }
             .unwrap_or_default();
             for t in listed.iter() {
@@ -161,16 +192,13 @@ impl McpHost {
                         second: (cfg.name.clone(), t.name.clone()),
                     };
                     if strict {
-                        return Err(FederationError(format!(
-                            "{}: {c}",
-                            self.config.path.display()
-                        )));
+                        return Err(FederationError(format!("{}: {c}", config.path.display())));
                     }
                     tracing::error!("{c}; the second tool is left out");
                     continue;
                 }
                 owners.insert(name.clone(), (cfg.name.clone(), t.name.clone()));
-                let decision = policy::decide(&self.config.policy, &name);
+                let decision = policy::decide(&config.policy, &name);
                 routes.insert(name.clone(), (i, t.name.clone()));
                 tools.push(ServerTool {
                     spec: ToolSpec {
@@ -190,6 +218,7 @@ impl McpHost {
         *self.federation.write().unwrap_or_else(|p| p.into_inner()) = Federation {
             tools: Arc::new(tools),
             routes,
+            servers: Some(servers.clone()),
         };
         self.generation.send_modify(|g| *g += 1);
         Ok(())
@@ -203,7 +232,7 @@ impl McpHost {
         name: &str,
         input: Value,
     ) -> Result<rmcp::model::CallToolResult, ToolOutput> {
-        let Some((idx, tool)) = self.route(name) else {
+        let Some((servers, idx, tool)) = self.route(name) else {
             return Err(ToolOutput::error(format!("Unknown tool {name}.")));
         };
         let asker = elicit::Asker {
@@ -212,22 +241,21 @@ impl McpHost {
             sampler: ctx.sampler.clone(),
             paused: Default::default(),
         };
-        match self.shared.get(&idx) {
+        match servers.shared.get(&idx) {
             Some(s) => s.call(&tool, input, asker).await,
             None => {
-                let (s, _in_flight) = self.session_instance(idx, ctx).await?;
+                let (s, _in_flight) = self.session_instance(&servers, idx, ctx).await?;
                 s.call(&tool, input, asker).await
             }
         }
     }
 
-    fn route(&self, name: &str) -> Option<(usize, String)> {
-        self.federation
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .routes
-            .get(name)
-            .cloned()
+    /// Where the tool federated as `name` is served: the servers, the index of its server
+    /// among them, the tool's own name.
+    fn route(&self, name: &str) -> Option<(Arc<Servers>, usize, String)> {
+        let federation = self.federation.read().unwrap_or_else(|p| p.into_inner());
+        let (idx, tool) = federation.routes.get(name)?.clone();
+        Some((federation.servers.clone()?, idx, tool))
     }
 
     /// The session's instance of server `idx`, started if needed, with the call marked in
@@ -237,11 +265,15 @@ impl McpHost {
     /// result naming the limit.
     async fn session_instance(
         &self,
+        servers: &Servers,
         idx: usize,
         ctx: &CallContext,
     ) -> Result<(Arc<Supervisor>, InFlight), ToolOutput> {
-        let key = (ctx.session_id.clone(), idx);
-        let limits = &self.config.limits;
+        let Some(cfg) = servers.config.mcp_servers.get(idx) else {
+            return Err(ToolOutput::error("Unknown MCP server."));
+        };
+        let key = (ctx.session_id.clone(), cfg.name.clone());
+        let limits = &servers.config.limits;
         // A keyless server's sessions are all one principal's: only the server-wide limit.
         let per_key = match ctx.owner {
             Some(_) => limits.session_servers_per_key,
@@ -261,7 +293,7 @@ impl McpHost {
                 } else if map.len() >= limits.session_servers {
                     Full::Server
                 } else {
-                    return Ok(self.start_instance(&mut map, key, idx, ctx));
+                    return self.start_instance(&mut map, key, ctx);
                 };
                 let idlest = map
                     .iter()
@@ -274,7 +306,7 @@ impl McpHost {
                 }
             };
             tracing::info!(
-                server = %self.config.mcp_servers[victim_key.1].name,
+                server = %victim_key.1,
                 session = %victim_key.0,
                 limit = full.key(),
                 "stopping the idlest session-scoped MCP server to make room; it restarts at its next call"
@@ -282,7 +314,7 @@ impl McpHost {
             victim.sup.stop().await;
             self.evicted.fetch_add(1, Ordering::Relaxed);
         }
-        let file = self
+        let file = servers
             .config
             .path
             .file_name()
@@ -299,34 +331,43 @@ impl McpHost {
         }))
     }
 
-    /// Start the session's instance of server `idx` (there is room for it) with a call in flight.
+    /// Start the session's instance of server `key.1` (there is room for it) with a call in
+    /// flight, from the server's definition now (`map` is locked: a reload waits for it).
     fn start_instance(
         &self,
         map: &mut SessionInstances,
-        key: (String, usize),
-        idx: usize,
+        key: (String, String),
         ctx: &CallContext,
-    ) -> (Arc<Supervisor>, InFlight) {
+    ) -> Result<(Arc<Supervisor>, InFlight), ToolOutput> {
+        let servers = self.servers.get();
+        let config = &servers.config;
+        let Some(idx) = config.mcp_servers.iter().position(|s| s.name == key.1) else {
+            return Err(ToolOutput::error(format!(
+                "MCP server {} was removed from the configuration",
+                key.1
+            )));
+        };
         let workspace: PathBuf = ctx.workspace.clone();
         let _ = std::fs::create_dir_all(&workspace);
         let sup = Supervisor::start(
-            self.config.mcp_servers[idx].clone(),
+            config.mcp_servers[idx].clone(),
             Placement {
                 cwd: Some(workspace.clone()),
                 workspace: Some(workspace),
-                private: sandbox::own_state(&self.config),
-                oauth: self.oauth.get(&idx).cloned(),
+                private: sandbox::own_state(config),
+                oauth: servers.oauth.get(&idx).cloned(),
             },
         );
         self.feed_session(&ctx.session_id, &sup);
-        map.entry(key)
+        Ok(map
+            .entry(key)
             .or_insert(SessionInstance {
                 sup,
                 used: Instant::now(),
                 in_flight: Arc::new(AtomicUsize::new(0)),
                 owner: ctx.owner.clone(),
             })
-            .begin()
+            .begin())
     }
 
     async fn reap_idle(&self) {
@@ -359,7 +400,9 @@ impl McpHost {
     /// Every configured server's state, in config order.
     pub fn status(&self) -> Vec<ServerReport> {
         let sessions = lock(&self.sessions);
-        self.config
+        let servers = self.servers.get();
+        servers
+            .config
             .mcp_servers
             .iter()
             .enumerate()
@@ -367,7 +410,7 @@ impl McpHost {
                 McpScope::Shared => ServerReport {
                     name: cfg.name.clone(),
                     scope: "shared",
-                    shared: self.shared.get(&i).map(|s| s.status()),
+                    shared: servers.shared.get(&i).map(|s| s.status()),
                     instances: None,
                 },
                 McpScope::Session => ServerReport {
@@ -377,7 +420,7 @@ impl McpHost {
                     instances: Some(
                         sessions
                             .iter()
-                            .filter(|((_, idx), _)| *idx == i)
+                            .filter(|((_, server), _)| *server == cfg.name)
                             .map(|((session, _), inst)| InstanceReport {
                                 session: session.clone(),
                                 status: inst.sup.status(),
@@ -433,7 +476,14 @@ impl McpHost {
                 let mut map = lock(&self.sessions);
                 map.drain().map(|(_, inst)| inst.sup).collect()
             };
-            let all = self.shared.values().cloned().chain(sessions);
+            let all = self
+                .servers
+                .get()
+                .shared
+                .values()
+                .cloned()
+                .collect::<Vec<_>>();
+            let all = all.into_iter().chain(sessions);
             futures_util::future::join_all(all.map(|s| async move { s.stop().await })).await;
         })
     }
@@ -442,8 +492,12 @@ impl McpHost {
 impl McpHost {
     /// The shared servers' instances, in config order.
     pub fn shared_servers(&self) -> Vec<Arc<Supervisor>> {
-        let mut all: Vec<(usize, Arc<Supervisor>)> =
-            self.shared.iter().map(|(i, s)| (*i, s.clone())).collect();
+        let servers = self.servers.get();
+        let mut all: Vec<(usize, Arc<Supervisor>)> = servers
+            .shared
+            .iter()
+            .map(|(i, s)| (*i, s.clone()))
+            .collect();
         all.sort_by_key(|(i, _)| *i);
         all.into_iter().map(|(_, s)| s).collect()
     }
@@ -492,7 +546,8 @@ impl McpHost {
     /// What the session-scoped servers declared to their probe at start, in config order
     /// (their instances start per session, after a client learns the capabilities).
     pub fn session_capabilities(&self) -> Vec<ServerCapabilities> {
-        let mut all: Vec<(&usize, &ServerCapabilities)> = self.probed_caps.iter().collect();
+        let servers = self.servers.get();
+        let mut all: Vec<(&usize, &ServerCapabilities)> = servers.probed_caps.iter().collect();
         all.sort_by_key(|(i, _)| **i);
         all.into_iter().map(|(_, c)| c.clone()).collect()
     }
@@ -507,11 +562,13 @@ impl McpHost {
         wanted: impl Fn(&ServerCapabilities) -> bool,
     ) -> Vec<Arc<Supervisor>> {
         let mut out = Vec::new();
-        for (idx, cfg) in self.config.mcp_servers.iter().enumerate() {
-            if cfg.scope != McpScope::Session || !self.probed_caps.get(&idx).is_some_and(&wanted) {
+        let servers = self.servers.get();
+        for (idx, cfg) in servers.config.mcp_servers.iter().enumerate() {
+            if cfg.scope != McpScope::Session || !servers.probed_caps.get(&idx).is_some_and(&wanted)
+            {
                 continue;
             }
-            let sup = match self.session_instance(idx, ctx).await {
+            let sup = match self.session_instance(&servers, idx, ctx).await {
                 Ok((sup, _in_flight)) => sup,
                 Err(refused) => {
                     tracing::warn!(server = %cfg.name, session = %ctx.session_id, reason = %refused.content, "a session-scoped MCP server was not started for /mcp");

@@ -36,16 +36,21 @@ pub(super) fn warn_at_start(config: &Config) {
     }
 }
 
-/// Start every configured server: the shared instances, and a probe instance (in a scratch
-/// folder) of each session-scoped server, for its tool list.
+/// Start every configured server that `wanted` picks (by index; a reload starts only the new
+/// and changed ones): the shared instances, and a probe instance (in a scratch folder) of each
+/// session-scoped server, for its tool list.
 pub(super) fn spawn_servers(
     config: &Config,
     oauth: &HashMap<usize, Arc<oauth::OAuth>>,
+    wanted: impl Fn(usize) -> bool,
 ) -> (HashMap<usize, Arc<Supervisor>>, Probes) {
     let private = sandbox::own_state(config);
     let mut shared = HashMap::new();
     let mut probes = Vec::new();
     for (i, cfg) in config.mcp_servers.iter().enumerate() {
+        if !wanted(i) {
+            continue;
+        }
         match cfg.scope {
             McpScope::Shared => {
                 let placement = Placement {

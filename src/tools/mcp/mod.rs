@@ -19,6 +19,7 @@ pub mod http_client;
 pub mod naming;
 pub mod oauth;
 pub mod policy;
+mod reconfigure;
 mod reports;
 pub mod resource_uri;
 pub mod sampling;

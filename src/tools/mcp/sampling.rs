@@ -25,7 +25,8 @@ use rmcp::model::{
 };
 
 use crate::message::{Block, Content, Message, Usage};
-use crate::upstream::{ModelOutput, ModelRequest, ModelStop, Provider, Tuning};
+use crate::upstream::router::Router;
+use crate::upstream::{ModelOutput, ModelRequest, ModelStop, Tuning};
 
 /// Stop sequences passed on from a request (OpenAI takes at most 4).
 pub const MAX_STOP_SEQUENCES: usize = 4;
@@ -40,21 +41,26 @@ pub struct Tally {
     /// Requests refused by the budget.
     pub refused: u32,
     pub usage: Usage,
+    /// Each call answered: its upstream, model and usage (for the principal's spend).
+    pub answered: Vec<(String, String, Usage)>,
     /// Calls made (or under way) by server, against `sampling_calls_per_turn`.
     by_server: HashMap<String, u32>,
 }
 
-/// A turn's sampler: the session's upstream and model.
+/// A turn's sampler: the session's model, through its agent's upstreams.
 pub struct UpstreamSampler {
-    provider: Arc<dyn Provider>,
+    router: Arc<Router>,
+    /// The agent's upstreams, in order (empty: all).
+    upstreams: Vec<String>,
     model: String,
     tally: Mutex<Tally>,
 }
 
 impl UpstreamSampler {
-    pub fn new(provider: Arc<dyn Provider>, model: String) -> UpstreamSampler {
+    pub fn new(router: Arc<Router>, upstreams: Vec<String>, model: String) -> UpstreamSampler {
         UpstreamSampler {
-            provider,
+            router,
+            upstreams,
             model,
             tally: Mutex::new(Tally::default()),
         }
@@ -90,14 +96,8 @@ impl Sampler for UpstreamSampler {
         Box::pin(async move {
             let req = to_request(&request, &self.model, budget)?;
             self.reserve(budget)?;
-            let metered = crate::metrics::upstream(self.provider.name(), &req.model);
-            let sent = std::time::Instant::now();
-            let result = self
-                .provider
-                .complete(&req, &mut crate::upstream::NoDeltas)
-                .await;
-            metered.call(sent, None, result.as_ref().ok().map(|o| o.usage));
-            let out = result.map_err(|e| {
+            let result = self.router.complete(&self.upstreams, &req).await;
+            let (out, model, upstream) = result.map_err(|e| {
                 tracing::warn!(server = %budget.server, error = %e, "a sampling call of the upstream failed");
                 format!("sampling failed: the upstream call failed: {}", e.message)
             })?;
@@ -105,17 +105,18 @@ impl Sampler for UpstreamSampler {
                 let mut t = crate::sync::lock(&self.tally);
                 t.calls += 1;
                 t.usage.add(out.usage);
+                t.answered.push((upstream, model.clone(), out.usage));
             }
             crate::metrics::mcp_sampling(&budget.server, "ok", Some(out.usage));
             tracing::info!(
                 server = %budget.server,
-                model = %req.model,
+                %model,
                 max_tokens = req.max_tokens.unwrap_or(0),
                 tokens_in = out.usage.input_tokens,
                 tokens_out = out.usage.output_tokens,
                 "MCP sampling request answered"
             );
-            Ok(to_result(out, &req.model))
+            Ok(to_result(out, &model))
         })
     }
 }

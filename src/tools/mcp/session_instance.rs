@@ -60,5 +60,6 @@ impl Drop for InFlight {
     }
 }
 
-/// Session-scoped instances by (session id, server index).
-pub(super) type SessionInstances = HashMap<(String, usize), SessionInstance>;
+/// Session-scoped instances by (session id, server name). By name, not index: a reload that
+/// adds or removes other servers leaves a session's instances where they are.
+pub(super) type SessionInstances = HashMap<(String, String), SessionInstance>;

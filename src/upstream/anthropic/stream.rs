@@ -174,6 +174,7 @@ impl Acc {
     fn usage(&mut self, u: &WireUsage) {
         if let Some(input) = u.input() {
             self.out.usage.input_tokens = input;
+            self.out.usage.cached_input_tokens = u.cache_read_input_tokens.unwrap_or(0);
         }
         if let Some(output) = u.output_tokens {
             self.out.usage.output_tokens = output;

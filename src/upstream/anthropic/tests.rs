@@ -101,7 +101,8 @@ async fn text_streams_as_fragments() {
         out.usage,
         Usage {
             input_tokens: 10,
-            output_tokens: 5
+            output_tokens: 5,
+            ..Default::default()
         }
     );
 }
@@ -378,7 +379,8 @@ async fn cached_input_tokens_count_as_input() {
         out.unwrap().usage,
         Usage {
             input_tokens: 137,
-            output_tokens: 2
+            output_tokens: 2,
+            cached_input_tokens: 100,
         }
     );
 }
@@ -512,7 +514,8 @@ async fn usage_is_input_from_message_start_and_output_from_message_delta() {
         out.unwrap().usage,
         Usage {
             input_tokens: 123,
-            output_tokens: 45
+            output_tokens: 45,
+            ..Default::default()
         }
     );
     // Cached prompt tokens count as input; output_tokens is cumulative (the last one wins).
@@ -530,7 +533,8 @@ async fn usage_is_input_from_message_start_and_output_from_message_delta() {
         out.usage,
         Usage {
             input_tokens: 1105,
-            output_tokens: 7
+            output_tokens: 7,
+            cached_input_tokens: 1000,
         }
     );
 }
@@ -710,7 +714,8 @@ async fn a_non_streamed_json_answer_is_read_whole() {
         out.usage,
         Usage {
             input_tokens: 3,
-            output_tokens: 4
+            output_tokens: 4,
+            ..Default::default()
         }
     );
 }

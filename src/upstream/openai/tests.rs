@@ -57,7 +57,8 @@ async fn text_streams_as_fragments() {
         out.usage,
         Usage {
             input_tokens: 10,
-            output_tokens: 5
+            output_tokens: 5,
+            ..Default::default()
         }
     );
 }
@@ -230,7 +231,28 @@ async fn usage_comes_from_the_final_chunk() {
         out.unwrap().usage,
         Usage {
             input_tokens: 123,
-            output_tokens: 45
+            output_tokens: 45,
+            ..Default::default()
+        }
+    );
+}
+
+#[tokio::test]
+async fn cached_prompt_tokens_come_from_the_usage_details() {
+    let fake = FakeOpenAi::start().await;
+    let body = concat!(
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"},\"finish_reason\":\"stop\"}]}\n\n",
+        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":100,\"completion_tokens\":2,",
+        "\"prompt_tokens_details\":{\"cached_tokens\":80}}}\n\n",
+        "data: [DONE]\n\n"
+    );
+    let (out, _) = run(&fake, Reply::raw(body)).await;
+    assert_eq!(
+        out.unwrap().usage,
+        Usage {
+            input_tokens: 100,
+            output_tokens: 2,
+            cached_input_tokens: 80,
         }
     );
 }

@@ -166,13 +166,19 @@ impl Gate {
 
     /// The verdict for `name`, or `None` when this session does not see it (denied, or not
     /// among the agent's tools).
-    fn judge(&self, name: &str) -> Option<Decision> {
+    fn judge(&self, ctx: &RequestContext<RoleServer>, name: &str) -> Option<Decision> {
         let d = policy::decide(&self.config.policy, name);
-        (d.verdict != Verdict::Deny && self.agent.tool_globs.is_match(name)).then_some(d)
+        let agent = self.agent_of(&ctx.extensions);
+        (d.verdict != Verdict::Deny && agent.tool_globs.is_match(name)).then_some(d)
     }
 
     /// The verdict for `name` (`what` it is, for the refusal), refused when hidden.
-    fn check(&self, what: &str, name: &str) -> Result<Decision, ErrorData> {
+    fn check(
+        &self,
+        ctx: &RequestContext<RoleServer>,
+        what: &str,
+        name: &str,
+    ) -> Result<Decision, ErrorData> {
         let d = policy::decide(&self.config.policy, name);
         if d.verdict == Verdict::Deny {
             return Err(ErrorData::invalid_request(
@@ -180,7 +186,7 @@ impl Gate {
                 None,
             ));
         }
-        if !self.agent.tool_globs.is_match(name) {
+        if !self.agent_of(&ctx.extensions).tool_globs.is_match(name) {
             return Err(ErrorData::invalid_request(
                 format!(
                     "{what} is not among agent {}'s tools ({name}).",
@@ -217,6 +223,7 @@ impl Gate {
             Reference::Prompt(p) => {
                 let (child, prompt) = self.prompt_child(&p.name, ctx).await?;
                 self.check(
+                    ctx,
                     &format!("Prompt {}", p.name),
                     &policy::prompt_name(&child.server, &prompt),
                 )?;
@@ -231,6 +238,7 @@ impl Gate {
                     .resolve(&r.uri, resources::Named::Template, ctx)
                     .await?;
                 self.check(
+                    ctx,
                     &format!("Resource {}", r.uri),
                     &policy::resource_name(&child.server, &raw),
                 )?;

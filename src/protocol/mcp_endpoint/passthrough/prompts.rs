@@ -43,7 +43,7 @@ impl Gate {
         let mut out = Vec::new();
         for ((c, mut p), name) in listed.into_iter().zip(names) {
             if self
-                .judge(&policy::prompt_name(&c.server, &p.name))
+                .judge(ctx, &policy::prompt_name(&c.server, &p.name))
                 .is_some()
             {
                 p.name = name;
@@ -115,7 +115,7 @@ impl Gate {
         let (child, prompt) = self.prompt_child(&request.name, ctx).await?;
         let name = policy::prompt_name(&child.server, &prompt);
         let what = format!("Prompt {}", request.name);
-        let d = self.check(&what, &name).inspect_err(|_| {
+        let d = self.check(ctx, &what, &name).inspect_err(|_| {
             let d = policy::decide(&self.config.policy, &name);
             log(&child.server, "prompt", &prompt, &d, "refused", started);
         })?;

@@ -92,7 +92,7 @@ impl Gate {
         let mut out = Vec::new();
         for ((c, mut r), uri) in listed.into_iter().zip(names) {
             if self
-                .judge(&policy::resource_name(&c.server, &r.uri))
+                .judge(ctx, &policy::resource_name(&c.server, &r.uri))
                 .is_some()
             {
                 if uri != r.uri {
@@ -135,7 +135,7 @@ impl Gate {
         let mut out = Vec::new();
         for ((c, mut t), template) in listed.into_iter().zip(names) {
             if self
-                .judge(&policy::resource_name(&c.server, &t.uri_template))
+                .judge(ctx, &policy::resource_name(&c.server, &t.uri_template))
                 .is_some()
             {
                 if template != t.uri_template {
@@ -261,7 +261,7 @@ impl Gate {
         } = self.resolve(&uri, Named::Uri, ctx).await?;
         let name = policy::resource_name(&child.server, &raw);
         let what = format!("Resource {uri}");
-        let d = self.check(&what, &name).inspect_err(|_| {
+        let d = self.check(ctx, &what, &name).inspect_err(|_| {
             let d = policy::decide(&self.config.policy, &name);
             log(&child.server, "resource read", &raw, &d, "refused", started);
         })?;
@@ -316,6 +316,7 @@ impl Gate {
             child, uri: raw, ..
         } = self.resolve(&uri, Named::Uri, ctx).await?;
         self.check(
+            ctx,
             &format!("Resource {uri}"),
             &policy::resource_name(&child.server, &raw),
         )?;

@@ -1,6 +1,21 @@
 use super::*;
 use serde_json::json;
 
+/// A router over the built-in echo provider (the config of a file with no upstream).
+fn echo_router() -> Arc<Router> {
+    let config = crate::config::load_str(
+        std::path::Path::new("tools.toml"),
+        "",
+        &crate::config::Env::default(),
+    )
+    .unwrap();
+    let echo = Arc::new(crate::upstream::echo::Echo);
+    Arc::new(Router::new(vec![crate::upstream::router::Upstream::new(
+        &config.upstreams[0],
+        echo,
+    )]))
+}
+
 fn budget() -> Budget {
     Budget {
         server: "s".into(),
@@ -100,7 +115,7 @@ fn the_result_is_the_assistants_text_with_the_model_and_stop_reason() {
 
 #[test]
 fn the_budget_counts_calls_per_server_and_names_the_key() {
-    let s = UpstreamSampler::new(Arc::new(crate::upstream::echo::Echo), "m".into());
+    let s = UpstreamSampler::new(echo_router(), Vec::new(), "m".into());
     let b = budget();
     assert!(s.reserve(&b).is_ok() && s.reserve(&b).is_ok());
     let why = s.reserve(&b).unwrap_err();

@@ -227,6 +227,17 @@ fn expand_headers(
     Ok(out)
 }
 
+/// Kill the process group `pgid` holds (the current child's), once.
+pub(super) fn kill_group(pgid: &std::sync::atomic::AtomicI32) {
+    let pg = pgid.swap(0, std::sync::atomic::Ordering::SeqCst);
+    if pg > 0 {
+        // SAFETY: killpg only sends a signal; a stale group id fails with ESRCH.
+        unsafe {
+            libc::killpg(pg, libc::SIGKILL);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

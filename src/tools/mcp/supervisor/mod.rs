@@ -31,6 +31,7 @@ use crate::tools::relay::Relays;
 use crate::tools::ToolOutput;
 pub use catalog_events::{CatalogEvent, SessionFeed};
 use handler::{Calls, Handler, Registered};
+use launch::kill_group;
 pub use launch::Placement;
 
 /// A tool as its server lists it.
@@ -379,6 +380,16 @@ impl Supervisor {
         }
     }
 
+    /// [`Self::stop`] once its calls in flight have ended (within `timeout_s`): a reload.
+    pub async fn stop_after_calls(&self) {
+        let deadline = tokio::time::Instant::now() + self.timeout + Duration::from_secs(1);
+        let mut tick = tokio::time::interval(Duration::from_millis(50));
+        while !crate::sync::lock(&self.calls).is_empty() && tokio::time::Instant::now() < deadline {
+            tick.tick().await;
+        }
+        self.stop().await;
+    }
+
     /// Stop the instance: close the connection and end the child's process group.
     pub async fn stop(&self) {
         self.shutdown.cancel();
@@ -386,16 +397,6 @@ impl Supervisor {
             let _ = task.await;
         }
         kill_group(&self.pgid);
-    }
-}
-
-fn kill_group(pgid: &std::sync::atomic::AtomicI32) {
-    let pg = pgid.swap(0, std::sync::atomic::Ordering::SeqCst);
-    if pg > 0 {
-        // SAFETY: killpg only sends a signal; a stale group id fails with ESRCH.
-        unsafe {
-            libc::killpg(pg, libc::SIGKILL);
-        }
     }
 }
 

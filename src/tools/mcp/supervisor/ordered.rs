@@ -13,7 +13,7 @@ use rmcp::transport::{IntoTransport, Transport};
 use rmcp::RoleClient;
 
 use super::catalog_events::{CatalogEvent, Events};
-use crate::tools::relay::{self, Relays};
+use crate::tools::relay::Relays;
 
 pub(super) struct Ordered<T> {
     inner: T,
@@ -60,7 +60,7 @@ impl<T: Transport<RoleClient>> Transport<RoleClient> for Ordered<T> {
         if let JsonRpcMessage::Notification(JsonRpcNotification { notification, .. }) = &message {
             match notification {
                 ServerNotification::ProgressNotification(n) => {
-                    relay::deliver(&self.relays, n.params.clone());
+                    self.relays.deliver(n.params.clone());
                 }
                 #[allow(deprecated)]
                 ServerNotification::LoggingMessageNotification(n) => {
