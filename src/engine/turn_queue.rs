@@ -130,6 +130,16 @@ impl TurnQueue {
         stopped
     }
 
+    /// Which of `ids` are queued turns that a row of the store's inbox stands for (see
+    /// [`Job::row`]).
+    pub(crate) fn queued_with_rows(&self, ids: &[String]) -> Vec<String> {
+        self.queued
+            .iter()
+            .filter(|q| q.row && ids.contains(&q.control.turn_id))
+            .map(|q| q.control.turn_id.clone())
+            .collect()
+    }
+
     /// The running turn `turn_id` has ended: the session runs none until [`TurnQueue::next`].
     pub(crate) fn ended(&mut self, turn_id: &str) {
         if self.running.as_ref().is_some_and(|r| r.turn_id == turn_id) {

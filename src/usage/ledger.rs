@@ -44,6 +44,8 @@ pub struct Ledger {
     refresh: Option<Duration>,
     spent: Mutex<HashMap<String, Spent>>,
     buckets: Mutex<HashMap<String, Bucket>>,
+    /// Today and its `YYYY-MM-DD`, formatted once a day rather than once a call.
+    day: Mutex<(Date, String)>,
 }
 
 /// One answered model call, as [`Ledger::model_call`] records it.
@@ -63,6 +65,7 @@ impl Ledger {
             refresh,
             spent: Mutex::new(HashMap::new()),
             buckets: Mutex::new(HashMap::new()),
+            day: Mutex::new((Date::MIN, String::new())),
         }
     }
 
@@ -123,14 +126,15 @@ impl Ledger {
                 ));
             }
         }
+        let (date, day) = self.today();
         let row = UsageRow {
             owner: owner.unwrap_or_default().to_string(),
-            day: day_text(today()),
+            day,
             agent: agent.to_string(),
             tool_calls: 1,
             ..UsageRow::default()
         };
-        self.add(row);
+        self.add(date, row);
         Ok(())
     }
 
@@ -142,25 +146,39 @@ impl Ledger {
         let spend = crate::metrics::spend(principal_name(call.owner));
         spend.tokens(call.usage.input_tokens, call.usage.output_tokens);
         spend.usd(usd);
-        self.add(UsageRow {
-            owner: call.owner.unwrap_or_default().to_string(),
-            day: day_text(today()),
-            agent: call.agent.to_string(),
-            upstream: call.upstream.to_string(),
-            model: call.model.to_string(),
-            input_tokens: call.usage.input_tokens,
-            output_tokens: call.usage.output_tokens,
-            cached_tokens: call.usage.cached_input_tokens,
-            usd,
-            calls: 1,
-            tool_calls: 0,
-        });
+        let (date, day) = self.today();
+        self.add(
+            date,
+            UsageRow {
+                owner: call.owner.unwrap_or_default().to_string(),
+                day,
+                agent: call.agent.to_string(),
+                upstream: call.upstream.to_string(),
+                model: call.model.to_string(),
+                input_tokens: call.usage.input_tokens,
+                output_tokens: call.usage.output_tokens,
+                cached_tokens: call.usage.cached_input_tokens,
+                usd,
+                calls: 1,
+                tool_calls: 0,
+            },
+        );
     }
 
-    /// Queue the row and add it to the owner's counts, if they are held.
-    fn add(&self, row: UsageRow) {
+    /// Today (UTC) and its text.
+    fn today(&self) -> (Date, String) {
+        let date = today();
+        let mut held = lock(&self.day);
+        if held.0 != date {
+            *held = (date, day_text(date));
+        }
+        (date, held.1.clone())
+    }
+
+    /// Queue the row (of day `date`) and add it to the owner's counts, if they are held.
+    fn add(&self, date: Date, row: UsageRow) {
         if let Some(s) = lock(&self.spent).get_mut(&row.owner) {
-            if day_text(s.day) == row.day {
+            if s.day == date {
                 s.tokens = s
                     .tokens
                     .saturating_add(row.input_tokens + row.output_tokens);

@@ -164,6 +164,72 @@ async fn a_queued_message_answered_202_is_carried_out_after_kill_9() {
 }
 
 #[tokio::test]
+async fn a_queued_turn_cancelled_before_kill_9_is_logged_cancelled_and_never_run() {
+    let fake = FakeOpenAi::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("tools.toml"), config_text(&fake, "")).unwrap();
+    let mut p = spawn(dir.path()).await;
+    let sid = new_session(&p.http).await;
+    let gate = Gate::new();
+    fake.push(Reply::text("never finished").hold(gate.clone()));
+    let (status, first) = p
+        .http
+        .post(
+            &format!("/sessions/{sid}/messages"),
+            &json!({"content": "first"}),
+        )
+        .await;
+    assert_eq!(status, 202, "{first}");
+    fake.wait_requests(1).await;
+    let (status, queued) = p
+        .http
+        .post(
+            &format!("/sessions/{sid}/messages"),
+            &json!({"content": "queued"}),
+        )
+        .await;
+    assert_eq!(status, 202, "{queued}");
+    let queued_id = queued["turn_id"].as_str().unwrap().to_string();
+    let (status, v) = p
+        .http
+        .post(
+            &format!("/sessions/{sid}/cancel"),
+            &json!({"turn_id": queued_id}),
+        )
+        .await;
+    assert_eq!((status, &v["cancelled"]), (200, &json!([queued_id])), "{v}");
+    // Killed right after the cancel's answer, the running turn still held at the model.
+    kill9(&mut p).await;
+
+    // After the restart the cancelled turn is logged cancelled; it never reaches the model.
+    fake.push(Reply::text("must not run"));
+    let p = spawn(dir.path()).await;
+    let end = until_ended(&p.http, &sid, &queued_id).await;
+    assert_eq!(end["type"], "turn.cancelled", "{end}");
+    let events = stored(dir.path(), &sid).await;
+    let t = turns(&events);
+    assert_eq!(t.len(), 2, "{t:?}");
+    assert_eq!((t[0].1.as_str(), t[0].2), ("first", "turn.failed"));
+    assert_eq!(
+        (t[1].0.as_str(), t[1].1.as_str(), t[1].2),
+        (queued_id.as_str(), "queued", "turn.cancelled")
+    );
+    assert_eq!(
+        fake.request_count(),
+        1,
+        "only the first turn reached the model"
+    );
+    assert_eq!(
+        fake.pending_replies(),
+        1,
+        "the reply for a second call is unused"
+    );
+    let (_, s) = p.http.get(&format!("/sessions/{sid}")).await;
+    assert!(s.get("queued").is_none(), "nothing queued: {s}");
+    gate.open();
+}
+
+#[tokio::test]
 async fn a_message_whose_turn_runs_at_once_is_in_the_log_when_answered_202() {
     let fake = FakeOpenAi::start().await;
     let dir = tempfile::tempdir().unwrap();

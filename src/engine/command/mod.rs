@@ -168,14 +168,19 @@ impl Engine {
         session: &Arc<Session>,
         turn_id: Option<&str>,
     ) -> Result<Vec<String>, EngineError> {
+        // Answered once durable: a queued turn's `cancel` row (or its log) is committed.
         if self.inner.store.instance().is_none() || session.lock().turns().running().is_some() {
-            return Ok(cancel::cancel_here(self, session, turn_id));
+            let stopped = cancel::cancel_here(self, session, turn_id);
+            self.inner.store.flush().await?;
+            return Ok(stopped);
         }
         for _ in 0..TRIES {
             match scaleout::claim(&self.inner, session).await {
                 Ok(claim) => {
                     let stopped = cancel::cancel_here(self, session, turn_id);
+                    let flushed = self.inner.store.flush().await;
                     drop(claim);
+                    flushed?;
                     scaleout::release_when_idle(&self.inner, session).await;
                     return Ok(stopped);
                 }

@@ -25,6 +25,12 @@ const ATTEND_AT: &str = "POST /sessions/{id}/turns";
 /// wait (from the first that cannot be applied now on), and the replies to their senders.
 pub(crate) fn apply(engine: &Engine, session: &Arc<Session>, rows: Vec<InboxRow>) -> Applied {
     let mut applied = Applied::default();
+    // Queued turns cancelled before a restart: their `cancel` rows (see `cancel.rs`).
+    let cancelled: Vec<String> = rows
+        .iter()
+        .filter(|r| r.kind == super::cancel::CANCEL_ROW)
+        .filter_map(|r| r.turn_id.clone())
+        .collect();
     let mut rows = rows.into_iter();
     while let Some(row) = rows.next() {
         let relayed: Relayed = match serde_json::from_str(&row.body) {
@@ -34,8 +40,11 @@ pub(crate) fn apply(engine: &Engine, session: &Arc<Session>, rows: Vec<InboxRow>
                 continue;
             }
         };
-        let replies = !matches!(relayed, Relayed::Message { .. } | Relayed::Resume { .. });
-        let reply = match carry_out(engine, session, relayed, row.turn_id.clone()) {
+        let own_cancel = row.kind == super::cancel::CANCEL_ROW && row.turn_id.is_some();
+        let replies =
+            !own_cancel && !matches!(relayed, Relayed::Message { .. } | Relayed::Resume { .. });
+        let outcome = carry_out(engine, session, relayed, row.turn_id.clone(), &cancelled);
+        let reply = match outcome {
             Ok(stopped) => json!({ "stopped": stopped }),
             Err(EngineError::ShuttingDown)
             | Err(EngineError::OverLimit {
@@ -66,6 +75,7 @@ fn carry_out(
     session: &Arc<Session>,
     relayed: Relayed,
     turn_id: Option<String>,
+    cancelled: &[String],
 ) -> Result<Vec<String>, EngineError> {
     match relayed {
         Relayed::Message {
@@ -85,7 +95,15 @@ fn carry_out(
                 ..TurnOrder::unattended(input, ATTEND_AT)
             }
             .with_max_steps(max_steps);
-            super::start::start_here(engine, session, order, turn_id, true).map(|_| Vec::new())
+            match turn_id {
+                // Cancelled while it waited, before a restart: logged so, never run.
+                Some(t) if cancelled.contains(&t) => {
+                    super::cancel::log_cancelled(engine, session, order, t);
+                    Ok(Vec::new())
+                }
+                turn_id => super::start::start_here(engine, session, order, turn_id, true)
+                    .map(|_| Vec::new()),
+            }
         }
         Relayed::Cancel { turn_id } => Ok(super::cancel::cancel_here(
             engine,

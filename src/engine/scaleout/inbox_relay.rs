@@ -136,6 +136,13 @@ async fn drain(inner: &Arc<Inner>, session_id: &str) {
         let took_none = rows.is_empty();
         let applied = (inner.apply_relayed)(&engine, &session, rows);
         drop(claim);
+        // What the requests wrote (a cancelled queued turn's row) is durable before their
+        // senders answer.
+        if !applied.replies.is_empty() {
+            if let Err(e) = store.flush().await {
+                tracing::warn!(session = %session.id, error = %e, "what relayed requests wrote could not be committed");
+            }
+        }
         if let Err(e) = store.notify_applied(applied.replies).await {
             tracing::warn!(session = %session.id, error = %e, "could not reply to relayed requests");
         }

@@ -189,15 +189,19 @@ impl PgStore {
     }
 
     /// The turns queued for a session, on any instance, in the order they run: its `message`
-    /// rows (a turn's row stays until the turn begins).
+    /// rows (a turn's row stays until the turn begins) but those cancelled while they wait
+    /// (a `cancel` row under the same turn id).
     pub(crate) async fn queued_turns(&self, session_id: &str) -> Result<Vec<String>, StoreError> {
         let sid = session_id.to_string();
         self.run(move |pool| async move {
             let c = pool.get().await?;
             let rows = c
                 .query(
-                    "SELECT turn_id FROM inbox WHERE session_id = $1 AND kind = 'message'
-                        AND turn_id IS NOT NULL ORDER BY seq",
+                    "SELECT turn_id FROM inbox i WHERE session_id = $1 AND kind = 'message'
+                        AND turn_id IS NOT NULL
+                        AND NOT EXISTS (SELECT 1 FROM inbox c WHERE c.session_id = $1
+                                          AND c.kind = 'cancel' AND c.turn_id = i.turn_id)
+                      ORDER BY seq",
                     &[&sid],
                 )
                 .await?;
