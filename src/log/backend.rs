@@ -73,7 +73,7 @@
 //! | `flush` | no | yes (async: for the commit of its writes) |
 //! | `commit` | **yes**, for a whole commit (called under the session lock, rarely) | - |
 //! | `probe_writable` | **yes** (call it on a blocking thread: `/readyz` does) | - |
-//! | reads (`events`, `last_turn_id`, `session`, `file`, ...), `reserve_key`, `release_key` | no | yes (async) |
+//! | reads (`events`, `open_turn_id`, `session`, `file`, ...), `reserve_key`, `release_key` | no | yes (async) |
 //!
 //! # Test hooks
 //!
@@ -199,9 +199,10 @@ pub(crate) trait StoreBackend: Clone + Send + Sync + 'static {
         session_id: &str,
         event_id: &str,
     ) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send;
-    /// The turn of the session's last stored event (`None`: no event): one row read by the
-    /// `(session, seq)` key from its end, whatever the log's length (`session_busy` names it).
-    fn last_turn_id(
+    /// The turn of the session's last stored event, unless that event ended it (`None`: no
+    /// event, or the last turn ended): one row read by the `(session, seq)` key from its end,
+    /// whatever the log's length (`session_busy` names it).
+    fn open_turn_id(
         &self,
         session_id: &str,
     ) -> impl Future<Output = Result<Option<String>, StoreError>> + Send;

@@ -449,10 +449,10 @@ impl Store {
         on_backend!(self, b => b.events(session_id, after_seq, limit).await)
     }
 
-    /// The turn of the session's last stored event (`None`: none): one row, however long the
-    /// log.
-    pub async fn last_turn_id(&self, session_id: &str) -> Result<Option<String>, StoreError> {
-        on_backend!(self, b => b.last_turn_id(session_id).await)
+    /// The turn of the session's last stored event unless that event ended it (`None`: no
+    /// event, or the turn ended): one row, however long the log.
+    pub async fn open_turn_id(&self, session_id: &str) -> Result<Option<String>, StoreError> {
+        on_backend!(self, b => b.open_turn_id(session_id).await)
     }
 
     /// The `seq` of the event with this id in this session.

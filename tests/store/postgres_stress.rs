@@ -308,13 +308,14 @@ async fn a_release_whose_session_is_busy_by_its_turn_keeps_the_lease() {
     assert!(b.lease_unread("sess_x"));
 }
 
-/// `session_busy` names the other instance's turn from one row, the session's last.
+/// `session_busy` names the other instance's turn from one row, the session's last, unless
+/// that ended its turn.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn last_turn_id_reads_the_last_event_of_that_session_only() {
+async fn open_turn_id_reads_the_last_event_of_that_session_only() {
     let pg = PgCluster::start();
     let url = pg.database("last");
     let store = Store::open_postgres(&url, false, LEASE, None).unwrap();
-    assert_eq!(store.last_turn_id("sess_a").await.unwrap(), None);
+    assert_eq!(store.open_turn_id("sess_a").await.unwrap(), None);
     let in_turn = |seq: u64, turn: &str| agent_message(seq, turn, &format!("m{seq}"));
     let (a, b): (Arc<str>, Arc<str>) = ("sess_a".into(), "sess_b".into());
     for sid in [&a, &b] {
@@ -326,12 +327,26 @@ async fn last_turn_id_reads_the_last_event_of_that_session_only() {
     store.append(&b, &in_turn(1, "turn_9"));
     store.flush().await.unwrap();
     assert_eq!(
-        store.last_turn_id("sess_a").await.unwrap().as_deref(),
+        store.open_turn_id("sess_a").await.unwrap().as_deref(),
         Some("turn_2")
     );
     assert_eq!(
-        store.last_turn_id("sess_b").await.unwrap().as_deref(),
+        store.open_turn_id("sess_b").await.unwrap().as_deref(),
         Some("turn_9")
+    );
+    let ended = Event::new(
+        2,
+        "evt_ended".into(),
+        "turn_9".into(),
+        "2026-01-01T00:00:00.000Z".into(),
+        turnstile::log::EventBody::TurnCancelled { usage: None },
+    );
+    store.append(&b, &ended);
+    store.flush().await.unwrap();
+    assert_eq!(
+        store.open_turn_id("sess_b").await.unwrap(),
+        None,
+        "its turn ended"
     );
 }
 

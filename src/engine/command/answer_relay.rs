@@ -40,7 +40,7 @@ pub(super) enum Sent {
 }
 
 /// A turn (`order`) for a session whose lease another instance holds, which refused this
-/// one's claim (`busy`), checked against the session as its log holds it: `busy` again while a
+/// one's claim (`busy`), checked against the session as its log holds it: `session_busy` naming the turn while a
 /// turn is open there, the error one instance gives for answers that do not fit the calls it
 /// waits on, a client's answers sent to the holder (see the module documentation), else
 /// [`Sent::ClaimAgain`].
@@ -52,8 +52,8 @@ pub(super) async fn answer_elsewhere(
 ) -> Result<Sent, EngineError> {
     // A turn open there (the common case): refused on what this instance has not seen yet
     // of the log, before reading it whole.
-    if engine.open_turn(session).await?.is_some() {
-        return Err(busy);
+    if let Some(turn_id) = engine.open_turn(session).await? {
+        return Err(EngineError::Busy { turn_id });
     }
     let checked = scaleout::read_back(&engine.inner, session, |st| {
         check(engine, session, st, &order)
@@ -63,7 +63,11 @@ pub(super) async fn answer_elsewhere(
     .flatten()
     .flatten();
     let Some(checked) = checked else {
-        return Err(busy);
+        // The log read back shows a turn open (its first commit came meanwhile): name it.
+        return Err(match engine.open_turn(session).await? {
+            Some(turn_id) => EngineError::Busy { turn_id },
+            None => busy,
+        });
     };
     let after_seq = checked?;
     let TurnInput::Resume {

@@ -61,8 +61,9 @@ pub(crate) async fn claim(
             Ok(Some(guard))
         }
         LeaseTaken::Busy => Err(EngineError::Busy {
-            // The other instance's turn: its last event's (one row, not the whole log).
-            turn_id: store.last_turn_id(&session.id).await?.unwrap_or_default(),
+            // The other instance's turn: its last event's unless that ended it (one row, not
+            // the whole log). Empty while the turn's first events wait for their commit.
+            turn_id: store.open_turn_id(&session.id).await?.unwrap_or_default(),
         }),
     }
 }

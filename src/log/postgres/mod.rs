@@ -244,9 +244,9 @@ impl StoreBackend for PgStore {
         self.run(move |p| read::seq_of(p, sid, eid)).await
     }
 
-    async fn last_turn_id(&self, session_id: &str) -> Result<Option<String>, StoreError> {
+    async fn open_turn_id(&self, session_id: &str) -> Result<Option<String>, StoreError> {
         let sid = session_id.to_string();
-        self.run(move |p| read::last_turn_id(p, sid)).await
+        self.run(move |p| read::open_turn_id(p, sid)).await
     }
 
     async fn unfinished_sessions(&self) -> Result<Vec<String>, StoreError> {

@@ -195,9 +195,9 @@ impl StoreBackend for SqliteStore {
         self.read(move |c| read::seq_of(c, &sid, &eid)).await
     }
 
-    async fn last_turn_id(&self, session_id: &str) -> Result<Option<String>, StoreError> {
+    async fn open_turn_id(&self, session_id: &str) -> Result<Option<String>, StoreError> {
         let sid = session_id.to_string();
-        self.read(move |c| read::last_turn_id(c, &sid)).await
+        self.read(move |c| read::open_turn_id(c, &sid)).await
     }
 
     async fn unfinished_sessions(&self) -> Result<Vec<String>, StoreError> {

@@ -30,11 +30,13 @@ pub(super) fn events(
     Ok(out)
 }
 
-/// The turn of the session's last event: one row from the end of the `(session_id, seq)`
-/// index.
-pub(super) fn last_turn_id(c: &Connection, sid: &str) -> Result<Option<String>, StoreError> {
+/// The turn of the session's last event, unless that event ended it: one row from the end of
+/// the `(session_id, seq)` index.
+pub(super) fn open_turn_id(c: &Connection, sid: &str) -> Result<Option<String>, StoreError> {
     Ok(c.prepare_cached(
-        "SELECT turn_id FROM events WHERE session_id = ?1 ORDER BY seq DESC LIMIT 1",
+        "SELECT turn_id FROM events WHERE session_id = ?1
+            AND seq = (SELECT max(seq) FROM events WHERE session_id = ?1)
+            AND type NOT IN ('turn.completed', 'turn.failed', 'turn.cancelled')",
     )?
     .query_row(params![sid], |r| r.get(0))
     .optional()?)

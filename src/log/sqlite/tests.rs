@@ -144,11 +144,11 @@ async fn a_version_1_store_is_migrated_without_losing_events() {
 }
 
 #[tokio::test]
-async fn last_turn_id_is_the_turn_of_the_last_event_of_that_session_only() {
+async fn open_turn_id_is_the_turn_of_the_last_event_of_that_session_unless_it_ended() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), false).unwrap();
     let (a, b): (Arc<str>, Arc<str>) = ("sess_a".into(), "sess_b".into());
-    assert_eq!(store.last_turn_id(&a).await.unwrap(), None);
+    assert_eq!(store.open_turn_id(&a).await.unwrap(), None);
     let in_turn = |seq: u64, turn: &str| {
         let body = message(seq).body;
         Event::new(
@@ -165,14 +165,25 @@ async fn last_turn_id_is_the_turn_of_the_last_event_of_that_session_only() {
     store.append(&b, &in_turn(1, "turn_9"));
     store.commit().unwrap();
     assert_eq!(
-        store.last_turn_id(&a).await.unwrap().as_deref(),
+        store.open_turn_id(&a).await.unwrap().as_deref(),
         Some("turn_2")
     );
     assert_eq!(
-        store.last_turn_id(&b).await.unwrap().as_deref(),
+        store.open_turn_id(&b).await.unwrap().as_deref(),
         Some("turn_9")
     );
-    assert_eq!(store.last_turn_id("sess_none").await.unwrap(), None);
+    assert_eq!(store.open_turn_id("sess_none").await.unwrap(), None);
+    // Its turn ended: no turn is open.
+    let ended = Event::new(
+        2,
+        crate::ids::new("evt"),
+        "turn_9".into(),
+        CREATED.into(),
+        crate::log::EventBody::TurnCancelled { usage: None },
+    );
+    store.append(&b, &ended);
+    store.commit().unwrap();
+    assert_eq!(store.open_turn_id(&b).await.unwrap(), None);
 }
 
 #[tokio::test]
