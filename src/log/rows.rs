@@ -164,7 +164,7 @@ pub enum KeyReserved {
 /// one agent, upstream and model came to on one UTC day. Written as an increment: the store
 /// adds each count to the row with the same key (upsert-add), so instances sharing a store
 /// (PostgreSQL) each add theirs. A tool call's row has `upstream` and `model` empty.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct UsageRow {
     /// The principal's owner id; empty for a server without keys.
     pub owner: String,

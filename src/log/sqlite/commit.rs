@@ -12,16 +12,18 @@ use std::sync::{Arc, MutexGuard};
 
 use rusqlite::{params, Connection};
 
-use super::{Shared, SqliteStore, Writer};
+use super::{usage_rows, Shared, SqliteStore, Writer};
 use crate::log::backend::WriteOp;
 use crate::log::group::Waiting;
-use crate::log::StoreError;
+use crate::log::{StoreError, UsageRow};
 use crate::sync::lock;
 
 /// Commits between checkpoint requests (about 1,000 pages of WAL at the default page size
 /// for small events), and the longest time between them.
 const CHECKPOINT_EVERY: u32 = 1000;
 const CHECKPOINT_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+/// How often a commit folds the usage riding on events into `usage` (see `usage_rows.rs`).
+const FOLD_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl SqliteStore {
     /// Returns once everything queued before the call is committed. Commits on this thread
@@ -91,16 +93,29 @@ impl SqliteStore {
             let group = &self.shared.group;
             let (ops, last) = group.take();
             let first = w.done + 1;
+            let fold = !w.riding.is_empty() && w.last_fold.elapsed() >= FOLD_AFTER;
             let written = if let Some(injected) = self.shared.faults.inject() {
                 Err(injected)
             } else {
-                crate::metrics::store_commit(|| write_batch(&mut w.conn, &ops))
+                let w = &mut *w;
+                let usage = (&w.riding[..], fold, w.log_folded);
+                crate::metrics::store_commit(|| write_batch(&mut w.conn, &ops, usage))
             };
-            if written.is_ok() {
-                w.commits += 1;
-                self.shared.faults.committed();
-            }
-            group.settle(first, last, written.err().map(|e| e.to_string()));
+            let written = match written.map_err(|e| e.to_string()) {
+                Ok(usage) => {
+                    w.commits += 1;
+                    w.log_folded = true;
+                    self.shared.faults.committed();
+                    if usage.folded {
+                        w.riding.clear();
+                        w.last_fold = std::time::Instant::now();
+                    }
+                    usage_rows::merge_into(&mut w.riding, usage.riding);
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            };
+            group.settle(first, last, written.err());
             w.done = last;
             if w.commits >= CHECKPOINT_EVERY || w.last_checkpoint.elapsed() >= CHECKPOINT_AFTER {
                 // A request already pending is enough: never block a commit on it.
@@ -114,6 +129,28 @@ impl SqliteStore {
         // now, and a flush that found it taken waits to hear so.
         self.shared.group.wake_waiting();
         self.shared.group.outcome(target)
+    }
+
+    /// Fold the usage riding on events into `usage` now (see `usage_rows.rs`), on the writer
+    /// (after the commit under way, if any): before usage is read.
+    pub(super) fn fold_usage(&self) -> Result<(), StoreError> {
+        let mut w = lock(&self.shared.writer);
+        if w.riding.is_empty() && w.log_folded {
+            return Ok(());
+        }
+        let w = &mut *w;
+        let tx = w
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        if !w.log_folded {
+            usage_rows::fold_from_log(&tx)?;
+        }
+        usage_rows::fold(&tx, &w.riding)?;
+        tx.commit()?;
+        w.log_folded = true;
+        w.riding.clear();
+        w.last_fold = std::time::Instant::now();
+        Ok(())
     }
 
     /// Whether the store can be written now (`/readyz`): the writer can take SQLite's write
@@ -198,21 +235,86 @@ impl Drop for FsyncLead {
     }
 }
 
-fn write_batch(conn: &mut Connection, batch: &[WriteOp]) -> rusqlite::Result<()> {
+/// What a batch did with usage (see `usage_rows.rs`).
+#[derive(Default)]
+struct UsageWritten {
+    /// The usage riding on the batch's last event, added up (not folded yet).
+    riding: Vec<UsageRow>,
+    /// The writer's riding usage (`Writer::riding`) went into `usage`, with the mark.
+    folded: bool,
+}
+
+/// Write `batch` as one transaction. `riding`: the usage riding on the events committed since
+/// the last fold (see `usage_rows.rs`), folded by this batch with `fold`, or before it deletes
+/// a session.
+fn write_batch(
+    conn: &mut Connection,
+    batch: &[WriteOp],
+    (riding, fold, log_folded): (&[UsageRow], bool, bool),
+) -> rusqlite::Result<UsageWritten> {
     // Cached BEGIN/COMMIT statements: `Connection::transaction` parses them on every call.
-    conn.prepare_cached("BEGIN")?.execute([])?;
-    let result = write_ops(conn, batch).and_then(|()| conn.prepare_cached("COMMIT")?.execute([]));
+    // IMMEDIATE: a batch that reads (a fold's mark) must not find its snapshot stale when it
+    // comes to write (that is SQLITE_BUSY at once, with no busy wait).
+    conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+    let from_log = if log_folded {
+        Ok(())
+    } else {
+        usage_rows::fold_from_log(conn)
+    };
+    let result = from_log
+        .and_then(|()| write_ops(conn, batch, riding))
+        .and_then(|mut w| {
+            if fold && !w.folded {
+                usage_rows::merge_into(&mut w.riding, riding.iter().cloned());
+                usage_rows::fold(conn, &w.riding)?;
+                w = UsageWritten {
+                    riding: Vec::new(),
+                    folded: true,
+                };
+            }
+            conn.prepare_cached("COMMIT")?.execute([])?;
+            Ok(w)
+        });
     if result.is_err() && !conn.is_autocommit() {
         let _ = conn.execute_batch("ROLLBACK");
     }
-    result.map(|_| ())
+    result
 }
 
-fn write_ops(tx: &Connection, batch: &[WriteOp]) -> rusqlite::Result<()> {
+/// Where the batch's usage rides (see `usage_rows.rs`): on its last event (its index), added
+/// up. Without an event, or in a batch that deletes a session, it rides on nothing (and is
+/// added to `usage` at once).
+fn riding_of(batch: &[WriteOp]) -> (Option<usize>, UsageWritten) {
+    let deletes = batch
+        .iter()
+        .any(|op| matches!(op, WriteOp::DeleteSession(_)));
+    let last_event = batch
+        .iter()
+        .rposition(|op| matches!(op, WriteOp::Event { .. }))
+        .filter(|_| !deletes);
+    let mut written = UsageWritten::default();
+    if last_event.is_some() {
+        let usage = batch.iter().filter_map(|op| match op {
+            WriteOp::Usage(row) => Some(row.clone()),
+            _ => None,
+        });
+        usage_rows::merge_into(&mut written.riding, usage);
+    }
+    (last_event, written)
+}
+
+fn write_ops(
+    tx: &Connection,
+    batch: &[WriteOp],
+    pending: &[UsageRow],
+) -> rusqlite::Result<UsageWritten> {
     let mut insert = tx.prepare_cached(
-        "INSERT INTO events (session_id, seq, id, turn_id, type, json) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT INTO events (session_id, seq, id, turn_id, type, json, usage)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
     )?;
-    for op in batch {
+    let (last_event, mut written) = riding_of(batch);
+    let riding_json = (!written.riding.is_empty()).then(|| usage_rows::riding(&written.riding));
+    for (i, op) in batch.iter().enumerate() {
         match op {
             WriteOp::Event {
                 session_id,
@@ -222,13 +324,15 @@ fn write_ops(tx: &Connection, batch: &[WriteOp]) -> rusqlite::Result<()> {
                 kind,
                 json,
             } => {
+                let usage = riding_json.as_deref().filter(|_| Some(i) == last_event);
                 insert.execute(params![
                     &**session_id,
                     *seq as i64,
                     id,
                     turn_id,
                     kind,
-                    &**json
+                    &**json,
+                    usage
                 ])?;
             }
             WriteOp::PutSession(row) => {
@@ -239,17 +343,13 @@ fn write_ops(tx: &Connection, batch: &[WriteOp]) -> rusqlite::Result<()> {
                 )?;
             }
             WriteOp::DeleteSession(id) => {
-                tx.execute("DELETE FROM events WHERE session_id = ?1", params![id])?;
-                tx.execute("DELETE FROM inbox WHERE session_id = ?1", params![id])?;
-                tx.execute("DELETE FROM sessions WHERE id = ?1", params![id])?;
-                tx.execute(
-                    "DELETE FROM idempotency_keys WHERE session_id = ?1",
-                    params![id],
-                )?;
+                delete_session(tx, id, pending, !written.folded)?;
+                written.folded = true;
             }
             WriteOp::PutKey(k) => super::idem_keys::put(tx, k)?,
             WriteOp::PurgeKeys(before) => super::idem_keys::purge(tx, *before)?,
-            WriteOp::Usage(row) => super::usage_rows::add(tx, row)?,
+            WriteOp::Usage(row) if riding_json.is_none() => usage_rows::add(tx, row)?,
+            WriteOp::Usage(_) => {}
             WriteOp::DeleteFile(id) => {
                 tx.execute("DELETE FROM files WHERE id = ?1", params![id])?;
             }
@@ -281,5 +381,27 @@ fn write_ops(tx: &Connection, batch: &[WriteOp]) -> rusqlite::Result<()> {
             }
         }
     }
-    Ok(())
+    Ok(written)
+}
+
+/// Delete a session's events, inbox rows, row and idempotency keys. The usage riding on its
+/// events is its principal's, session or not: with `fold`, `pending` (what rides on every
+/// event not folded) goes into `usage` first; then every event left counts as folded.
+fn delete_session(
+    tx: &Connection,
+    id: &str,
+    pending: &[UsageRow],
+    fold: bool,
+) -> rusqlite::Result<()> {
+    if fold {
+        usage_rows::fold(tx, pending)?;
+    }
+    tx.execute("DELETE FROM events WHERE session_id = ?1", params![id])?;
+    tx.execute("DELETE FROM inbox WHERE session_id = ?1", params![id])?;
+    tx.execute("DELETE FROM sessions WHERE id = ?1", params![id])?;
+    tx.execute(
+        "DELETE FROM idempotency_keys WHERE session_id = ?1",
+        params![id],
+    )?;
+    usage_rows::mark_folded(tx)
 }

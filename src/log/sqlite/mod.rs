@@ -25,6 +25,8 @@ mod testing;
 #[cfg(test)]
 mod tests;
 mod usage_rows;
+#[cfg(test)]
+mod usage_tests;
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -70,6 +72,14 @@ struct Writer {
     commits: u32,
     last_checkpoint: std::time::Instant,
     checkpoint: std::sync::mpsc::SyncSender<()>,
+    /// When the usage riding on events was last folded (see `usage_rows.rs`).
+    last_fold: std::time::Instant,
+    /// The usage riding on the events committed since, added up by key (what a fold writes).
+    riding: Vec<UsageRow>,
+    /// Whether what rode on events before this process (one that stopped, perhaps by
+    /// `kill -9`) has been folded: by the first commit, or the first read of usage. Not at
+    /// open, which writes nothing (a test or tool may open the store beside the server).
+    log_folded: bool,
 }
 
 /// WAL frames (about 64 MiB at the default page size) past which the writer checkpoints after
@@ -114,6 +124,9 @@ impl SqliteStore {
             commits: 0,
             last_checkpoint: std::time::Instant::now(),
             checkpoint: ck_tx,
+            last_fold: std::time::Instant::now(),
+            riding: Vec::new(),
+            log_folded: false,
         };
         Ok(SqliteStore {
             shared: Arc::new(Shared {
@@ -256,6 +269,11 @@ impl StoreBackend for SqliteStore {
     }
 
     async fn usage(&self, filter: UsageFilter) -> Result<Vec<UsageRow>, StoreError> {
+        // Every row, the ones still riding on events too.
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || store.fold_usage())
+            .await
+            .map_err(|e| StoreError::WriteFailed(format!("usage fold task failed: {e}")))??;
         self.read(move |c| usage_rows::read(c, &filter)).await
     }
 

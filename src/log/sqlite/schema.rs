@@ -16,7 +16,9 @@ use crate::log::StoreError;
 /// 4: the inbox: the turns accepted but not begun (`WriteOp::InboxPut`), carried out at the
 /// next start if the process stops before they begin.
 /// 5: usage, a row per principal, UTC day, agent, upstream and model (`usage.rs`).
-const SCHEMA_VERSION: i64 = 5;
+/// 6: a commit's usage rides on its last event (`events.usage`), folded into `usage` later
+/// (`usage_fold` marks how far): no page of its own in every commit.
+const SCHEMA_VERSION: i64 = 6;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS sessions (
@@ -51,7 +53,7 @@ CREATE TABLE IF NOT EXISTS files (
 /// The migration steps: step `i` brings the schema from version `i + 1` to `i + 2` (a fresh
 /// store starts at step 0, which makes the version 2 schema). Each is one function.
 const STEPS: &[fn(&rusqlite::Transaction<'_>) -> rusqlite::Result<()>] =
-    &[to_v2, to_v3, to_v4, to_v5];
+    &[to_v2, to_v3, to_v4, to_v5, to_v6];
 
 /// Bring a store of an older schema to [`SCHEMA_VERSION`], in one transaction.
 pub(super) fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
@@ -129,8 +131,7 @@ fn to_v4(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<()> {
 
 /// 5: usage (`crate::usage`): counts added to by each model and tool call, by principal (owner
 /// id, empty without keys), UTC day, agent, upstream and model; read by owner and day range.
-/// Each model call's upsert costs ~15k instructions (callgrind, `turn_cost`); a `WITHOUT ROWID`
-/// table measured 16k.
+/// Upserted into from the usage that rides on events (version 6).
 fn to_v5(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<()> {
     tx.execute_batch(
         "CREATE TABLE IF NOT EXISTS usage (
@@ -148,6 +149,21 @@ fn to_v5(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<()> {
              PRIMARY KEY (owner, day, agent, upstream, model)
          );
          CREATE INDEX IF NOT EXISTS usage_by_day ON usage (day);",
+    )
+}
+
+/// 6: usage that rides on events (see `usage_rows.rs`): `events.usage` holds the usage rows
+/// of the commit that wrote that event (JSON), until they are folded into `usage`;
+/// `usage_fold.n` is the last event folded (every event up to it is). Every row of version
+/// 5 is in `usage` already: folded up to the last event.
+fn to_v6(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<()> {
+    tx.execute_batch(
+        "ALTER TABLE events ADD COLUMN usage TEXT;
+         CREATE TABLE IF NOT EXISTS usage_fold (
+             id INTEGER PRIMARY KEY CHECK (id = 1),
+             n INTEGER NOT NULL
+         );
+         INSERT OR IGNORE INTO usage_fold (id, n) SELECT 1, coalesce(max(n), 0) FROM events;",
     )
 }
 

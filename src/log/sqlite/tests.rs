@@ -114,7 +114,7 @@ async fn a_version_1_store_is_migrated_without_losing_events() {
         let version: i64 = conn
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .unwrap();
-        assert_eq!(version, 5);
+        assert_eq!(version, 6);
         let leftovers: i64 = conn
             .query_row(
                 "SELECT COUNT(*) FROM sqlite_master WHERE name IN ('events_by_id', 'events_v1')",

@@ -1,5 +1,12 @@
-//! Usage rows in the embedded store: each increment added to its row in the commit that holds
-//! it (upsert-add), and the rows read by owner and day range.
+//! Usage rows in the embedded store. A commit's usage rows ride on the last event it writes
+//! (`events.usage`, JSON): the event's page is written anyway, while an upsert into `usage` in
+//! every commit wrote a page of its own too (~20k instructions a turn of ~340k: the upsert and
+//! its WAL frame). The writer adds up in memory what rides on the events it committed, and
+//! writes that into `usage` (upsert-add, a row per key) about once a second, in the commit
+//! that is due, before a session's events are deleted, and before usage is read; a commit with
+//! usage and no event (or one that deletes a session) adds it at once. `usage_fold.n` is the
+//! last event folded: what `kill -9` cut before a fold is read back from the events at the next
+//! open. Usage is as durable as the events it rides on.
 
 use rusqlite::{params, Connection};
 
@@ -33,6 +40,85 @@ pub(super) fn add(tx: &Connection, r: &UsageRow) -> rusqlite::Result<()> {
         clamp(r.calls),
         clamp(r.tool_calls),
     ])?;
+    Ok(())
+}
+
+/// The usage rows of one commit as they ride on its last event: merged by key, as JSON.
+pub(super) fn riding(rows: &[UsageRow]) -> String {
+    serde_json::to_string(rows).unwrap_or_else(|_| "[]".into())
+}
+
+/// Add `rows` into `merged`: a row with the key (owner, day, agent, upstream, model) of one
+/// there is added to it, any other appended. Few keys are live at once (one per principal,
+/// agent and model in use), and consecutive rows mostly share theirs: a scan from the last
+/// key added to.
+pub(super) fn merge_into(merged: &mut Vec<UsageRow>, rows: impl IntoIterator<Item = UsageRow>) {
+    let mut last = 0;
+    for r in rows {
+        let same = |m: &UsageRow| {
+            (&m.owner, &m.day, &m.agent, &m.upstream, &m.model)
+                == (&r.owner, &r.day, &r.agent, &r.upstream, &r.model)
+        };
+        let hit = merged
+            .get(last)
+            .filter(|m| same(m))
+            .map(|_| last)
+            .or_else(|| merged.iter().position(same));
+        match hit {
+            Some(i) => {
+                let m = &mut merged[i];
+                m.input_tokens = m.input_tokens.saturating_add(r.input_tokens);
+                m.output_tokens = m.output_tokens.saturating_add(r.output_tokens);
+                m.cached_tokens = m.cached_tokens.saturating_add(r.cached_tokens);
+                m.usd += r.usd;
+                m.calls = m.calls.saturating_add(r.calls);
+                m.tool_calls = m.tool_calls.saturating_add(r.tool_calls);
+                last = i;
+            }
+            None => {
+                last = merged.len();
+                merged.push(r);
+            }
+        }
+    }
+}
+
+/// Fold what rides on the events past the mark into `usage` (what a process that stopped left
+/// riding: the writer's first commit does this), then mark every event folded (in the
+/// caller's transaction). A row that does not parse is skipped
+/// with a warning (nothing else could read it either).
+pub(super) fn fold_from_log(tx: &Connection) -> rusqlite::Result<()> {
+    let from: i64 = tx.query_row("SELECT n FROM usage_fold WHERE id = 1", [], |r| r.get(0))?;
+    let riding: Vec<(i64, String)> = tx
+        .prepare("SELECT n, usage FROM events WHERE n > ?1 AND usage IS NOT NULL")?
+        .query_map(params![from], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<Result<_, _>>()?;
+    let parsed = riding.iter().flat_map(|(n, json)| {
+        serde_json::from_str::<Vec<UsageRow>>(json)
+            .inspect_err(|e| tracing::warn!(event = n, error = %e, "usage riding on an event does not parse; skipped"))
+            .unwrap_or_default()
+    });
+    let mut rows = Vec::new();
+    merge_into(&mut rows, parsed);
+    fold(tx, &rows)
+}
+
+/// Add `rows` (the usage riding on every event past the mark, added up) to `usage`, and mark
+/// every event folded (in the caller's transaction).
+pub(super) fn fold(tx: &Connection, rows: &[UsageRow]) -> rusqlite::Result<()> {
+    for row in rows {
+        add(tx, row)?;
+    }
+    mark_folded(tx)
+}
+
+/// Every event there is now counts as folded: after [`fold`], and after events are deleted
+/// (so that the next event, which may take a deleted one's `n`, is past the mark).
+pub(super) fn mark_folded(tx: &Connection) -> rusqlite::Result<()> {
+    tx.prepare_cached(
+        "UPDATE usage_fold SET n = (SELECT coalesce(max(n), 0) FROM events) WHERE id = 1",
+    )?
+    .execute([])?;
     Ok(())
 }
 
