@@ -263,7 +263,8 @@ impl PgStore {
 fn pick(rows: Vec<InboxRow>, room: usize) -> Vec<InboxRow> {
     let mut messages = 0;
     let mut out = Vec::new();
-    for r in rows {
+    let mut rows = rows.into_iter();
+    for r in rows.by_ref() {
         if r.kind == "message" {
             if messages == room {
                 break;
@@ -272,6 +273,18 @@ fn pick(rows: Vec<InboxRow>, room: usize) -> Vec<InboxRow> {
         }
         out.push(r);
     }
+    // A taken turn's own `cancel` row goes with it, wherever it lies (see
+    // `engine/command/cancel.rs`): taken without it, the cancelled turn would run.
+    let taken: Vec<String> = out
+        .iter()
+        .filter(|r| r.kind == "message")
+        .filter_map(|r| r.turn_id.clone())
+        .collect();
+    out.extend(
+        rows.filter(|r| {
+            r.kind == "cancel" && r.turn_id.as_ref().is_some_and(|t| taken.contains(t))
+        }),
+    );
     out
 }
 
@@ -307,6 +320,27 @@ mod tests {
         assert_eq!(seqs(pick(rows.clone(), 1)), [1, 2]);
         assert_eq!(seqs(pick(rows, 5)), [1, 2, 3, 4]);
         assert_eq!(seqs(pick(vec![row(7, "cancel")], 0)), [7]);
+    }
+
+    #[test]
+    fn a_taken_turns_own_cancel_row_is_taken_with_it_wherever_it_lies() {
+        let of = |seq: i64, kind: &str, turn: &str| InboxRow {
+            turn_id: Some(turn.into()),
+            ..row(seq, kind)
+        };
+        let rows = vec![
+            of(1, "message", "turn_a"),
+            of(2, "message", "turn_b"),
+            of(3, "cancel", "turn_a"),
+            of(4, "cancel", "turn_b"),
+        ];
+        let seqs = |r: Vec<InboxRow>| r.iter().map(|r| r.seq).collect::<Vec<_>>();
+        assert_eq!(
+            seqs(pick(rows.clone(), 1)),
+            [1, 3],
+            "turn_b waits, with its cancel"
+        );
+        assert_eq!(seqs(pick(rows, 2)), [1, 2, 3, 4]);
     }
 
     #[test]
