@@ -18,8 +18,10 @@ The turnstile binary is `$TURNSTILE_BIN`. Standard library only. Exit 0 when eve
 answered; the framework judges the rest from what its server saw.
 """
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -231,6 +233,8 @@ def main():
     context = json.loads(os.environ.get("MCP_CONFORMANCE_CONTEXT") or "{}")
     binary = os.environ["TURNSTILE_BIN"]
     data = tempfile.mkdtemp(prefix="conformance-")
+    # The scenario's data folder (config, store, sandboxes) goes when the driver exits.
+    atexit.register(shutil.rmtree, data, True)
     cfg = os.path.join(data, "tools.toml")
     with open(cfg, "w") as f:
         f.write(config(url, scenario, context, data))
