@@ -94,12 +94,14 @@ fn turns(events: &[turnstile::log::Event]) -> Vec<(String, String, &'static str)
     out
 }
 
-#[tokio::test]
-async fn a_queued_message_answered_202_is_carried_out_after_kill_9() {
+/// A server on a fresh folder, a session whose first message's turn is held at the model, and
+/// a second message queued behind it (`202`): its turn id.
+async fn queued_behind_a_held_turn() -> (FakeOpenAi, tempfile::TempDir, Proc, String, Gate, String)
+{
     let fake = FakeOpenAi::start().await;
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("tools.toml"), config_text(&fake, "")).unwrap();
-    let mut p = spawn(dir.path()).await;
+    let p = spawn(dir.path()).await;
     let sid = new_session(&p.http).await;
     // The first turn is held at the model; the second message queues behind it.
     let gate = Gate::new();
@@ -122,6 +124,12 @@ async fn a_queued_message_answered_202_is_carried_out_after_kill_9() {
         .await;
     assert_eq!(status, 202, "{queued}");
     let queued_id = queued["turn_id"].as_str().unwrap().to_string();
+    (fake, dir, p, sid, gate, queued_id)
+}
+
+#[tokio::test]
+async fn a_queued_message_answered_202_is_carried_out_after_kill_9() {
+    let (fake, dir, mut p, sid, gate, queued_id) = queued_behind_a_held_turn().await;
     kill9(&mut p).await;
 
     // After the restart the queued turn runs: it was accepted, so it is carried out.
@@ -165,31 +173,7 @@ async fn a_queued_message_answered_202_is_carried_out_after_kill_9() {
 
 #[tokio::test]
 async fn a_queued_turn_cancelled_before_kill_9_is_logged_cancelled_and_never_run() {
-    let fake = FakeOpenAi::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("tools.toml"), config_text(&fake, "")).unwrap();
-    let mut p = spawn(dir.path()).await;
-    let sid = new_session(&p.http).await;
-    let gate = Gate::new();
-    fake.push(Reply::text("never finished").hold(gate.clone()));
-    let (status, first) = p
-        .http
-        .post(
-            &format!("/sessions/{sid}/messages"),
-            &json!({"content": "first"}),
-        )
-        .await;
-    assert_eq!(status, 202, "{first}");
-    fake.wait_requests(1).await;
-    let (status, queued) = p
-        .http
-        .post(
-            &format!("/sessions/{sid}/messages"),
-            &json!({"content": "queued"}),
-        )
-        .await;
-    assert_eq!(status, 202, "{queued}");
-    let queued_id = queued["turn_id"].as_str().unwrap().to_string();
+    let (fake, dir, mut p, sid, gate, queued_id) = queued_behind_a_held_turn().await;
     let (status, v) = p
         .http
         .post(
