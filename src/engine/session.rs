@@ -245,9 +245,10 @@ impl Session {
         self.lock().publish_remote_delta(d);
     }
 
-    /// Whether the session has live subscribers.
-    pub(crate) fn watched(&self) -> bool {
-        self.lock().out().watched()
+    /// Whether the session has live subscribers here or, on a shared store, on another
+    /// instance: whoever is owed the deltas of a turn this instance runs.
+    pub(crate) fn watched_anywhere(&self) -> bool {
+        self.lock().out().watched_anywhere()
     }
 
     /// Add a streamed fragment to the turn's coalescer (see [`Outbox::push_fragment`]).

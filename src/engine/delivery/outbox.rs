@@ -72,6 +72,11 @@ impl Outbox {
         self.feed.as_ref().is_some_and(|tx| tx.receiver_count() > 0)
     }
 
+    /// Whether the session has live subscribers here, or another instance watches it.
+    pub(crate) fn watched_anywhere(&self) -> bool {
+        self.watched() || self.remote.as_ref().is_some_and(DeltaTap::watched)
+    }
+
     /// A new subscription to the live feed (made now if there is none).
     pub(crate) fn subscribe(&mut self) -> broadcast::Receiver<Feed> {
         match &self.feed {
@@ -133,7 +138,7 @@ impl Outbox {
         kind: DeltaKind,
         fragment: &str,
     ) -> bool {
-        if self.feed.is_none() && !self.remote.as_ref().is_some_and(DeltaTap::watched) {
+        if !self.watched_anywhere() {
             self.coalescer = None;
             return false;
         }

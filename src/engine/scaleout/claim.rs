@@ -99,17 +99,31 @@ pub(crate) async fn reread<T>(
     session: &Arc<Session>,
     then: impl FnOnce(&mut State) -> T,
 ) -> Result<Option<T>, ()> {
+    reread_upto(inner, session, u64::MAX, then).await
+}
+
+/// [`reread`], taking the log only as far as `upto` (a seq a commit heard wrote up to): what
+/// later commits wrote is read when they are heard, so that a delta heard between two commits
+/// reaches subscribers between the events it came between.
+pub(crate) async fn reread_upto<T>(
+    inner: &Arc<Inner>,
+    session: &Arc<Session>,
+    upto: u64,
+    then: impl FnOnce(&mut State) -> T,
+) -> Result<Option<T>, ()> {
     let idle =
         |st: &State| st.turns().running().is_none() && st.out().held.is_empty() && !st.is_deleted();
     let (mut st, copy, seen) = loop {
         let seen = {
             let st = session.lock();
-            if !idle(&st) {
+            // Busy, or as far as asked already (a later log was read meanwhile: never back).
+            if !idle(&st) || st.next_seq() >= upto {
                 return Ok(None);
             }
             st.next_seq()
         };
-        let copy = session.read_back(&inner.store).await.ok_or(())?;
+        let mut copy = session.read_back(&inner.store).await.ok_or(())?;
+        copy.events.retain(|e| e.seq <= upto);
         let st = session.lock();
         // A turn of this instance started meanwhile: it has the session as it is.
         if !idle(&st) {

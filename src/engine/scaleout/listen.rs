@@ -45,7 +45,8 @@ pub(super) fn hear_others(inner: &Arc<Inner>) {
                     .cloned();
                 if let Some(s) = s {
                     if s.lock().next_seq() < d.after_seq {
-                        let _ = claim::reread(&inner, &s, |_| ()).await; // its commit was missed
+                        // Its commit was missed.
+                        let _ = claim::reread_upto(&inner, &s, d.after_seq, |_| ()).await;
                     }
                     s.publish_remote(d);
                 }
@@ -62,13 +63,15 @@ pub(super) fn hear_others(inner: &Arc<Inner>) {
                     Heard::Delta(_) => Vec::new(),
                 }
             };
+            let upto = match heard {
+                Heard::Commit { seq, .. } => seq,
+                _ => u64::MAX,
+            };
             for s in sessions {
-                if let Heard::Commit { seq, .. } = heard {
-                    if s.lock().next_seq() >= seq {
-                        continue; // this instance's own commit, or seen already
-                    }
+                if s.lock().next_seq() >= upto {
+                    continue; // this instance's own commit, or seen already
                 }
-                let _ = claim::reread(&inner, &s, |_| ()).await;
+                let _ = claim::reread_upto(&inner, &s, upto, |_| ()).await;
             }
         }
     });

@@ -176,7 +176,7 @@ impl Turn {
             // committed with what comes next, unless the turn is to wait (a retry's
             // backoff) or live subscribers are owed the fragments they would have seen
             // (they may follow only the events before them).
-            if result.is_err() || (feed.holds_any() && self.session.watched()) {
+            if result.is_err() || (feed.holds_any() && self.session.watched_anywhere()) {
                 self.sync().await?;
                 feed.release();
             } else {
