@@ -168,10 +168,21 @@ impl Session {
         reason: FailReason,
         why: &str,
     ) -> Option<String> {
-        let last = st.out().tail.last().filter(|e| !e.body.is_terminal())?;
+        // What was appended, committed or not: a closing appended but not yet committed (by
+        // a claim that read the session back while this one waited) closes it already.
+        let appended: std::borrow::Cow<'_, [Arc<Event>]> = match st.out().held.as_slice() {
+            [] => std::borrow::Cow::Borrowed(&st.out().tail),
+            held => {
+                let tail = st.out().tail.iter().cloned();
+                let kept = held.iter().filter(|(t, _)| !store.failed(*t));
+                std::borrow::Cow::Owned(tail.chain(kept.map(|(_, e)| e.clone())).collect())
+            }
+        };
+        let last = appended.last().filter(|e| !e.body.is_terminal())?;
         let turn_id = last.turn_id.clone();
-        let mut calls = carried_calls(&st.out().tail, &turn_id);
-        calls.extend(open_calls(&st.out().tail, &turn_id));
+        let mut calls = carried_calls(&appended, &turn_id);
+        calls.extend(open_calls(&appended, &turn_id));
+        drop(appended);
         // A new message that went on past the calls the turn before stopped on answers them
         // first ("not answered"): cut off before it wrote that, they are still open.
         for call in unanswered_calls(&st.history().messages()) {
@@ -350,3 +361,6 @@ impl Session {
         self.lock().turns().running().map(|r| r.turn_id.clone())
     }
 }
+
+#[cfg(test)]
+mod tests;
