@@ -244,6 +244,22 @@ pub(crate) enum WriteOp {
 }
 
 impl WriteOp {
+    /// The session the write belongs to (`None`: file records, key purges, usage).
+    pub(crate) fn session(&self) -> Option<&str> {
+        match self {
+            WriteOp::Event { session_id, .. }
+            | WriteOp::InboxPut { session_id, .. }
+            | WriteOp::InboxDone { session_id, .. } => Some(session_id),
+            WriteOp::PutSession(r) => Some(&r.id),
+            WriteOp::DeleteSession(id) => Some(id),
+            WriteOp::PutKey(k) => Some(&k.session_id),
+            WriteOp::PutFile(_)
+            | WriteOp::DeleteFile(_)
+            | WriteOp::PurgeKeys(_)
+            | WriteOp::Usage(_) => None,
+        }
+    }
+
     pub(crate) fn event(session_id: &Arc<str>, ev: &Event) -> WriteOp {
         WriteOp::Event {
             session_id: session_id.clone(),

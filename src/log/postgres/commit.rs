@@ -325,19 +325,7 @@ fn by_session(ops: &[WriteOp], first: u64) -> Vec<Group<'_>> {
     let mut index: std::collections::HashMap<Option<&str>, usize> = Default::default();
     let mut groups: Vec<Group<'_>> = Vec::new();
     for (ticket, op) in (first..).zip(ops) {
-        let owner = match op {
-            WriteOp::Event { session_id, .. } => Some(&**session_id),
-            WriteOp::PutSession(r) => Some(r.id.as_str()),
-            WriteOp::DeleteSession(id) => Some(id.as_str()),
-            WriteOp::InboxPut { session_id, .. } | WriteOp::InboxDone { session_id, .. } => {
-                Some(&**session_id)
-            }
-            WriteOp::PutKey(k) => Some(k.session_id.as_str()),
-            WriteOp::PutFile(_)
-            | WriteOp::DeleteFile(_)
-            | WriteOp::PurgeKeys(_)
-            | WriteOp::Usage(_) => None,
-        };
+        let owner = op.session();
         let i = *index.entry(owner).or_insert_with(|| {
             groups.push(Group {
                 tickets: Vec::new(),

@@ -91,18 +91,34 @@ impl SqliteStore {
         if w.done < target {
             // Leader: commit everything queued, ours and whatever came after it.
             let group = &self.shared.group;
-            let (ops, last) = group.take();
+            let (mut ops, last) = group.take();
             let first = w.done + 1;
             let fold = !w.riding.is_empty() && w.last_fold.elapsed() >= FOLD_AFTER;
-            let written = if let Some(injected) = self.shared.faults.inject() {
-                Err(injected)
-            } else {
+            let refused = {
                 let w = &mut *w;
-                let usage = (&w.riding[..], fold, w.log_folded);
-                crate::metrics::store_commit(|| write_batch(&mut w.conn, &ops, usage))
+                w.holes.refused(&w.conn, &ops, first)
             };
+            let written = match (refused, self.shared.faults.inject()) {
+                (Err(e), _) | (Ok(_), Some(e)) => Err(e),
+                (Ok(refused), None) => {
+                    if let Some((tickets, _)) = &refused {
+                        let mut ticket = first;
+                        ops.retain(|_| {
+                            ticket += 1;
+                            tickets.binary_search(&(ticket - 1)).is_err()
+                        });
+                    }
+                    let w = &mut *w;
+                    let usage = (&w.riding[..], fold, w.log_folded);
+                    crate::metrics::store_commit(|| write_batch(&mut w.conn, &ops, usage))
+                        .map(|u| (u, refused))
+                }
+            };
+            if written.is_err() {
+                w.holes.lost(&ops);
+            }
             let written = match written.map_err(|e| e.to_string()) {
-                Ok(usage) => {
+                Ok((usage, refused)) => {
                     w.commits += 1;
                     w.log_folded = true;
                     self.shared.faults.committed();
@@ -111,11 +127,15 @@ impl SqliteStore {
                         w.last_fold = std::time::Instant::now();
                     }
                     usage_rows::merge_into(&mut w.riding, usage.riding);
-                    Ok(())
+                    Ok(refused)
                 }
                 Err(e) => Err(e),
             };
-            group.settle(first, last, written.err());
+            match written {
+                Ok(Some(refused)) => group.settle_each(first, last, vec![refused]),
+                Ok(None) => group.settle(first, last, None),
+                Err(e) => group.settle(first, last, Some(e)),
+            }
             w.done = last;
             if w.commits >= CHECKPOINT_EVERY || w.last_checkpoint.elapsed() >= CHECKPOINT_AFTER {
                 // A request already pending is enough: never block a commit on it.

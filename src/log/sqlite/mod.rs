@@ -18,6 +18,7 @@
 
 mod commit;
 mod file_records;
+mod holes;
 mod idem_keys;
 mod read;
 mod schema;
@@ -80,6 +81,8 @@ struct Writer {
     /// `kill -9`) has been folded: by the first commit, or the first read of usage. Not at
     /// open, which writes nothing (a test or tool may open the store beside the server).
     log_folded: bool,
+    /// Sessions a failed commit left a hole in (see `holes.rs`).
+    holes: holes::Holes,
 }
 
 /// WAL frames (about 64 MiB at the default page size) past which the writer checkpoints after
@@ -127,6 +130,7 @@ impl SqliteStore {
             last_fold: std::time::Instant::now(),
             riding: Vec::new(),
             log_folded: false,
+            holes: Default::default(),
         };
         Ok(SqliteStore {
             shared: Arc::new(Shared {
