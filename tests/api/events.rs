@@ -1244,7 +1244,7 @@ async fn a_long_tool_call_is_logged_and_shown_while_it_runs() {
 }
 
 #[tokio::test]
-async fn a_turn_whose_calls_answer_before_a_commit_is_due_is_committed_once() {
+async fn a_turn_whose_calls_answer_before_a_commit_is_due_is_committed_once_before_its_tools() {
     let (fake, server) = with_example_server().await;
     // No commit falls due during a call, however long it runs.
     server.engine().set_sync_after(Duration::from_secs(3600));
@@ -1257,7 +1257,9 @@ async fn a_turn_whose_calls_answer_before_a_commit_is_due_is_committed_once() {
     assert_eq!(resp["stopReason"], "end_turn");
     assert_eq!(store.commits() - before, 1, "one commit for the whole turn");
 
-    // A trusted MCP tool between two model calls: still one commit.
+    // A trusted MCP tool between two model calls: the turn's start is committed before the
+    // tool runs (a turn cut off after it ran is found begun, never carried out again), then
+    // one commit for the rest.
     let before = store.commits();
     fake.push(Reply::tool_calls(&[(
         "call_1",
@@ -1267,7 +1269,7 @@ async fn a_turn_whose_calls_answer_before_a_commit_is_due_is_committed_once() {
     fake.push(Reply::text("5"));
     let resp = aap_turn(&server, &sid, "add").await;
     assert_eq!(resp["stopReason"], "end_turn", "{resp}");
-    assert_eq!(store.commits() - before, 1, "one commit for the whole turn");
+    assert_eq!(store.commits() - before, 2, "the start, then the rest");
     let log = history(&server, &sid).await;
     assert_eq!(
         types(&log),

@@ -209,6 +209,51 @@ async fn an_ask_tool_pauses_for_permission_and_runs_its_stored_call_when_granted
     check_log(server.engine().store(), &sid).await;
 }
 
+/// A granted call runs only once its grant is in the log: when that commit fails, the answer is
+/// refused (503) with nothing run, and the same answer sent again runs the call once.
+#[tokio::test]
+async fn a_granted_call_runs_only_once_its_grant_is_in_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let calls = dir.path().join("calls.txt");
+    let args = format!(
+        "args = [\"--log-calls\", {:?}]",
+        calls.display().to_string()
+    );
+    let (fake, server) = with_example_server(&args).await;
+    let sid = server.session(json!({})).await;
+    fake.push(Reply::tool_calls(&[(
+        "call_e",
+        "mcp__ex__echo",
+        json!({"text": "once"}),
+    )]));
+    let resp = turn(&server, &sid, user("echo it")).await;
+    assert_eq!(resp["stopReason"], "tool_use", "{resp}");
+    let grant =
+        json!({"messages": [{"role": "tool_permission", "toolCallId": "call_e", "granted": true}]});
+
+    server.engine().store().fail_commits(1);
+    let (status, err) = server
+        .http
+        .post(&format!("/sessions/{sid}/turns"), &grant)
+        .await;
+    assert_eq!(status, 503, "{err}");
+    assert_eq!(err["error"]["type"], "store_unavailable", "{err}");
+    let ran = std::fs::read_to_string(&calls).unwrap_or_default();
+    assert_eq!(
+        ran.lines().count(),
+        0,
+        "the call ran before its grant was logged: {ran}"
+    );
+
+    fake.push(Reply::text("It said: once"));
+    let resp = turn(&server, &sid, grant).await;
+    assert_eq!(resp["stopReason"], "end_turn", "{resp}");
+    assert_eq!(resp["messages"][0]["content"], "once", "{resp}");
+    let ran = std::fs::read_to_string(&calls).unwrap_or_default();
+    assert_eq!(ran.lines().count(), 1, "{ran}");
+    check_log(server.engine().store(), &sid).await;
+}
+
 #[tokio::test]
 async fn a_denial_with_a_reason_is_told_to_the_model_and_nothing_runs() {
     let (fake, server) = with_example_server("").await;

@@ -160,7 +160,7 @@ impl Turn {
             tokens_in: self.usage.input_tokens,
             tokens_out: self.usage.output_tokens,
             sampling_calls: self.sampler.tally().calls,
-            took: self.started.elapsed(),
+            took: self.metrics.1.elapsed(),
         });
     }
 

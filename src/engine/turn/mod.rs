@@ -130,11 +130,13 @@ struct Turn {
     flusher: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// When the oldest event not yet committed was emitted (`None`: all are committed).
     unsynced_since: std::sync::Mutex<Option<tokio::time::Instant>>,
-    /// The agent's turn metrics, and when the turn started.
+    /// Whether a commit has made the turn's start (its `user.message`) durable: no tool call
+    /// runs before (see [`Turn::run_tools`]).
+    begun: std::sync::atomic::AtomicBool,
+    /// The agent's turn metrics, and when the turn started (for them and its end's log line).
     metrics: (Arc<crate::metrics::TurnMetrics>, std::time::Instant),
-    /// Model calls made (retries not counted) and when the turn started, for its end's log line.
+    /// Model calls made (retries not counted), for its end's log line.
     steps: u32,
-    started: std::time::Instant,
     /// Answers the sampling requests of MCP servers during the turn's tool calls (see
     /// `tools/mcp/sampling.rs`); its tally joins the turn's usage when the turn ends.
     sampler: Arc<crate::tools::mcp::sampling::UpstreamSampler>,
@@ -220,12 +222,12 @@ async fn run(inner: Arc<Inner>, session: Arc<Session>, job: Job) {
         irrevocable: text == ShownText::Irrevocable,
         flusher: Default::default(),
         unsynced_since: Default::default(),
+        begun: Default::default(),
         metrics: (
             crate::metrics::turns(&session_agent),
             std::time::Instant::now(),
         ),
         steps: 0,
-        started: std::time::Instant::now(),
         sampler,
         start: (row, confirm),
     };
@@ -318,6 +320,7 @@ impl Turn {
             ));
         }
         *lock(&self.unsynced_since) = None;
+        self.begun.store(true, std::sync::atomic::Ordering::Relaxed);
         let published = self.session.publish_durable(&self.inner.store);
         to_watcher(self.sink.as_ref(), published);
         Ok(())

@@ -134,6 +134,14 @@ impl Turn {
         if calls.is_empty() && self.flight.is_none() {
             return Ok(());
         }
+        if !calls.is_empty() && !self.begun.load(std::sync::atomic::Ordering::Relaxed) {
+            // A call runs only once the turn's start is in the log: a turn cut off by a crash
+            // or a store failure after its calls ran is then found begun (closed with a
+            // reason; a repeat of its Idempotency-Key answered with that), never carried out
+            // again from the start with its calls run twice. A model call of more than
+            // `SYNC_AFTER` has committed it already.
+            self.sync().await?;
+        }
         let mut flight = match self.flight.take() {
             Some(f) => f,
             None => self.new_flight(),
