@@ -7,9 +7,29 @@ use super::session_record::SessionRecord;
 use super::session_tools;
 use super::types::{EngineError, SessionUpdate};
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use crate::config::{AgentConfig, Config};
 use crate::log::SessionRow;
+
+/// An agent as a principal sees it, in the configuration of the moment it was asked for (a
+/// reload that replaces the configuration does not change it): no copy of the agent unless
+/// the principal's `tools` narrow it.
+pub(crate) enum AgentRef {
+    Configured(Arc<Config>, usize),
+    Narrowed(Box<AgentConfig>),
+}
+
+impl std::ops::Deref for AgentRef {
+    type Target = AgentConfig;
+
+    fn deref(&self) -> &AgentConfig {
+        match self {
+            AgentRef::Configured(config, at) => &config.agents[*at],
+            AgentRef::Narrowed(agent) => agent,
+        }
+    }
+}
 
 impl Engine {
     pub(crate) fn persist(&self, session: &Session) {
@@ -27,11 +47,7 @@ impl Engine {
     /// Agent `name` of a session of `session`'s owner, as its principal sees it (its tools
     /// narrowed by `[keys.NAME] tools`): `forbidden` when the principal may not use it (its
     /// `agents` no longer name it), a conflict when it is no longer configured.
-    pub(crate) fn agent_of<'a>(
-        &'a self,
-        session: &Session,
-        name: &str,
-    ) -> Result<Cow<'a, AgentConfig>, EngineError> {
+    pub(crate) fn agent_of(&self, session: &Session, name: &str) -> Result<AgentRef, EngineError> {
         self.agent_for(session.owner.as_deref(), name)
             .map_err(|e| match e {
                 EngineError::Invalid(_) => EngineError::Conflict(format!(
@@ -43,27 +59,29 @@ impl Engine {
 
     /// Agent `name` for a principal of this owner id: `forbidden` when it may not use it, an
     /// invalid request when there is no such agent.
-    pub(crate) fn agent_for<'a>(
-        &'a self,
+    pub(crate) fn agent_for(
+        &self,
         owner: Option<&str>,
         name: &str,
-    ) -> Result<Cow<'a, AgentConfig>, EngineError> {
-        let config = self.inner.config();
-        let config = &*config;
-        if config.agent(name).is_none() {
+    ) -> Result<AgentRef, EngineError> {
+        let snapshot = self.inner.config();
+        let config = &*snapshot;
+        let Some(at) = config.agents.iter().position(|a| a.name == name) else {
             return Err(EngineError::Invalid(format!(
                 "unknown agent {name:?}; GET /meta lists the agents: {}",
                 agent_names(config, owner)
             )));
-        }
-        // Owned: the config is a snapshot that a reload may replace.
+        };
         let agent = config.agent_as(owner, name).ok_or_else(|| {
             EngineError::Forbidden(format!(
                 "this key may not use agent {name:?} ([keys] agents in tools.toml); GET /meta lists the agents it may use: {}",
                 agent_names(config, owner)
             ))
         })?;
-        Ok(Cow::Owned(agent.into_owned()))
+        Ok(match agent {
+            Cow::Borrowed(_) => AgentRef::Configured(snapshot.clone(), at),
+            Cow::Owned(narrowed) => AgentRef::Narrowed(Box::new(narrowed)),
+        })
     }
 
     /// Validate overrides against the agent and apply them to a record.

@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::config::AgentConfig;
 use crate::engine::engine_handle::Engine;
 use crate::engine::registry::view;
 use crate::engine::session::Session;
@@ -18,8 +17,8 @@ use crate::sync::lock;
 use crate::{clock, ids};
 
 /// A new session's agent, its tools (`None`: every permitted one) and its options.
-type Chosen<'a> = (
-    std::borrow::Cow<'a, AgentConfig>,
+type Chosen = (
+    crate::engine::session_settings::AgentRef,
     Option<Vec<ToolGrant>>,
     BTreeMap<String, String>,
 );
@@ -94,7 +93,7 @@ impl Engine {
         &self,
         owner: Option<&str>,
         choice: Option<AgentChoice>,
-    ) -> Result<Chosen<'_>, EngineError> {
+    ) -> Result<Chosen, EngineError> {
         let config = &self.inner.config();
         Ok(match choice {
             Some(choice) => {
