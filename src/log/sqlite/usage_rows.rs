@@ -43,9 +43,41 @@ pub(super) fn add(tx: &Connection, r: &UsageRow) -> rusqlite::Result<()> {
     Ok(())
 }
 
-/// The usage rows of one commit as they ride on its last event: merged by key, as JSON.
+/// The usage rows of one commit as they ride on its last event: merged by key, as JSON (what
+/// `serde_json` makes of them, written here with the keys as they are rather than escaped
+/// one by one: a commit a turn writes one).
 pub(super) fn riding(rows: &[UsageRow]) -> String {
-    serde_json::to_string(rows).unwrap_or_else(|_| "[]".into())
+    use std::io::Write as _;
+    let mut out: Vec<u8> = Vec::with_capacity(256 * rows.len() + 2);
+    // Writing to a Vec cannot fail, and a string or a number always serializes.
+    let text = |out: &mut Vec<u8>, key: &str, value: &str| {
+        out.extend_from_slice(key.as_bytes());
+        let _ = serde_json::to_writer(&mut *out, value);
+    };
+    out.push(b'[');
+    for (i, r) in rows.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        text(&mut out, "{\"owner\":", &r.owner);
+        text(&mut out, ",\"day\":", &r.day);
+        text(&mut out, ",\"agent\":", &r.agent);
+        text(&mut out, ",\"upstream\":", &r.upstream);
+        text(&mut out, ",\"model\":", &r.model);
+        let _ = write!(
+            out,
+            ",\"input_tokens\":{},\"output_tokens\":{},\"cached_tokens\":{},\"usd\":",
+            r.input_tokens, r.output_tokens, r.cached_tokens
+        );
+        let _ = serde_json::to_writer(&mut out, &r.usd);
+        let _ = write!(
+            out,
+            ",\"calls\":{},\"tool_calls\":{}}}",
+            r.calls, r.tool_calls
+        );
+    }
+    out.push(b']');
+    String::from_utf8(out).unwrap_or_else(|_| "[]".into())
 }
 
 /// Add `rows` into `merged`: a row with the key (owner, day, agent, upstream, model) of one

@@ -97,3 +97,29 @@ async fn usage_riding_on_events_is_read_whole_after_a_stop_and_a_deleted_session
     let again = store.usage(alice).await.unwrap();
     assert_eq!((again[0].input_tokens, again[0].calls), (136, 5));
 }
+
+#[test]
+fn riding_usage_is_the_json_serde_makes() {
+    let row = |owner: &str, usd: f64| UsageRow {
+        owner: owner.into(),
+        day: "2026-12-03".into(),
+        agent: "a\"gent".into(),
+        upstream: "up\\".into(),
+        model: "m\u{1}é".into(),
+        input_tokens: 10,
+        output_tokens: u64::MAX,
+        cached_tokens: 0,
+        usd,
+        calls: 1,
+        tool_calls: 2,
+    };
+    for rows in [
+        vec![],
+        vec![row("", 0.0)],
+        vec![row("k", 1.5e-7), row("q", 12.25)],
+    ] {
+        let ours = super::usage_rows::riding(&rows);
+        assert_eq!(ours, serde_json::to_string(&rows).unwrap());
+        assert_eq!(serde_json::from_str::<Vec<UsageRow>>(&ours).unwrap(), rows);
+    }
+}
