@@ -96,18 +96,11 @@ impl SqliteStore {
             let fold = !w.riding.is_empty() && w.last_fold.elapsed() >= FOLD_AFTER;
             let refused = {
                 let w = &mut *w;
-                w.holes.refused(&w.conn, &ops, first)
+                w.holes.refuse(&w.conn, &mut ops, first)
             };
             let written = match (refused, self.shared.faults.inject()) {
                 (Err(e), _) | (Ok(_), Some(e)) => Err(e),
                 (Ok(refused), None) => {
-                    if let Some((tickets, _)) = &refused {
-                        let mut ticket = first;
-                        ops.retain(|_| {
-                            ticket += 1;
-                            tickets.binary_search(&(ticket - 1)).is_err()
-                        });
-                    }
                     let w = &mut *w;
                     let usage = (&w.riding[..], fold, w.log_folded);
                     crate::metrics::store_commit(|| write_batch(&mut w.conn, &ops, usage))

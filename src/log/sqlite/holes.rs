@@ -32,14 +32,15 @@ impl Holes {
         }
     }
 
-    /// The writes of `batch` (tickets from `first`) that are refused, with why: from a session
-    /// named here, its events until one follows an event the log (or the batch) has, and the
-    /// rows that go with those events (a queued turn's inbox row taken, an idempotency key).
-    /// A session whose event follows is forgotten; so is one deleted.
-    pub(super) fn refused(
+    /// Take out of `batch` (tickets from `first`) the writes refused, and return their
+    /// tickets with why: from a session named here, its events until one follows an event the
+    /// log (or the batch) has, and the rows that go with those events (a queued turn's inbox
+    /// row taken, an idempotency key). A session whose event follows is forgotten; so is one
+    /// deleted.
+    pub(super) fn refuse(
         &mut self,
         conn: &Connection,
-        batch: &[WriteOp],
+        batch: &mut Vec<WriteOp>,
         first: u64,
     ) -> rusqlite::Result<Option<(Vec<u64>, String)>> {
         if self.0.is_empty() {
@@ -49,7 +50,7 @@ impl Holes {
         let mut why = String::new();
         // The last seq of each session written by this batch so far.
         let mut written: HashMap<&str, u64> = HashMap::new();
-        for (ticket, op) in (first..).zip(batch) {
+        for (ticket, op) in (first..).zip(batch.iter()) {
             let Some(session) = op.session() else {
                 continue;
             };
@@ -81,7 +82,15 @@ impl Holes {
                 _ => {}
             }
         }
-        Ok((!refused.is_empty()).then_some((refused, why)))
+        if refused.is_empty() {
+            return Ok(None);
+        }
+        let mut ticket = first..;
+        batch.retain(|_| {
+            let t = ticket.next().unwrap_or(u64::MAX);
+            refused.binary_search(&t).is_err()
+        });
+        Ok(Some((refused, why)))
     }
 }
 
