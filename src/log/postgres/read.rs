@@ -33,20 +33,18 @@ pub(super) async fn events(
         .collect()
 }
 
-/// The turn of the session's last event: one row from the end of the primary key.
+/// The turn of the session's last event unless that event ended it: one row from the end of
+/// the primary key.
 pub(super) async fn open_turn_id(pool: Pool, sid: String) -> Result<Option<String>, StoreError> {
     let c = pool.get().await?;
     let stmt = c
         .prepare_cached(
-            "SELECT turn_id, type FROM events WHERE session_id = $1 ORDER BY seq DESC LIMIT 1",
+            "SELECT last.turn_id FROM (SELECT turn_id, type FROM events WHERE session_id = $1
+                                       ORDER BY seq DESC LIMIT 1) last
+              WHERE last.type NOT IN ('turn.completed', 'turn.failed', 'turn.cancelled')",
         )
         .await?;
-    let last = c.query_opt(&stmt, &[&sid]).await?;
-    Ok(last.and_then(|r| {
-        let kind: &str = r.get(1);
-        let ended = matches!(kind, "turn.completed" | "turn.failed" | "turn.cancelled");
-        (!ended).then(|| r.get(0))
-    }))
+    Ok(c.query_opt(&stmt, &[&sid]).await?.map(|r| r.get(0)))
 }
 
 /// The `seq` of the event with this id in this session.
